@@ -1,0 +1,15 @@
+# The two commands a newcomer needs: `make up` runs Fleet, `make test` runs the whole test suite.
+# Both create .venv on first use (with uv, cached between runs).
+.PHONY: up test venv lint bench
+
+up:
+	bash scripts/up.sh
+
+test:
+	bash scripts/test.sh
+
+lint: venv
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+bench:
+	bash scripts/bench.sh

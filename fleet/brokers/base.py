@@ -1,0 +1,94 @@
+"""The broker seam: a small Protocol that NATS JetStream, Kafka and the in-memory broker all implement.
+
+Contract (checked by ``tests/contract/test_broker_contract.py`` on every implementation):
+
+* ``publish`` is durable: it returns only after the broker acknowledged the message, and raises
+  ``PublishFailed``/``BrokerUnavailable`` otherwise. A second publish with the same ``msg_id`` inside the
+  de-duplication window is dropped (NATS: ``Nats-Msg-Id``; Kafka: idempotent producer keyed by the job id;
+  memory: a window of seen ids).
+* ``subscribe(subject, group)`` is a durable pull subscription shared by every subscriber of the same group
+  (competing consumers). Each message goes to one subscriber at a time.
+* ``Subscription.fetch(n, timeout_s)`` returns as soon as at least one message is available (up to ``n`` of those
+  immediately available), or ``[]`` after ``timeout_s``. Batch filling is the caller's job (``consumers.batcher``).
+* A fetched message that is neither acked nor terminated within ``ack_wait_s`` (or that is ``nak``-ed) is
+  delivered again, with ``delivery_count`` one higher. Delivery is at-least-once.
+* ``lag(subject, group)`` counts messages not yet acked by the group: waiting plus in flight.
+* ``emit``/``listen`` carry best-effort control events (heartbeats, idle announcements): no durability, no acks.
+  Subjects use NATS wildcards in ``listen``: ``*`` one token, ``>`` the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Delivery(Protocol):
+    """One delivered message. Exactly one of ack/nak/term settles it; settling twice is a no-op."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    msg_id: str | None
+    delivery_count: int  # 1 on the first delivery
+
+    async def ack(self) -> None:
+        """Done: never deliver again."""
+
+    async def nak(self, delay_s: float = 0.0) -> None:
+        """Not done: deliver again (to any subscriber of the group) after ``delay_s``."""
+
+    async def term(self) -> None:
+        """Give up: never deliver again (after the caller dead-lettered it)."""
+
+    async def in_progress(self) -> None:
+        """Still working: restart the ack-wait clock."""
+
+
+class Subscription(Protocol):
+    async def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
+
+    async def close(self) -> None:
+        """Stop receiving. Fetched but unsettled messages are redelivered after the ack wait."""
+
+
+class EventStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[tuple[str, bytes]]: ...
+
+    async def close(self) -> None: ...
+
+
+class Broker(Protocol):
+    """A message broker as Fleet uses it. Construct, ``await connect()``, use, ``await close()``."""
+
+    scheme: str  # "memory", "nats" or "kafka"
+
+    async def connect(self) -> None:
+        """Connect; raise ``BrokerUnavailable`` with a message naming the URL when it cannot."""
+
+    async def close(self) -> None:
+        """Idempotent."""
+
+    async def ensure_model(self, model: str) -> None:
+        """Create (idempotently) what a model needs: request and dead-letter subjects/topics and the group."""
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None: ...
+
+    async def subscribe(self, subject: str, group: str) -> Subscription: ...
+
+    async def lag(self, subject: str, group: str) -> int: ...
+
+    async def emit(self, subject: str, data: bytes) -> None: ...
+
+    async def listen(self, subject: str) -> EventStream: ...
+
+    async def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` when the broker cannot be reached now."""

@@ -1,0 +1,89 @@
+"""Fleet's exceptions. Errors are data: each carries the fields a caller needs and a ``retriable`` flag.
+
+FleetError
+ +-- ConfigError                 bad settings or flags; raised at start-up
+ +-- UnknownModel(model, known)  a model name or import path that resolves to nothing
+ +-- InvalidInput(errors)        input that does not match a model's schema
+ +-- PayloadTooLarge(size, limit)
+ +-- BrokerError                 retriable: the broker is unreachable or did not acknowledge
+ |    +-- BrokerUnavailable
+ |    +-- PublishFailed
+ +-- StoreError                  retriable: the result store is unreachable
+ +-- JobNotFound(job_id)
+ +-- ModelError(message)         the model raised while computing; retriable unless it says otherwise
+ +-- ServiceUnavailable(service, hint)  a test or start-up dependency that is not running
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FleetError(Exception):
+    retriable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(FleetError):
+    pass
+
+
+class UnknownModel(FleetError):
+    def __init__(self, model: str, known: list[str] | None = None) -> None:
+        hint = f"; known models: {', '.join(sorted(known))}" if known else ""
+        super().__init__(f"unknown model {model!r}{hint}")
+        self.model = model
+        self.known = known or []
+
+
+class InvalidInput(FleetError):
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class PayloadTooLarge(FleetError):
+    def __init__(self, size: int, limit: int, what: str = "body") -> None:
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class BrokerError(FleetError):
+    retriable = True
+
+
+class BrokerUnavailable(BrokerError):
+    pass
+
+
+class PublishFailed(BrokerError):
+    pass
+
+
+class StoreError(FleetError):
+    retriable = True
+
+
+class JobNotFound(FleetError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job with id {job_id!r} (it may never have existed or its record expired)")
+        self.job_id = job_id
+
+
+class ModelError(FleetError):
+    retriable = True
+
+    def __init__(self, message: str, *, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class ServiceUnavailable(FleetError):
+    def __init__(self, service: str, hint: str) -> None:
+        super().__init__(f"{service} is not available: {hint}")
+        self.service = service
+        self.hint = hint

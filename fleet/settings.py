@@ -1,0 +1,111 @@
+"""Typed settings, read once at the edge (the CLI or an app's lifespan) and passed in.
+
+Every field can be set by an environment variable with the ``FLEET_`` prefix (``FLEET_BROKER_URL``,
+``FLEET_MAX_BATCH``...) or by the matching CLI flag. Library code never reads the environment itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from fleet import constants as c
+from fleet.errors import ConfigError
+
+BROKER_SCHEMES = ("memory", "nats", "kafka")
+STORE_SCHEMES = ("memory", "redis", "rediss")
+
+
+def url_scheme(url: str, allowed: tuple[str, ...], what: str) -> str:
+    scheme = urlsplit(url).scheme
+    if scheme not in allowed:
+        raise ConfigError(
+            f"{what} URL {url!r} has scheme {scheme or '(none)'!r}; expected one of "
+            + ", ".join(f"{s}://" for s in allowed)
+        )
+    return scheme
+
+
+class FleetSettings(BaseSettings):
+    """Settings shared by every Fleet process. Defaults run everything embedded in one process."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", validate_default=True)
+
+    broker_url: str = Field("memory://", description="memory://, nats://host:4222 or kafka://host:9092")
+    store_url: str = Field("memory://", description="memory:// or redis://host:6379/0")
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["echo", "sleep", "embed"],
+        description="models to serve: built-in names or import paths 'package.module:Handler' (comma-separated)",
+    )
+
+    # worker
+    max_batch: int = Field(c.DEFAULT_MAX_BATCH, ge=1, le=4096, description="largest micro-batch a worker runs")
+    max_wait_ms: float = Field(
+        c.DEFAULT_MAX_WAIT_MS, ge=0, le=60_000, description="longest wait for a micro-batch to fill"
+    )
+    ack_wait_s: float = Field(c.DEFAULT_ACK_WAIT_S, gt=0, description="redeliver a message unacked this long")
+    max_deliveries: int = Field(
+        c.DEFAULT_MAX_DELIVERIES, ge=1, le=1000, description="deliveries before a message is dead-lettered"
+    )
+    heartbeat_interval_s: float = Field(c.DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
+    drain_timeout_s: float = Field(c.DEFAULT_DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: finish in-flight work")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    slowness: float = Field(1.0, gt=0, description="per-worker service-time factor of the sleep model")
+
+    # broker
+    dedup_window_s: float = Field(c.DEFAULT_DEDUP_WINDOW_S, gt=0, description="JetStream duplicate window")
+    max_message_bytes: int = Field(c.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    kafka_partitions: int = Field(4, ge=1, le=1024, description="partitions of a request topic Fleet creates")
+    kafka_auto_create: bool = Field(True, description="create missing request topics at start-up")
+
+    # store
+    job_ttl_s: int = Field(c.DEFAULT_JOB_TTL_S, ge=1, description="how long job records live")
+
+    # gateway
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(c.DEFAULT_MAX_BODY_BYTES, ge=1024)
+    max_long_poll_s: float = Field(c.DEFAULT_MAX_LONG_POLL_S, gt=0)
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, value: str) -> str:
+        url_scheme(value, BROKER_SCHEMES, "broker")
+        return value
+
+    @field_validator("store_url")
+    @classmethod
+    def _store_scheme(cls, value: str) -> str:
+        url_scheme(value, STORE_SCHEMES, "store")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FleetSettings:
+        if not self.models:
+            raise ValueError("models: at least one model must be served")
+        if self.max_wait_ms / 1000 >= self.ack_wait_s:
+            raise ValueError(
+                f"max_wait_ms ({self.max_wait_ms}) must be well below ack_wait_s ({self.ack_wait_s}s), "
+                "or messages are redelivered while a batch is still filling"
+            )
+        return self
+
+    @property
+    def broker_scheme(self) -> str:
+        return urlsplit(self.broker_url).scheme
+
+    @property
+    def store_scheme(self) -> str:
+        return urlsplit(self.store_url).scheme

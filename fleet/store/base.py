@@ -1,0 +1,51 @@
+"""The result-store seam: job records with atomic state transitions and completion notifications.
+
+Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on the in-memory store):
+
+* Records live ``job_ttl_s`` seconds after their last write.
+* ``create`` writes only when no record exists (idempotent submit).
+* ``start`` moves a non-terminal job to ``running`` (creating it when absent: requests published straight to the
+  topic have no record yet) and never touches a terminal one.
+* ``finish`` is one atomic compare-and-set: the first terminal state wins and never changes again; the winner's
+  record is announced to waiters. It returns ``(True, record)`` for the winner, ``(False, current)`` otherwise.
+* ``wait`` returns the terminal record as soon as it exists, also when the job finished before the call; on
+  timeout it returns the current (non-terminal) record, or ``None`` for an unknown job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from schemas.jobs import JobError, JobRecord, JobState
+
+
+class ResultStore(Protocol):
+    scheme: str  # "memory" or "redis"
+
+    async def connect(self) -> None:
+        """Raise ``StoreError`` with a message naming the URL when the store cannot be reached."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def create(self, record: JobRecord) -> bool: ...
+
+    async def get(self, job_id: str) -> JobRecord | None: ...
+
+    async def delete(self, job_id: str) -> None: ...
+
+    async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord: ...
+
+    async def finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        model: str,
+        output: Any = None,
+        error: JobError | None = None,
+        worker_id: str | None = None,
+    ) -> tuple[bool, JobRecord]: ...
+
+    async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None: ...

@@ -1,0 +1,24 @@
+"""Pydantic models for everything Fleet exchanges: the wire format, job records, REST bodies, model I/O.
+
+These models are the contract between producers in any language and the fleet; ``fleet schemas export DIR``
+writes them as JSON Schema.
+"""
+
+from schemas.api import ErrorBody, ErrorResponse, SubmitRequest, SubmitResponse
+from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
+from schemas.wire import WIRE_VERSION, DeadLetter, Heartbeat, RequestMessage
+
+__all__ = [
+    "TERMINAL_STATES",
+    "WIRE_VERSION",
+    "DeadLetter",
+    "ErrorBody",
+    "ErrorResponse",
+    "Heartbeat",
+    "JobError",
+    "JobRecord",
+    "JobState",
+    "RequestMessage",
+    "SubmitRequest",
+    "SubmitResponse",
+]

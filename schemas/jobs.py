@@ -1,0 +1,57 @@
+"""The job record kept in the result store, one per job id."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobState(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    expired = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.expired})
+
+
+class JobError(BaseModel):
+    """Why a job did not succeed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(description="machine-readable kind, e.g. invalid_input, model_error, poison_message")
+    message: str = Field(description="what went wrong and, where possible, what to do")
+    retriable: bool = False
+
+
+class JobRecord(BaseModel):
+    """State and result of one job. A terminal state (succeeded, failed, cancelled, expired) never changes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    model: str
+    state: JobState
+    output: Any = None
+    error: JobError | None = None
+    created_at: float = Field(default_factory=time.time, description="unix seconds")
+    started_at: float | None = None
+    finished_at: float | None = None
+    deliveries: int = Field(0, description="how many times the broker handed the request to a worker")
+    worker_id: str | None = None
+    expires_at: float | None = Field(None, description="unix seconds after which a queued job is expired")
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES

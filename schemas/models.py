@@ -1,0 +1,107 @@
+"""Input and output schemas of the built-in models, and ``ModelSpec``, the declaration every model makes.
+
+A model handler (see ``consumers.handlers.base``) carries a ``spec``; the gateway validates inputs against
+``spec.input_model`` without loading the model itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+
+EMBED_DIM = 384
+EMBED_MAX_TEXTS = 64
+EMBED_MAX_CHARS = 20_000
+SLEEP_MAX_MS = 60_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What a model declares: its name, its I/O schemas and its preferred batch limits."""
+
+    name: str
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    description: str = ""
+
+    def json_schemas(self) -> dict[str, Any]:
+        return {
+            "input": self.input_model.model_json_schema(),
+            "output": self.output_model.model_json_schema(),
+        }
+
+
+# -- echo -----------------------------------------------------------------------------------------------------
+class EchoInput(RootModel[dict[str, Any]]):
+    """Any JSON object; echo returns it unchanged."""
+
+
+class EchoOutput(RootModel[dict[str, Any]]):
+    pass
+
+
+# -- sleep ----------------------------------------------------------------------------------------------------
+class SleepInput(BaseModel):
+    """A synthetic service time, for scheduling experiments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mean_ms: float = Field(10.0, ge=0, le=SLEEP_MAX_MS, description="mean service time in milliseconds")
+    distribution: Literal["fixed", "exponential", "lognormal"] = "fixed"
+    sigma: float = Field(1.0, gt=0, le=5, description="lognormal shape (std of the underlying normal)")
+    seed: int | None = Field(None, description="makes the drawn service time reproducible")
+
+
+class SleepOutput(BaseModel):
+    slept_ms: float
+    slowness: float
+
+
+# -- embed ----------------------------------------------------------------------------------------------------
+class EmbedInput(BaseModel):
+    """Either one ``text`` or a list of ``texts`` (at most 64, each at most 20,000 characters)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(None, max_length=EMBED_MAX_CHARS)
+    texts: list[str] | None = Field(None, min_length=1, max_length=EMBED_MAX_TEXTS)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EmbedInput:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError("give exactly one of 'text' (a string) or 'texts' (a list of strings)")
+        for i, t in enumerate(self.texts or []):
+            if len(t) > EMBED_MAX_CHARS:
+                raise ValueError(f"texts[{i}] has {len(t)} characters, over the limit of {EMBED_MAX_CHARS}")
+        return self
+
+    def items(self) -> list[str]:
+        return [self.text] if self.text is not None else list(self.texts or [])
+
+
+class EmbedOutput(BaseModel):
+    """``embedding`` for a ``text`` input, ``embeddings`` for ``texts``; vectors are L2-normalised."""
+
+    dim: int = EMBED_DIM
+    embedding: list[float] | None = None
+    embeddings: list[list[float]] | None = None
+
+
+ECHO = ModelSpec("echo", EchoInput, EchoOutput, max_batch=64, max_wait_ms=2, description="returns its input")
+SLEEP = ModelSpec(
+    "sleep", SleepInput, SleepOutput, max_batch=1, max_wait_ms=0, description="waits a synthetic service time"
+)
+EMBED = ModelSpec(
+    "embed",
+    EmbedInput,
+    EmbedOutput,
+    max_batch=64,
+    max_wait_ms=5,
+    description="all-MiniLM-L6-v2 sentence embeddings, mean-pooled and L2-normalised, 384 floats",
+)
+
+BUILTIN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (ECHO, SLEEP, EMBED)}

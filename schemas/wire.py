@@ -1,0 +1,70 @@
+"""The wire format: what producers publish on ``fleet.req.<model>`` and what workers announce.
+
+A request is one UTF-8 JSON object per message (see ``RequestMessage``). NATS producers set the
+``Nats-Msg-Id`` header to the job id so that a repeated publish is de-duplicated; Kafka producers use the job id as
+the message key.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.jobs import JobError
+
+WIRE_VERSION = 1
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+
+class RequestMessage(BaseModel):
+    """One inference request on ``fleet.req.<model>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: Literal[1] = Field(WIRE_VERSION, description="wire format version")
+    job_id: str = Field(pattern=JOB_ID_PATTERN, description="unique id chosen by the producer (uuid4 hex is fine)")
+    model: str = Field(description="model name; must match the subject's model")
+    input: dict[str, Any] = Field(description="model input; must match the model's input schema")
+    submitted_at: float = Field(default_factory=time.time, description="unix seconds")
+    deadline: float | None = Field(
+        None, description="unix seconds; a job still waiting at this time ends 'expired' instead of running"
+    )
+    priority: int = Field(0, ge=0, le=9, description="0 is normal; reserved for priority scheduling")
+
+
+class Heartbeat(BaseModel):
+    """Published by each worker every ``heartbeat_interval_s`` on ``fleet.ctl.heartbeat.<model>``."""
+
+    worker_id: str
+    model: str
+    device: str
+    pid: int
+    max_batch: int
+    max_wait_ms: float
+    state: Literal["starting", "ready", "draining", "stopped"]
+    in_flight: int = 0
+    batches: int = 0
+    items: int = 0
+    failures: int = 0
+    mean_batch_size: float = 0.0
+    latency_ewma_ms: float = 0.0
+    latency_p50_ms: float = 0.0
+    latency_p99_ms: float = 0.0
+    throughput_per_s: float = 0.0
+    sent_at: float = Field(default_factory=time.time)
+
+
+class DeadLetter(BaseModel):
+    """What lands on ``fleet.dlq.<model>``: the original request (or its raw bytes) and why it failed."""
+
+    job_id: str | None
+    model: str
+    error: JobError
+    deliveries: int
+    worker_id: str
+    failed_at: float = Field(default_factory=time.time)
+    request: dict[str, Any] | None = None
+    raw: str | None = Field(None, description="the message body, when it was not a valid request")

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Make sure the servers the tests start are installed: Redis and NATS from Debian's packages (kcat for the
+# Kafka interop test). The test fixtures start them on free ports; this only installs the binaries.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v nats-server >/dev/null || need+=(nats-server)
+command -v kcat >/dev/null || need+=(kcat)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then
+    echo "error: ${need[*]} missing and not root: install them with 'apt-get install ${need[*]}'" >&2
+    exit 1
+  fi
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "==> installing ${need[*]} (Debian packages)" >&2
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
