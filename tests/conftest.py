@@ -30,3 +30,12 @@ def nats_url() -> Iterator[str]:
 def unique() -> str:
     """A short unique token for subjects, model names and keys of one test."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def kafka_url() -> Iterator[str]:
+    """A real Apache Kafka 4.x (single KRaft node, see ``tests/kafka_service.py``) or FLEET_TEST_KAFKA_URL."""
+    from tests.kafka_service import kafka_server
+
+    with kafka_server() as url:
+        yield url

@@ -1,0 +1,33 @@
+"""Result stores: the ``ResultStore`` seam (``base``), Redis (``redis``) and the embedded one (``memory``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleet.errors import ConfigError
+from fleet.store.base import ResultStore
+
+if TYPE_CHECKING:
+    from fleet.settings import FleetSettings
+
+__all__ = ["ResultStore", "make_store"]
+
+
+def make_store(settings: FleetSettings) -> ResultStore:
+    """Build (not connect) the store that ``settings.store_url`` names: ``memory://``, ``redis://`` or ``rediss://``.
+
+    Each call builds a new store; for ``memory://`` the gateway and the workers of one process must share the
+    one instance the composition root built. Raises ``ConfigError`` for any other scheme.
+    """
+    scheme = settings.store_scheme
+    if scheme == "memory":
+        from fleet.store.memory import MemoryStore
+
+        return MemoryStore(job_ttl_s=settings.job_ttl_s)
+    if scheme in ("redis", "rediss"):
+        from fleet.store.redis import RedisStore
+
+        return RedisStore(settings.store_url, job_ttl_s=settings.job_ttl_s)
+    raise ConfigError(
+        f"store URL {settings.store_url!r}: unsupported scheme {scheme!r}; use memory://, redis:// or rediss://"
+    )

@@ -1,0 +1,85 @@
+"""Shared pieces of the benchmarks: services, timing, result files. Benchmarks print ratios measured side by side
+in one run; they are never timed tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+console = Console()
+
+
+@contextlib.contextmanager
+def services(nats: bool = True, redis: bool = True) -> Iterator[dict[str, str]]:
+    """NATS and Redis from FLEET_BENCH_NATS_URL / FLEET_BENCH_REDIS_URL, else started locally like the tests do."""
+    from tests import services as svc
+
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        if nats:
+            urls["nats"] = os.environ.get("FLEET_BENCH_NATS_URL") or stack.enter_context(svc.nats_server())
+        if redis:
+            urls["redis"] = os.environ.get("FLEET_BENCH_REDIS_URL") or stack.enter_context(svc.redis_server())
+        yield urls
+
+
+def percentiles_ms(values_s: list[float]) -> dict[str, float]:
+    ordered = sorted(values_s)
+
+    def pct(q: float) -> float:
+        return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {"p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "mean_ms": 1000 * statistics.fmean(ordered)}
+
+
+def best_of(runs: list[float]) -> float:
+    """Throughputs are noisy on shared machines; report the best of a few interleaved runs of each side."""
+    return max(runs)
+
+
+class Timer:
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def write_results(name: str, results: dict[str, Any], out: Path | None = None) -> Path:
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **results}, indent=2) + "\n")
+    return path
+
+
+def show(title: str, rows: list[tuple[str, str, str]]) -> None:
+    table = Table(title=title)
+    for column in ("measure", "value", "target"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

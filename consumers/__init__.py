@@ -1,0 +1,6 @@
+"""The worker side of Fleet: the worker loop, the micro-batcher and the model handlers.
+
+A worker pulls micro-batches of requests for one or more models from the broker, runs each batch through a
+``consumers.handlers.base.ModelHandler`` on one device (``consumers.device``), writes every job's terminal record
+to the result store and only then acks.
+"""

@@ -1,0 +1,21 @@
+"""Prometheus metrics of workers, on the default registry (served by the gateway's /metrics under `fleet up`,
+or by `fleet worker --metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ITEMS = Counter("fleet_worker_items_total", "Items settled by workers, by outcome", ["model", "outcome"])
+BATCH_SIZE = Histogram(
+    "fleet_worker_batch_size",
+    "Items per micro-batch",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+BATCH_SECONDS = Histogram(
+    "fleet_worker_batch_seconds",
+    "Model compute time per micro-batch",
+    ["model"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+IN_FLIGHT = Gauge("fleet_worker_in_flight", "Messages held by workers (fetched, not yet settled)", ["model"])

@@ -1,0 +1,434 @@
+"""The worker: pull micro-batches, run the model off the event loop, store each result, then ack.
+
+Pipeline (one worker, one model, one device)::
+
+    fetch loop --(batch queue, depth 1)--> compute loop --(settle tasks)--> store.finish -> ack / nak / dead-letter
+
+The fetch loop fills the next batch while the model computes the current one in a thread, and results of batch N
+are written while batch N+1 computes. Heartbeats and ack-deadline extensions run in their own tasks, so a long
+batch neither looks dead nor gets redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from consumers import metrics
+from consumers.acks import Action, decide, exhausted
+from consumers.batcher import collect_batch
+from consumers.handlers.base import ModelHandler
+from consumers.requests import Job, parse_delivery
+from consumers.stats import WorkerStats
+from fleet import constants as c
+from fleet.brokers.base import Broker, Delivery, Subscription
+from fleet.errors import BrokerError, FleetError, ModelError, StoreError
+from fleet.settings import FleetSettings
+from fleet.store.base import ResultStore
+from schemas.jobs import JobError, JobState
+from schemas.wire import DeadLetter, Heartbeat
+
+log = logging.getLogger(__name__)
+
+IDLE_FETCH_TIMEOUT_S = 1.0
+SETTLE_CONCURRENCY = 2  # batches whose results may be written while the next batch computes
+
+
+def new_worker_id(model: str) -> str:
+    return f"{model}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _pick(explicit: Any, settings: FleetSettings, field: str, preferred: Any) -> Any:
+    """Explicit argument, else a setting the user set, else the model's preference."""
+    if explicit is not None:
+        return explicit
+    return getattr(settings, field) if field in settings.model_fields_set else preferred
+
+
+class Worker:
+    """Serves one model from ``broker`` into ``store``. Use ``async with Worker(...)`` or start()/stop().
+
+    Args:
+        handler: a constructed (not yet loaded) model handler; ``start`` loads and warms it up.
+        broker, store: connected seam implementations (the worker does not close them).
+        settings: batch limits, ack wait, max deliveries, heartbeat interval, drain timeout.
+        max_batch, max_wait_ms: override the settings and the model's preferences.
+    """
+
+    def __init__(
+        self,
+        handler: ModelHandler,
+        broker: Broker,
+        store: ResultStore,
+        *,
+        settings: FleetSettings,
+        worker_id: str | None = None,
+        max_batch: int | None = None,
+        max_wait_ms: float | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.handler = handler
+        self.spec = handler.spec
+        self.model = self.spec.name
+        self.broker = broker
+        self.store = store
+        self.settings = settings
+        self.worker_id = worker_id or new_worker_id(self.model)
+        self.device = device
+        self.max_batch: int = _pick(max_batch, settings, "max_batch", self.spec.max_batch)
+        self.max_wait_ms: float = _pick(max_wait_ms, settings, "max_wait_ms", self.spec.max_wait_ms)
+        self.max_deliveries = settings.max_deliveries
+        self.stats = WorkerStats()
+        self.state = "starting"
+        self._held: dict[int, Delivery] = {}
+        self._queue: asyncio.Queue[list[Delivery]] = asyncio.Queue(maxsize=1)
+        self._settling: set[asyncio.Task[None]] = set()
+        self._settle_slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
+        self._sub: Subscription | None = None
+        self._fetch_task: asyncio.Task[None] | None = None
+        self._compute_task: asyncio.Task[None] | None = None
+        self._aux_tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._stopped = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Load and warm up the model, then start taking work."""
+        self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.handler.load)
+        await asyncio.to_thread(self.handler.warmup)
+        log.info("worker %s: %s loaded and warmed up in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
+        await self.broker.ensure_model(self.model)
+        self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+        self.state = "ready"
+        self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
+        self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
+        self._aux_tasks.append(asyncio.create_task(self._keepalive_loop(), name=f"{self.worker_id}-keepalive"))
+
+    async def wait_stopped(self) -> None:
+        await self._stopping.wait()
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Drain: stop pulling, finish in-flight work within the deadline, hand the rest back. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.state = "draining"
+        self._stopping.set()
+        deadline_s = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        await self._stop_fetching()
+        await self._release_queued()
+        await self._finish_in_flight(deadline_s)
+        await self._release_held()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.close()
+        self.state = "stopped"
+        await self._send_heartbeat()
+        try:
+            await asyncio.to_thread(self.handler.close)
+        except Exception:
+            log.exception("worker %s: model close failed", self.worker_id)
+        for task in self._aux_tasks:
+            task.cancel()
+        await asyncio.gather(*self._aux_tasks, return_exceptions=True)
+        log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
+
+    async def _stop_fetching(self) -> None:
+        if self._fetch_task is None:
+            return
+        # A fetch in progress returns within IDLE_FETCH_TIMEOUT_S; let it, so fetched messages are not orphaned.
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._fetch_task), IDLE_FETCH_TIMEOUT_S + 1)
+        self._fetch_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._fetch_task
+
+    async def _release_queued(self) -> None:
+        while not self._queue.empty():
+            for delivery in self._queue.get_nowait():
+                await self._nak_quietly(delivery)
+        self._queue.put_nowait([])  # wakes the compute loop so it sees the stop
+
+    async def _finish_in_flight(self, deadline_s: float) -> None:
+        """Wait for the batch computing and the results being written; the compute task may add a settle task."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while pending := [t for t in (self._compute_task, *self._settling) if t is not None and not t.done()]:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                log.warning("worker %s: drain deadline of %.1fs passed; handing work back", self.worker_id, deadline_s)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                return
+            await asyncio.wait(pending, timeout=remaining)
+
+    async def _release_held(self) -> None:
+        for delivery in list(self._held.values()):
+            await self._nak_quietly(delivery)
+
+    async def _nak_quietly(self, delivery: Delivery) -> None:
+        self._forget(delivery)
+        try:
+            await delivery.nak()
+        except Exception:
+            log.exception("worker %s: nak failed; the message returns after the ack wait", self.worker_id)
+
+    # -- loops ----------------------------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        assert self._sub is not None
+        while not self._stopping.is_set():
+            try:
+                batch = await collect_batch(self._sub, self.max_batch, self.max_wait_ms / 1000, IDLE_FETCH_TIMEOUT_S)
+            except BrokerError as exc:
+                log.warning("worker %s: fetch failed (%s); retrying in 1s", self.worker_id, exc)
+                await asyncio.sleep(1.0)
+                continue
+            if not batch:
+                continue
+            for delivery in batch:
+                self._held[id(delivery)] = delivery
+            metrics.IN_FLIGHT.labels(self.model).set(len(self._held))
+            await self._queue.put(batch)
+
+    async def _compute_loop(self) -> None:
+        while True:
+            batch = await self._queue.get()
+            if not batch:
+                if self._stopping.is_set():
+                    return
+                continue
+            try:
+                await self._run_batch(batch)
+            except Exception:
+                log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
+                for delivery in batch:
+                    await self._nak_quietly(delivery)
+
+    async def _keepalive_loop(self) -> None:
+        interval_s = max(0.2, self.settings.ack_wait_s / 3)
+        while True:
+            await asyncio.sleep(interval_s)
+            for delivery in list(self._held.values()):
+                try:
+                    await delivery.in_progress()
+                except Exception as exc:
+                    log.warning("worker %s: could not extend an ack deadline: %s", self.worker_id, exc)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._send_heartbeat()
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            worker_id=self.worker_id,
+            model=self.model,
+            device=self.device,
+            pid=os.getpid(),
+            max_batch=self.max_batch,
+            max_wait_ms=self.max_wait_ms,
+            state=self.state,  # type: ignore[arg-type]
+            in_flight=len(self._held),
+            **self.stats.snapshot(),  # type: ignore[arg-type]
+        )
+
+    async def _send_heartbeat(self) -> None:
+        try:
+            await self.broker.emit(c.heartbeat_subject(self.model), self.heartbeat().model_dump_json().encode())
+        except Exception as exc:
+            log.warning("worker %s: heartbeat not sent: %s", self.worker_id, exc)
+
+    # -- one batch ------------------------------------------------------------------------------------------
+    async def _run_batch(self, batch: list[Delivery]) -> None:
+        jobs = [parse_delivery(d, self.spec) for d in batch]
+        runnable = await self._admit(jobs)
+        results: list[Any] = []
+        if runnable:
+            t0 = time.perf_counter()
+            results = await self._predict(runnable)
+            compute_ms = (time.perf_counter() - t0) * 1000
+            self.stats.record_batch(len(runnable), compute_ms)
+            metrics.BATCH_SIZE.labels(self.model).observe(len(runnable))
+            metrics.BATCH_SECONDS.labels(self.model).observe(compute_ms / 1000)
+        await self._settle_slots.acquire()
+        task = asyncio.create_task(self._settle_all(runnable, results))
+        self._settling.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._settling.discard(task)
+        self._settle_slots.release()
+
+    async def _admit(self, jobs: list[Job]) -> list[Job]:
+        """Settle what must not run (invalid, exhausted, already terminal, expired); return the rest, running."""
+        runnable: list[Job] = []
+        rejected: list[Any] = []
+        for job in jobs:
+            error = job.error or self._exhausted_error(job)
+            if error is not None:
+                rejected.append(self._reject(job, error))
+            else:
+                runnable.append(job)
+        started = await asyncio.gather(*(self._start(job) for job in runnable), *rejected)
+        return [job for job, ok in zip(runnable, started[: len(runnable)], strict=True) if ok]
+
+    def _exhausted_error(self, job: Job) -> JobError | None:
+        count = job.delivery.delivery_count
+        if not exhausted(count, self.max_deliveries):
+            return None
+        return JobError(
+            type="max_deliveries",
+            message=f"delivered {count} times without completing (max_deliveries={self.max_deliveries}); "
+            "a worker probably crashed or timed out on it each time",
+        )
+
+    async def _start(self, job: Job) -> bool:
+        """Mark the job running; settle it at once when it is already terminal or past its deadline."""
+        assert job.job_id is not None and job.request is not None
+        try:
+            record = await self.store.start(
+                job.job_id, model=self.model, worker_id=self.worker_id, deliveries=job.delivery.delivery_count
+            )
+            if record.terminal:
+                log.debug("job %s already %s; acking without recomputing", job.job_id, record.state)
+                await self._ack(job, "duplicate")
+                return False
+            deadline = job.request.deadline or record.expires_at
+            if deadline is not None and time.time() > deadline:
+                error = JobError(type="expired", message="the job's deadline passed before a worker could start it")
+                await self.store.finish(
+                    job.job_id, JobState.expired, model=self.model, error=error, worker_id=self.worker_id
+                )
+                await self._ack(job, "expired")
+                return False
+        except (StoreError, BrokerError) as exc:
+            log.warning("job %s: store unavailable (%s); handing the message back", job.job_id, exc)
+            await self._nak_quietly(job.delivery)
+            return False
+        return True
+
+    async def _predict(self, jobs: list[Job]) -> list[Any]:
+        """Outputs (JSON-ready) or ``JobError`` per job; a failing batch is split until the bad item is alone."""
+        inputs = [job.input for job in jobs]
+        try:
+            outputs = await asyncio.to_thread(self.handler.run, inputs)
+            if len(outputs) != len(inputs):
+                raise ModelError(f"predict returned {len(outputs)} outputs for {len(inputs)} inputs", retriable=False)
+        except Exception as exc:
+            if len(jobs) == 1:
+                return [self._error_from(exc)]
+            mid = len(jobs) // 2
+            log.info("worker %s: batch of %d raised %r; splitting to isolate it", self.worker_id, len(jobs), exc)
+            return await self._predict(jobs[:mid]) + await self._predict(jobs[mid:])
+        return [self._to_json(out) for out in outputs]
+
+    def _to_json(self, output: Any) -> Any:
+        if isinstance(output, Exception):
+            return self._error_from(output)
+        try:
+            if not isinstance(output, BaseModel):
+                output = self.spec.output_model.model_validate(output)
+            return output.model_dump(mode="json")
+        except (ValidationError, TypeError, ValueError) as exc:
+            return JobError(type="invalid_output", message=f"the model's output does not serialise: {exc}")
+
+    @staticmethod
+    def _error_from(exc: BaseException) -> JobError:
+        retriable = exc.retriable if isinstance(exc, FleetError) else True
+        return JobError(type="model_error", message=f"{type(exc).__name__}: {exc}", retriable=retriable)
+
+    # -- settling -------------------------------------------------------------------------------------------
+    async def _settle_all(self, jobs: list[Job], results: list[Any]) -> None:
+        await asyncio.gather(*(self._settle(job, result) for job, result in zip(jobs, results, strict=True)))
+
+    async def _settle(self, job: Job, result: Any) -> None:
+        error = result if isinstance(result, JobError) else None
+        decision = decide(error, job.delivery.delivery_count, self.max_deliveries)
+        try:
+            if decision.action is Action.ack:
+                assert job.job_id is not None
+                await self.store.finish(
+                    job.job_id, JobState.succeeded, model=self.model, output=result, worker_id=self.worker_id
+                )
+                await self._ack(job, "succeeded")
+            elif decision.action is Action.retry:
+                assert error is not None
+                log.info(
+                    "job %s failed (%s), delivery %d; retrying in %.1fs",
+                    job.job_id,
+                    error.message,
+                    job.delivery.delivery_count,
+                    decision.delay_s,
+                )
+                self.stats.failures += 1
+                metrics.ITEMS.labels(self.model, "retried").inc()
+                self._forget(job.delivery)
+                await job.delivery.nak(decision.delay_s)
+            else:
+                assert error is not None
+                await self._dead_letter(job, error)
+        except (StoreError, BrokerError) as exc:
+            log.warning("job %s: result not stored (%s); handing the message back", job.job_id, exc)
+            await self._nak_quietly(job.delivery)
+
+    async def _reject(self, job: Job, error: JobError) -> None:
+        try:
+            await self._dead_letter(job, error)
+        except (StoreError, BrokerError) as exc:
+            log.warning("job %s: could not dead-letter (%s); handing the message back", job.job_id, exc)
+            await self._nak_quietly(job.delivery)
+
+    async def _dead_letter(self, job: Job, error: JobError) -> None:
+        """Store 'failed', publish to the dead-letter subject, then settle. Store before publish before ack."""
+        self.stats.failures += 1
+        if job.job_id is not None:
+            await self.store.finish(
+                job.job_id, JobState.failed, model=self.model, error=error, worker_id=self.worker_id
+            )
+        letter = DeadLetter(
+            job_id=job.job_id,
+            model=self.model,
+            error=error,
+            deliveries=job.delivery.delivery_count,
+            worker_id=self.worker_id,
+            request=job.body,
+            raw=None if job.body is not None else job.delivery.data.decode("utf-8", "replace")[:65536],
+        )
+        log.warning("job %s dead-lettered: %s", job.job_id, error.message)
+        msg_id = f"{job.job_id}.dlq" if job.job_id else None
+        headers = {c.HEADER_ERROR: error.type, c.HEADER_MODEL: self.model}
+        if job.job_id:
+            headers[c.HEADER_JOB_ID] = job.job_id
+        await self.broker.publish(
+            c.dlq_subject(self.model), letter.model_dump_json().encode(), msg_id=msg_id, headers=headers
+        )
+        self._forget(job.delivery)
+        await job.delivery.term()
+        metrics.ITEMS.labels(self.model, "dead_lettered").inc()
+
+    async def _ack(self, job: Job, outcome: str) -> None:
+        self._forget(job.delivery)
+        await job.delivery.ack()
+        metrics.ITEMS.labels(self.model, outcome).inc()
+
+    def _forget(self, delivery: Delivery) -> None:
+        self._held.pop(id(delivery), None)
+        metrics.IN_FLIGHT.labels(self.model).set(len(self._held))

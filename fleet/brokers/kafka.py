@@ -1,0 +1,433 @@
+"""The Kafka broker (aiokafka): ``KafkaBroker("kafka://host:9092", settings=...)`` implements ``Broker``.
+
+Names. A subject is its own topic name (``fleet.req.echo``; rules in ``kafka_names``). ``ensure_model`` creates
+the request topic with ``settings.kafka_partitions`` partitions and the dead-letter topic with one partition; any
+other topic Fleet publishes or subscribes to is created with one partition on first use. Creation needs
+``settings.kafka_auto_create`` (the default); with it off a missing topic is a ``ConfigError`` that names it.
+Control events (``emit``/``listen``) share the one-partition topic ``fleet.ctl`` with the subject as record key.
+A consumer group is the ``group`` given to ``subscribe`` (``fleet-<model>`` for workers).
+
+Guarantees (the contract in ``fleet.brokers.base``, as Kafka can give it):
+
+* ``publish`` uses an idempotent producer with ``acks=all`` and returns once the record is written; the job id
+  (``msg_id``) is the record key and the other metadata rides in headers.
+* De-duplication: Kafka's idempotent producer only removes its own retries. A republish of a ``msg_id`` that this
+  broker object published within ``dedup_window_s`` is dropped before it is sent; a copy that still reaches the
+  topic (published by another process) is dropped by the consumer that owns the partition when its record
+  timestamp is within the window of the first copy's. Copies that escape both (after a partition hand-over) are
+  made harmless by the worker: a job already terminal in the store is acked without recomputing.
+* Delivery is at least once. Each partition belongs to one member of the group, so a member gets only the
+  messages of its partitions (members beyond the partition count idle). ``nak`` and an expired ack wait
+  redeliver to the same member; its partitions move to others when it leaves or its session times out.
+  ``delivery_count`` survives those hand-overs: it is stored in the metadata of the commit that ``fetch`` makes
+  before returning (see ``kafka_subscription``); only a batch whose commit failed in a rebalance restarts at 1.
+* Order: first deliveries of a partition come in offset order; redeliveries come before new records; there is
+  no order across partitions (records are spread by job id).
+* ``lag`` is, summed over the partitions, the end offset minus the group's committed offset (the log start when
+  the group has committed nothing), so it counts waiting and in-flight messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from aiokafka.structs import OffsetAndMetadata
+
+from fleet import constants as c
+from fleet.brokers.kafka_events import EVENTS_TOPIC, KafkaEventStream
+from fleet.brokers.kafka_names import bootstrap_servers, topic_for
+from fleet.brokers.kafka_subscription import KafkaSubscription
+from fleet.brokers.subjects import check_group, check_subject
+from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
+from fleet.settings import FleetSettings
+
+log = logging.getLogger(__name__)
+
+TOPIC_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS
+HEADROOM_BYTES = 64 * 1024  # record and batch overhead above max_message_bytes
+EVENTS_RETENTION_MS = 3_600_000
+RETRY_BACKOFF_S = 0.1
+
+
+class _RecentIds:
+    """Message ids published within the de-duplication window (oldest first)."""
+
+    def __init__(self, window_s: float, max_ids: int = 200_000) -> None:
+        self._window_s, self._max_ids = window_s, max_ids
+        self._ids: OrderedDict[str, float] = OrderedDict()
+
+    def __contains__(self, msg_id: str) -> bool:
+        self._prune(time.monotonic())
+        return msg_id in self._ids
+
+    def add(self, msg_id: str) -> None:
+        self._ids[msg_id] = time.monotonic()
+        self._ids.move_to_end(msg_id)
+
+    def _prune(self, now: float) -> None:
+        while self._ids:
+            oldest = next(iter(self._ids.values()))
+            if now - oldest <= self._window_s and len(self._ids) <= self._max_ids:
+                return
+            self._ids.popitem(last=False)
+
+
+class KafkaBroker:
+    """Fleet's broker seam over Apache Kafka. Construct, ``await connect()``, use, ``await close()``.
+
+    Args:
+        url: ``kafka://host:port[,host:port...]``.
+        settings: partitions, auto-creation, ack wait, de-duplication window and message size limit.
+        session_timeout_ms, heartbeat_interval_ms: consumer-group liveness; a dead member's partitions move after
+            the session timeout, a live member learns of a rebalance within a heartbeat.
+        request_timeout_ms: for every Kafka request; ``connect_timeout_s`` bounds ``connect`` and ``ping``.
+        replication_factor: of the topics Fleet creates; ``None`` takes min(3, brokers in the cluster).
+    """
+
+    scheme = "kafka"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        settings: FleetSettings,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 500,
+        request_timeout_ms: int = 10_000,
+        connect_timeout_s: float = 5.0,
+        replication_factor: int | None = None,
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        self._bootstrap = bootstrap_servers(url)
+        self._session_timeout_ms = session_timeout_ms
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._request_timeout_ms = request_timeout_ms
+        self._connect_timeout_s = connect_timeout_s
+        self._replication_factor = replication_factor
+        self._admin: AIOKafkaAdminClient | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._offsets: AIOKafkaConsumer | None = None  # group-less consumer for end/beginning offsets
+        self._topics: set[str] = set()
+        self._recent = _RecentIds(settings.dedup_window_s)
+        self._publishing: dict[str, asyncio.Future[None]] = {}
+        self._subscriptions: set[KafkaSubscription] = set()
+        self._streams: set[KafkaEventStream] = set()
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings, **options: Any) -> KafkaBroker:
+        """The broker for ``settings.broker_url``; ``options`` are the keyword arguments of the constructor."""
+        return cls(settings.broker_url, settings=settings, **options)
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Connect the admin client and the idempotent producer; ``BrokerUnavailable`` naming the URL if not."""
+        if self._producer is not None:
+            return
+        admin = AIOKafkaAdminClient(**self._client_options("admin"))
+        producer = AIOKafkaProducer(
+            enable_idempotence=True,
+            acks="all",
+            max_request_size=self.settings.max_message_bytes + HEADROOM_BYTES,
+            **self._client_options("producer"),
+        )
+        try:
+            await asyncio.wait_for(admin.start(), self._connect_timeout_s)
+            await asyncio.wait_for(producer.start(), self._connect_timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await producer.stop()
+            await admin.close()
+            raise BrokerUnavailable(
+                f"cannot reach Kafka at {self.url} within {self._connect_timeout_s}s ({exc!r}): "
+                "is the broker running and is the URL right?"
+            ) from exc
+        self._admin, self._producer = admin, producer
+        log.info("connected to Kafka at %s", self.url)
+
+    async def close(self) -> None:
+        """Close subscriptions and event streams left open (with a warning), the producer and the admin client."""
+        for sub in list(self._subscriptions):
+            log.warning("Kafka subscription on %r (group %r) was not closed; closing it", sub.topic, sub.group)
+            await sub.close()
+        for stream in list(self._streams):
+            await stream.close()
+        producer, admin, offsets = self._producer, self._admin, self._offsets
+        self._producer = self._admin = self._offsets = None
+        if producer is not None:
+            await producer.stop()
+        if offsets is not None:
+            await offsets.stop()
+        if admin is not None:
+            await admin.close()
+
+    async def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` unless a metadata request answers within the connect timeout."""
+        try:
+            await asyncio.wait_for(self._require_admin().describe_cluster(), self._connect_timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            raise BrokerUnavailable(f"Kafka at {self.url} does not answer: {exc!r}") from exc
+
+    def _client_options(self, role: str) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": self._bootstrap,
+            "client_id": f"fleet-{role}",
+            "request_timeout_ms": self._request_timeout_ms,
+        }
+
+    def _require_admin(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
+        return self._admin
+
+    # -- topics -----------------------------------------------------------------------------------------------
+
+    async def ensure_model(self, model: str) -> None:
+        """Create the model's request topic (``kafka_partitions``) and dead-letter topic, and the events topic."""
+        if not c.MODEL_NAME_RE.match(model):
+            raise ConfigError(f"model name {model!r} must match {c.MODEL_NAME_RE.pattern}")
+        request_topic = topic_for(c.request_subject(model))
+        await self._ensure_topic(request_topic, self.settings.kafka_partitions)
+        await self._ensure_topic(topic_for(c.dlq_subject(model)), 1)
+        await self._ensure_topic(EVENTS_TOPIC, 1)
+
+    async def _ensure_topic(self, topic: str, partitions: int = 1) -> None:
+        if topic in self._topics:
+            return
+        found = await self._partition_count(topic)
+        if found is None:
+            if not self.settings.kafka_auto_create:
+                raise ConfigError(
+                    f"Kafka topic {topic!r} does not exist on {self.url} and kafka_auto_create is off: create it "
+                    f"(kafka-topics.sh --create --topic {topic} --partitions {partitions}) "
+                    "or set FLEET_KAFKA_AUTO_CREATE=true"
+                )
+            await self._create_topic(topic, partitions)
+        elif found < partitions:
+            log.warning("Kafka topic %r has %d partitions, fewer than the %d configured", topic, found, partitions)
+        self._topics.add(topic)
+
+    async def _partition_count(self, topic: str) -> int | None:
+        try:
+            described = await self._require_admin().describe_topics([topic])
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka at {self.url}: describing topic {topic!r} failed: {exc!r}") from exc
+        for info in described:
+            if info["topic"] == topic and info["error_code"] == 0:
+                return len(info["partitions"])
+        return None
+
+    async def _create_topic(self, topic: str, partitions: int) -> None:
+        admin = self._require_admin()
+        configs = {"max.message.bytes": str(self.settings.max_message_bytes + HEADROOM_BYTES)}
+        if topic == EVENTS_TOPIC:
+            configs["retention.ms"] = str(EVENTS_RETENTION_MS)
+        new = NewTopic(topic, partitions, await self._replicas(), topic_configs=configs)
+        try:
+            response = await admin.create_topics([new])
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka at {self.url}: creating topic {topic!r} failed: {exc!r}") from exc
+        for name, code, *rest in response.topic_errors:
+            if name == topic and code not in (0, TOPIC_EXISTS):
+                raise ConfigError(f"Kafka at {self.url} refused to create topic {topic!r}: error {code} {rest}")
+        log.info("created Kafka topic %r with %d partitions", topic, partitions)
+
+    async def _replicas(self) -> int:
+        if self._replication_factor is not None:
+            return self._replication_factor
+        cluster = await self._require_admin().describe_cluster()
+        return max(1, min(3, len(cluster.get("brokers", []))))
+
+    # -- publish ----------------------------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Write one record (key ``msg_id``) and wait for ``acks=all``; a ``msg_id`` seen in the window is dropped.
+
+        Raises ``PayloadTooLarge``, ``ConfigError`` (missing topic, auto-creation off), ``BrokerUnavailable`` or
+        ``PublishFailed``.
+        """
+        if len(data) > self.settings.max_message_bytes:
+            raise PayloadTooLarge(len(data), self.settings.max_message_bytes, what="message")
+        topic = topic_for(subject)
+        if self._producer is None:
+            raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
+        await self._ensure_topic(topic)
+        if msg_id is None:
+            await self._send(topic, data, None, headers)
+            return
+        if msg_id in self._recent:
+            log.debug("dropping duplicate publish of %r on %r", msg_id, topic)
+            return
+        await self._send_once(topic, data, msg_id, headers)
+
+    async def _send_once(self, topic: str, data: bytes, msg_id: str, headers: Mapping[str, str] | None) -> None:
+        pending = self._publishing.get(msg_id)
+        if pending is not None:  # the same id is being published right now: share its outcome
+            await asyncio.shield(pending)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._publishing[msg_id] = future
+        try:
+            await self._send(topic, data, msg_id, headers)
+            self._recent.add(msg_id)
+            future.set_result(None)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # mark it retrieved: only waiters re-raise it
+            raise
+        finally:
+            del self._publishing[msg_id]
+
+    async def _send(self, topic: str, data: bytes, key: str | None, headers: Mapping[str, str] | None) -> None:
+        producer = self._producer
+        if producer is None:
+            raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
+        encoded = [(k, v.encode()) for k, v in (headers or {}).items()]
+        try:
+            sent = await producer.send(topic, data, key=key.encode() if key else None, headers=encoded)
+            await sent
+        except (KafkaConnectionError, KafkaTimeoutError) as exc:
+            raise BrokerUnavailable(f"Kafka at {self.url} did not take the record on {topic!r}: {exc!r}") from exc
+        except KafkaError as exc:
+            raise PublishFailed(f"Kafka at {self.url} refused the record on {topic!r}: {exc!r}") from exc
+
+    # -- consume ----------------------------------------------------------------------------------------------
+
+    async def subscribe(self, subject: str, group: str) -> KafkaSubscription:
+        """Join consumer group ``group`` on the subject's topic; returns after the first partition assignment."""
+        topic = topic_for(subject)
+        check_group(group)
+        self._require_admin()
+        await self._ensure_topic(topic)
+        sub = KafkaSubscription(
+            topic,
+            group,
+            consumer_options=self._consumer_options(group),
+            read_committed=lambda tps: self._committed(group, tps),
+            ack_wait_s=self.settings.ack_wait_s,
+            dedup_window_s=self.settings.dedup_window_s,
+            commit_timeout_s=self._request_timeout_ms / 1000,
+            on_close=self._subscriptions.discard,
+        )
+        self._subscriptions.add(sub)
+        try:
+            await sub.start(join_timeout_s=max(10.0, 3 * self._session_timeout_ms / 1000))
+        except KafkaError as exc:
+            await sub.close()
+            raise BrokerUnavailable(f"Kafka at {self.url}: joining group {group!r} failed: {exc!r}") from exc
+        except BaseException:
+            await sub.close()
+            raise
+        return sub
+
+    def _consumer_options(self, group: str) -> dict[str, Any]:
+        fetch_bytes = max(1 << 20, self.settings.max_message_bytes + HEADROOM_BYTES)
+        return {
+            **self._client_options(f"consumer-{group}"),
+            "auto_offset_reset": "earliest",
+            "session_timeout_ms": self._session_timeout_ms,
+            "heartbeat_interval_ms": self._heartbeat_interval_ms,
+            "max_partition_fetch_bytes": fetch_bytes,
+            "fetch_max_bytes": max(fetch_bytes, 50 << 20),
+            "fetch_max_wait_ms": 100,
+        }
+
+    async def _committed(self, group: str, tps: set[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata]:
+        admin = self._require_admin()
+        deadline = time.monotonic() + self._request_timeout_ms / 1000
+        while True:
+            try:
+                return await admin.list_consumer_group_offsets(group, partitions=sorted(tps))
+            except KafkaError as exc:  # e.g. the coordinator is still loading __consumer_offsets
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(RETRY_BACKOFF_S)
+
+    async def lag(self, subject: str, group: str) -> int:
+        """Messages the group has not settled: end offset minus committed offset, summed over partitions."""
+        topic = topic_for(subject)
+        for sub in list(self._subscriptions):
+            if sub.topic == topic and sub.group == group:
+                await sub.flush()
+        count = await self._partition_count(topic)
+        if count is None:
+            raise ConfigError(f"Kafka topic {topic!r} does not exist on {self.url}")
+        tps = [TopicPartition(topic, p) for p in range(count)]
+        offsets = await self._offsets_reader()
+        try:
+            end = await offsets.end_offsets(tps)
+            start = await offsets.beginning_offsets(tps)
+            committed = await self._committed(group, set(tps))
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka at {self.url}: reading offsets of {topic!r} failed: {exc!r}") from exc
+        total = 0
+        for tp in tps:
+            done = committed[tp].offset if tp in committed and committed[tp].offset >= 0 else start[tp]
+            total += max(0, end[tp] - max(done, start[tp]))
+        return total
+
+    async def _offsets_reader(self) -> AIOKafkaConsumer:
+        if self._offsets is None:
+            self._require_admin()
+            reader = AIOKafkaConsumer(enable_auto_commit=False, **self._client_options("offsets"))
+            try:
+                await reader.start()
+            except KafkaError as exc:
+                await reader.stop()
+                raise BrokerUnavailable(f"Kafka at {self.url} does not answer: {exc!r}") from exc
+            self._offsets = reader
+        return self._offsets
+
+    # -- control events ---------------------------------------------------------------------------------------
+
+    async def emit(self, subject: str, data: bytes) -> None:
+        """Best effort: queue an event on ``fleet.ctl`` keyed by ``subject``; failures are only logged."""
+        check_subject(subject)
+        producer = self._producer
+        if producer is None:
+            raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
+        await self._ensure_topic(EVENTS_TOPIC)
+        try:
+            sent = await producer.send(EVENTS_TOPIC, data, key=subject.encode())
+        except KafkaError as exc:
+            log.warning("control event on %r not sent: %r", subject, exc)
+            return
+        sent.add_done_callback(_log_event_failure)
+
+    async def listen(self, subject: str) -> KafkaEventStream:
+        """Events whose subject matches the NATS-style pattern ``subject``, from now on."""
+        check_subject(subject, wildcards=True)
+        self._require_admin()
+        await self._ensure_topic(EVENTS_TOPIC)
+        partitions = await self._partition_count(EVENTS_TOPIC) or 1
+        stream = KafkaEventStream(subject, self._client_options("events"), on_close=self._streams.discard)
+        self._streams.add(stream)
+        try:
+            await stream.start(partitions)
+        except BaseException:
+            await stream.close()
+            raise
+        return stream
+
+
+def _log_event_failure(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("control event not delivered: %r", sent.exception())

@@ -1,0 +1,413 @@
+"""The NATS JetStream broker.
+
+Streams (created or brought in line at ``connect``):
+
+* ``FLEET_REQ`` on ``fleet.req.>`` and ``FLEET_INBOX`` on ``fleet.inbox.>``: **interest retention**. A message is
+  kept until every group (durable consumer) on its subject has acked or terminated it, so storage is the backlog,
+  not the history, and several groups may read one subject (each gets every message) — which work-queue retention
+  forbids and which the direct-assignment dispatchers may need. The price: a message published while *no* group
+  exists on its subject is acknowledged but not kept, so the group must exist first. ``ensure_model`` creates the
+  worker group ``consumer_name(model)``; the gateway and the workers call it at start-up, before any publish, and
+  the durable group outlives them. ``max_age`` is the job TTL: an older request belongs to an expired job.
+* ``FLEET_DLQ`` on ``fleet.dlq.>``: limits retention with a 7-day ``max_age``, so dead letters stay readable for
+  inspection by any number of groups, whether or not a reader existed when they were written.
+
+All streams de-duplicate on ``Nats-Msg-Id`` within ``dedup_window_s`` and accept messages up to
+``max_message_bytes`` (plus room for headers).
+
+Groups are durable pull consumers, one per ``(subject, group)``, named ``durable_name(subject, group)``, with
+explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries: the worker dead-letters by itself after
+``max_deliveries`` by reading ``delivery_count``, which also covers poison messages that crash it. The first group
+on a subject receives everything the stream still holds; a group added later starts with new messages.
+
+``publish`` waits for the JetStream PubAck. ``fetch`` is in ``fleet.brokers.nats_pull``. ``emit``/``listen`` are
+core NATS publish/subscribe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    ConsumerInfo,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from fleet import constants as c
+from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription
+from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
+from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
+
+if TYPE_CHECKING:
+    from fleet.settings import FleetSettings
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 5.0  # JetStream API calls, PubAcks and ack confirmations
+RECONNECT_WAIT_S = 1.0
+MAX_ACK_PENDING = 20_000  # per group: messages out to workers but not yet settled
+HEADER_ALLOWANCE_BYTES = 16 * 1024  # stream max_msg_size = max_message_bytes + this, for headers
+DLQ_MAX_AGE_S = 7 * 24 * 3600.0
+_STREAM_NAME_IN_USE = 10058  # JetStream error code: stream exists with a different configuration
+
+
+def durable_name(subject: str, group: str) -> str:
+    """The durable consumer that holds ``group`` on ``subject``: ``fleet-echo__fleet_req_echo``."""
+    return f"{check_group(group)}__{subject.replace('.', '_')}"
+
+
+class NatsBroker:
+    """Fleet's broker on NATS JetStream. Construct, ``await connect()``, use, ``await close()``."""
+
+    scheme = "nats"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ack_wait_s: float,
+        dedup_window_s: float,
+        max_message_bytes: int,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        request_max_age_s: float = float(c.DEFAULT_JOB_TTL_S),
+    ) -> None:
+        """``url`` is ``nats://host:port`` (comma-separate several servers of one cluster)."""
+        self.url = url
+        self.ack_wait_s = ack_wait_s
+        self.dedup_window_s = dedup_window_s
+        self.max_message_bytes = max_message_bytes
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.request_max_age_s = request_max_age_s
+        self._servers = [s.strip() for s in url.split(",") if s.strip()]
+        self._nc: NATS | None = None
+        self._js: JetStreamContext | None = None
+        self._closed = False
+        self._groups: set[tuple[str, str]] = set()
+        self._subscriptions: set[NatsSubscription] = set()
+        self._listeners: set[NatsEventStream] = set()
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings, **overrides: Any) -> NatsBroker:
+        """Build from ``FleetSettings`` (keyword ``overrides`` win)."""
+        kwargs: dict[str, Any] = {
+            "ack_wait_s": settings.ack_wait_s,
+            "dedup_window_s": settings.dedup_window_s,
+            "max_message_bytes": settings.max_message_bytes,
+        }
+        kwargs.update(overrides)
+        return cls(settings.broker_url, **kwargs)
+
+    # -- connection -------------------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Connect and create the streams; raise ``BrokerUnavailable`` naming the URL within ``connect_timeout_s``."""
+        if self._closed:
+            raise BrokerUnavailable(f"the NATS broker for {self.url} was closed; create a new one")
+        if self._nc is not None:
+            return
+        nc = await self._open()
+        js = nc.jetstream(timeout=self.request_timeout_s)
+        try:
+            for config in self._stream_configs():
+                await self._ensure_stream(js, config)
+        except BaseException:
+            await nc.close()
+            raise
+        self._nc, self._js = nc, js
+        log.info("connected to NATS at %s", self.url)
+
+    async def close(self) -> None:
+        """Idempotent: close subscriptions and listeners, then the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        for sub in list(self._subscriptions):
+            await sub.close()
+        for stream in list(self._listeners):
+            await stream.close()
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            await nc.close()
+
+    async def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` unless the server answers a round trip now."""
+        nc = self._connection()
+        try:
+            await nc.flush(timeout=max(1, int(self.request_timeout_s)))
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise BrokerUnavailable(f"NATS at {self.url} did not answer a ping: {exc!r}") from exc
+
+    async def _open(self) -> NATS:
+        """Connect, failing fast once every server has refused once (nats-py alone would retry for minutes)."""
+        nc = NATS()
+        gave_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failures: list[BaseException] = []
+
+        async def on_error(exc: Exception) -> None:
+            if not opened:
+                failures.append(exc)
+                if len(failures) >= len(self._servers) and not gave_up.done():
+                    gave_up.set_result(None)
+            elif nc.is_connected:
+                log.warning("NATS at %s reported: %r", self.url, exc)
+            else:
+                log.debug("reconnecting to NATS at %s: %r", self.url, exc)
+
+        opened = False
+        connecting = asyncio.ensure_future(nc.connect(**self._connect_options(on_error)))
+        await asyncio.wait({connecting, gave_up}, timeout=self.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if connecting.done() and not connecting.cancelled() and connecting.exception() is None:
+            opened = True
+            return nc
+        connecting.cancel()
+        outcome = (await asyncio.gather(connecting, return_exceptions=True))[0]
+        await asyncio.gather(nc.close(), return_exceptions=True)
+        if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
+            failures.append(outcome)
+        reason = repr(failures[-1]) if failures else f"no answer within {self.connect_timeout_s}s"
+        raise BrokerUnavailable(f"cannot connect to NATS at {self.url}: {reason}. Is nats-server running there?")
+
+    def _connect_options(self, on_error: Callable[[Exception], Awaitable[None]]) -> dict[str, Any]:
+        return {
+            "servers": self._servers,
+            "name": "fleet",
+            "error_cb": on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            "connect_timeout": max(1, int(self.connect_timeout_s)),
+            "reconnect_time_wait": RECONNECT_WAIT_S,
+            "max_reconnect_attempts": -1,  # keep reconnecting while running; publish raises meanwhile
+            "allow_reconnect": True,
+        }
+
+    async def _on_disconnected(self) -> None:
+        if self._nc is not None and not self._closed:  # not during a failing first connect
+            log.warning("disconnected from NATS at %s; reconnecting", self.url)
+
+    async def _on_reconnected(self) -> None:
+        log.info("reconnected to NATS at %s", self.url)
+
+    def _connection(self) -> NATS:
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            state = "closed" if self._closed or nc is not None else "not connected (call connect() first)"
+            raise BrokerUnavailable(f"the NATS broker for {self.url} is {state}")
+        if not nc.is_connected:
+            raise BrokerUnavailable(f"disconnected from NATS at {self.url} (reconnecting); try again shortly")
+        return nc
+
+    def _jetstream(self) -> JetStreamContext:
+        self._connection()
+        assert self._js is not None
+        return self._js
+
+    # -- streams and groups -----------------------------------------------------------------------------------
+
+    def _stream_configs(self) -> list[StreamConfig]:
+        common: dict[str, Any] = {
+            "duplicate_window": self.dedup_window_s,
+            "max_msg_size": self.max_message_bytes + HEADER_ALLOWANCE_BYTES,
+            "storage": StorageType.FILE,
+        }
+        interest, limits = RetentionPolicy.INTEREST, RetentionPolicy.LIMITS
+        age = self.request_max_age_s
+        return [
+            StreamConfig(c.REQ_STREAM, subjects=[c.REQ_PREFIX + ".>"], retention=interest, max_age=age, **common),
+            StreamConfig(INBOX_STREAM, subjects=[c.INBOX_PREFIX + ".>"], retention=interest, max_age=age, **common),
+            StreamConfig(
+                c.DLQ_STREAM, subjects=[c.DLQ_PREFIX + ".>"], retention=limits, max_age=DLQ_MAX_AGE_S, **common
+            ),
+        ]
+
+    async def _ensure_stream(self, js: JetStreamContext, config: StreamConfig) -> None:
+        """Create the stream, or align the window and size limit of an existing one (retention cannot change)."""
+        try:
+            try:
+                await js.add_stream(config)
+                return
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != _STREAM_NAME_IN_USE:
+                    raise
+            current = (await js.stream_info(config.name or "")).config
+            if current.retention != config.retention:
+                log.info(
+                    "stream %s keeps its retention %s (Fleet creates %s)",
+                    config.name,
+                    current.retention,
+                    config.retention,
+                )
+            if (current.duplicate_window, current.max_msg_size) != (config.duplicate_window, config.max_msg_size):
+                await js.update_stream(
+                    dataclasses.replace(
+                        current, duplicate_window=config.duplicate_window, max_msg_size=config.max_msg_size
+                    )
+                )
+        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
+            raise BrokerUnavailable(
+                f"JetStream is not enabled on NATS at {self.url}: start nats-server with -js"
+            ) from exc
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise BrokerUnavailable(f"cannot create stream {config.name} on NATS at {self.url}: {exc!r}") from exc
+
+    def _stream_of(self, subject: str) -> str:
+        stream = stream_for(check_subject(subject))
+        if stream is None:
+            raise ConfigError(
+                f"subject {subject!r} is in no Fleet stream; durable subjects are {c.REQ_PREFIX}.<model>, "
+                f"{c.DLQ_PREFIX}.<model> and {c.INBOX_PREFIX}.<worker>"
+            )
+        return stream
+
+    async def _ensure_group(self, subject: str, group: str) -> tuple[str, str]:
+        """Create (idempotently) the durable consumer of ``group`` on ``subject``; return (stream, durable)."""
+        stream, durable = self._stream_of(subject), durable_name(subject, group)
+        if (stream, durable) in self._groups:
+            return stream, durable
+        js = self._jetstream()
+        try:
+            info = await self._consumer_info(js, stream, durable)
+            if info is None:
+                await self._create_group(js, stream, durable, subject)
+            else:
+                await self._align_group(js, stream, info, subject)
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(f"cannot create group {group} on {subject} at {self.url}: {exc!r}") from exc
+        self._groups.add((stream, durable))
+        return stream, durable
+
+    async def _consumer_info(self, js: JetStreamContext, stream: str, durable: str) -> ConsumerInfo | None:
+        try:
+            return await js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            return None
+
+    async def _create_group(self, js: JetStreamContext, stream: str, durable: str, subject: str) -> None:
+        others = [ci for ci in await js.consumers_info(stream) if ci.config.filter_subject == subject]
+        config = ConsumerConfig(
+            durable_name=durable,
+            filter_subject=subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=MAX_ACK_PENDING,
+            deliver_policy=DeliverPolicy.NEW if others else DeliverPolicy.ALL,
+            description=f"Fleet group on {subject}",
+        )
+        try:
+            await js.add_consumer(stream, config)
+        except nats.js.errors.APIError:
+            if await self._consumer_info(js, stream, durable) is None:  # not a lost race with another process
+                raise
+
+    async def _align_group(self, js: JetStreamContext, stream: str, info: ConsumerInfo, subject: str) -> None:
+        config = info.config
+        if config.filter_subject != subject:
+            raise ConfigError(
+                f"consumer {config.durable_name} on {stream} filters {config.filter_subject!r}, "
+                f"not {subject!r}; delete it or use another group name"
+            )
+        if config.ack_wait != self.ack_wait_s:
+            log.info("group %s: ack wait %ss -> %ss", config.durable_name, config.ack_wait, self.ack_wait_s)
+            await js.add_consumer(stream, dataclasses.replace(config, ack_wait=self.ack_wait_s))
+
+    # -- the Broker protocol ----------------------------------------------------------------------------------
+
+    async def ensure_model(self, model: str) -> None:
+        """Create the worker group ``consumer_name(model)`` on ``fleet.req.<model>`` (streams exist already)."""
+        if not c.MODEL_NAME_RE.match(model):
+            raise ConfigError(f"model name {model!r} must match {c.MODEL_NAME_RE.pattern}")
+        await self._ensure_group(c.request_subject(model), c.consumer_name(model))
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Publish and wait for the PubAck; a repeated ``msg_id`` within the window is dropped by the server.
+
+        Raises ``PayloadTooLarge``, ``BrokerUnavailable`` (closed or disconnected: nothing was sent) or
+        ``PublishFailed`` (no stream, no PubAck in time, or rejected: the message may or may not be stored).
+        """
+        if len(data) > self.max_message_bytes:
+            raise PayloadTooLarge(len(data), self.max_message_bytes, what="message")
+        js = self._jetstream()
+        hdrs = dict(headers) if headers else {}
+        if msg_id is not None:
+            hdrs[c.HEADER_MSG_ID] = msg_id
+        try:
+            ack = await js.publish(subject, data, timeout=self.request_timeout_s, headers=hdrs or None)
+        except nats.js.errors.NoStreamResponseError as exc:
+            raise PublishFailed(f"no JetStream stream on NATS at {self.url} stores subject {subject!r}") from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLarge(len(data), self._connection().max_payload, what="message") from exc
+        except nats.errors.TimeoutError as exc:
+            raise PublishFailed(
+                f"NATS at {self.url} did not acknowledge a publish to {subject} within {self.request_timeout_s}s"
+            ) from exc
+        except nats.js.errors.APIError as exc:
+            raise PublishFailed(f"JetStream at {self.url} rejected a publish to {subject}: {exc.description}") from exc
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(f"cannot publish to {subject} on NATS at {self.url}: {exc!r}") from exc
+        if ack.duplicate:
+            log.debug("NATS dropped a duplicate of %s on %s", msg_id, subject)
+
+    async def subscribe(self, subject: str, group: str) -> NatsSubscription:
+        """A competing consumer of ``group`` on ``subject`` (the durable consumer is created if needed)."""
+        stream, durable = await self._ensure_group(subject, group)
+        sub = NatsSubscription(
+            self._connection(),
+            stream=stream,
+            durable=durable,
+            subject=subject,
+            group=group,
+            settle_timeout_s=self.request_timeout_s,
+        )
+        await sub.start()
+        self._subscriptions = {s for s in self._subscriptions if not s.closed}
+        self._subscriptions.add(sub)
+        return sub
+
+    async def lag(self, subject: str, group: str) -> int:
+        """Messages ``group`` has not acked: waiting (num_pending) plus in flight (num_ack_pending); 0 if no group."""
+        stream, durable = self._stream_of(subject), durable_name(subject, group)
+        try:
+            info = await self._consumer_info(self._jetstream(), stream, durable)
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(f"cannot read the lag of {durable} at {self.url}: {exc!r}") from exc
+        return 0 if info is None else (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+    async def emit(self, subject: str, data: bytes) -> None:
+        """Best effort core NATS publish (no stream, no ack)."""
+        if len(data) > self.max_message_bytes:
+            raise PayloadTooLarge(len(data), self.max_message_bytes, what="event")
+        try:
+            await self._connection().publish(subject, data)
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(f"cannot emit on {subject} at {self.url}: {exc!r}") from exc
+
+    async def listen(self, subject: str) -> NatsEventStream:
+        """Events on subjects matching ``subject`` (NATS wildcards) from now on."""
+        stream = NatsEventStream(self._connection(), check_subject(subject, wildcards=True))
+        await stream.start()
+        self._listeners = {s for s in self._listeners if not s.closed}
+        self._listeners.add(stream)
+        return stream

@@ -1,0 +1,289 @@
+"""The receiving side of the NATS broker: pull subscriptions, deliveries and control-event listeners.
+
+Why not nats-py's ``PullSubscription.fetch``: once it has issued a long-poll request it waits for the *whole*
+batch (or the timeout) before returning, while Fleet's contract is "return as soon as one message is there; the
+batcher fills batches". So each ``fetch`` here talks the pull protocol directly, on one inbox per subscription and
+a fresh reply subject per request (so a late status from an old request is never mistaken for the current one):
+
+1. a ``no_wait`` request for ``max_messages``: the server sends what is available now, then a 404/408 status;
+2. if nothing came, one long-poll request for a single message with ``expires`` = the time left: it completes
+   when a message arrives (or with a 408 at expiry), so no request outlives the fetch and "reserves" messages
+   for a worker that is not asking;
+3. after a long-poll hit, one more ``no_wait`` request tops the batch up with whatever else is available.
+
+Messages that arrive outside a request (a late delivery racing a timeout) are kept and returned by the next fetch;
+closing the subscription naks them so they are redelivered at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as CoreSubscription
+from nats.errors import Error as NatsError
+
+from fleet import constants as c
+from fleet.brokers.base import Delivery
+from fleet.errors import BrokerUnavailable
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "$JS.API"
+REPLY_GRACE_S = 0.25  # how long past a request's expiry we wait for the server's answer
+MIN_LONG_POLL_S = 0.005  # below this, a long-poll is not worth a round trip
+EVENT_QUEUE_SIZE = 10_000  # per listener; control events beyond this are dropped (best effort)
+_NO_MORE = ("404", "408")  # "no messages" (no_wait) and "request timeout" (expires) end a pull normally
+# 409s that end a pull because the server is going away or moving: the fetch returns [] and the next one waits.
+_TRANSIENT = ("Server Shutdown", "Leadership Change")
+
+
+class NatsDelivery:
+    """A JetStream message. Settling (ack, nak, term) waits for the server's confirmation."""
+
+    __slots__ = ("_msg", "_nc", "_settled", "_timeout_s", "data", "delivery_count", "headers", "msg_id", "subject")
+
+    def __init__(self, msg: Msg, nc: NATS, timeout_s: float) -> None:
+        headers = dict(msg.headers) if msg.headers else {}
+        self.msg_id: str | None = headers.pop(c.HEADER_MSG_ID, None)
+        self.headers: dict[str, str] = headers
+        self.subject: str = msg.subject
+        self.data: bytes = msg.data
+        self.delivery_count: int = msg.metadata.num_delivered or 1
+        self._msg = msg
+        self._nc = nc
+        self._timeout_s = timeout_s
+        self._settled = False
+
+    async def ack(self) -> None:
+        """Done: never deliver again. Raises ``BrokerUnavailable`` when NATS did not confirm (it may redeliver)."""
+        await self._settle(b"+ACK", "ack")
+
+    async def nak(self, delay_s: float = 0.0) -> None:
+        """Deliver again, to any subscriber of the group, after ``delay_s``."""
+        body = b"-NAK" if delay_s <= 0 else b"-NAK " + json.dumps({"delay": int(delay_s * 1e9)}).encode()
+        await self._settle(body, "nak")
+
+    async def term(self) -> None:
+        """Give up: never deliver again."""
+        await self._settle(b"+TERM", "term")
+
+    async def in_progress(self) -> None:
+        """Restart the ack-wait clock (fire and forget)."""
+        if self._settled:
+            return
+        try:
+            await self._nc.publish(self._msg.reply, b"+WPI")
+        except NatsError as exc:
+            raise BrokerUnavailable(f"could not extend the ack wait of a message on {self.subject}: {exc!r}") from exc
+
+    async def _settle(self, body: bytes, what: str) -> None:
+        if self._settled:
+            return
+        try:
+            await self._nc.request(self._msg.reply, body, timeout=self._timeout_s)
+        except (TimeoutError, NatsError) as exc:
+            raise BrokerUnavailable(
+                f"NATS did not confirm the {what} of a message on {self.subject} ({exc!r}); "
+                "it will be redelivered after the ack wait"
+            ) from exc
+        self._settled = True
+
+
+class _Pull:
+    """One outstanding pull request."""
+
+    __slots__ = ("batch", "done", "failure", "got", "reply")
+
+    def __init__(self, reply: str, batch: int, done: asyncio.Future[None]) -> None:
+        self.reply = reply
+        self.batch = batch
+        self.got = 0
+        self.done = done
+        self.failure: str | None = None  # a status other than "no messages" / "request timeout"
+
+    def finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class NatsSubscription:
+    """A competing consumer of a durable pull consumer (one per group)."""
+
+    def __init__(
+        self, nc: NATS, *, stream: str, durable: str, subject: str, group: str, settle_timeout_s: float
+    ) -> None:
+        self.subject = subject
+        self.group = group
+        self.durable = durable
+        self._nc = nc
+        self._next_subject = f"{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._inbox = nc.new_inbox()
+        self._settle_timeout_s = settle_timeout_s
+        self._ready: deque[Msg] = deque()
+        self._pull: _Pull | None = None
+        self._seq = 0
+        self._lock = asyncio.Lock()
+        self._sub: CoreSubscription | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_msg)
+
+    async def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
+        """Up to ``max_messages`` messages as soon as one is available, or ``[]`` after ``timeout_s``."""
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        self._check_open()
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + max(0.0, timeout_s)
+            if not self._ready and await self._wait_connected(deadline):
+                await self._request(max_messages, None, timeout_s + REPLY_GRACE_S)
+                remaining = deadline - loop.time()
+                if not self._ready and remaining > MIN_LONG_POLL_S and not self._closed:
+                    await self._request(1, remaining, remaining + REPLY_GRACE_S)
+                    if 0 < len(self._ready) < max_messages and not self._closed:
+                        await self._request(max_messages - len(self._ready), None, REPLY_GRACE_S)
+            return self._take(max_messages)
+
+    async def close(self) -> None:
+        """Stop receiving. Messages handed out but unsettled come back after the ack wait; buffered ones at once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pull is not None:
+            self._pull.finish()
+        pending, self._ready = list(self._ready), deque()
+        try:
+            if self._sub is not None:
+                await self._sub.unsubscribe()
+            for msg in pending:
+                await self._nc.publish(msg.reply, b"-NAK")
+        except NatsError as exc:
+            log.debug("closing subscription %s/%s: %r", self.subject, self.group, exc)
+
+    def _take(self, max_messages: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        if self._closed:
+            return out
+        while self._ready and len(out) < max_messages:
+            out.append(NatsDelivery(self._ready.popleft(), self._nc, self._settle_timeout_s))
+        return out
+
+    async def _request(self, batch: int, expires_s: float | None, wait_s: float) -> None:
+        """Send one pull request and wait until it is complete (batch full or a status) or ``wait_s`` passed."""
+        self._seq += 1
+        pull = _Pull(f"{self._inbox}.{self._seq}", batch, asyncio.get_running_loop().create_future())
+        body: dict[str, object] = {"batch": batch}
+        if expires_s is None:
+            body["no_wait"] = True  # the server ignores no_wait when expires is set
+        else:
+            body["expires"] = max(1_000_000, int(expires_s * 1e9) - 100_000)
+        self._pull = pull
+        try:
+            await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=pull.reply)
+            await asyncio.wait({pull.done}, timeout=wait_s)
+        except NatsError as exc:
+            raise BrokerUnavailable(f"pull request for {self.subject} (group {self.group}) failed: {exc!r}") from exc
+        finally:
+            self._pull = None
+        if pull.failure is not None and not self._ready and not self._closed:
+            # Raise rather than return [] at once: a persistent failure (consumer deleted) would spin the caller.
+            raise BrokerUnavailable(f"pull from {self.subject} (group {self.group}) failed: {pull.failure}")
+
+    async def _on_msg(self, msg: Msg) -> None:
+        pull = self._pull
+        if msg.subject.startswith(self._inbox):  # a status for one of our requests: 404, 408, 409, 100
+            if pull is not None and msg.subject == pull.reply:
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status == "100":  # idle heartbeat
+                    return
+                description = headers.get("Description", "")
+                if description in _TRANSIENT:
+                    log.info("pull on %s (group %s) ended: %s", self.subject, self.group, description)
+                elif status not in _NO_MORE:
+                    pull.failure = f"status {status} {description}".strip()
+                pull.finish()
+            return
+        self._ready.append(msg)
+        if pull is not None:
+            pull.got += 1
+            if pull.got >= pull.batch:
+                pull.finish()
+
+    async def _wait_connected(self, deadline: float) -> bool:
+        """True when the connection can carry a request; while reconnecting, wait out the fetch and say False."""
+        if self._nc.is_connected:
+            return True
+        if self._nc.is_closed:
+            raise BrokerUnavailable(f"the NATS connection is closed; cannot fetch from {self.subject}")
+        await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+        return False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BrokerUnavailable(f"subscription to {self.subject!r} (group {self.group!r}) is closed")
+
+
+class NatsEventStream:
+    """Core NATS messages matching one pattern, as an async iterator of ``(subject, data)``."""
+
+    def __init__(self, nc: NATS, pattern: str) -> None:
+        self.pattern = pattern
+        self._nc = nc
+        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(EVENT_QUEUE_SIZE)
+        self._sub: CoreSubscription | None = None
+        self._closed = False
+        self.dropped = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self.pattern, cb=self._on_msg)
+        await self._nc.flush()  # the server knows the interest before listen() returns
+
+    def __aiter__(self) -> NatsEventStream:
+        return self
+
+    async def __anext__(self) -> tuple[str, bytes]:
+        if self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._sub is not None:
+                await self._sub.unsubscribe()
+        except NatsError as exc:
+            log.debug("closing listener on %s: %r", self.pattern, exc)
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        if self._closed:
+            return
+        try:
+            self._queue.put_nowait((msg.subject, msg.data))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning("listener on %s is not keeping up: %d control events dropped", self.pattern, self.dropped)

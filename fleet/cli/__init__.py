@@ -1,0 +1,196 @@
+"""The ``fleet`` command. Settings come from ``FLEET_*`` environment variables, overridden by flags."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from fleet.errors import FleetError
+from fleet.settings import FleetSettings
+from fleet.telemetry import configure_logging
+
+app = typer.Typer(
+    name="fleet",
+    help="Event-driven ML inference: a gateway, micro-batching workers, NATS JetStream or Kafka, Redis.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+schemas_app = typer.Typer(help="JSON Schemas of the wire format, job records, REST bodies and model I/O.")
+app.add_typer(schemas_app, name="schemas")
+err = Console(stderr=True)
+
+Broker = Annotated[
+    str | None,
+    typer.Option("--broker", help="memory://, nats://HOST:4222 or kafka://HOST:9092 (env FLEET_BROKER_URL)"),
+]
+Store = Annotated[str | None, typer.Option("--store", help="memory:// or redis://HOST:6379/0 (env FLEET_STORE_URL)")]
+LogLevel = Annotated[
+    str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR (env FLEET_LOG_LEVEL)")
+]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def settings_from(**flags: Any) -> FleetSettings:
+    """Environment first, flags on top; a bad value exits with a message naming the setting."""
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return FleetSettings(**overrides)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()]
+        raise fail("invalid settings:\n" + "\n".join(lines)) from None
+    except FleetError as exc:
+        raise fail(exc.message) from None
+
+
+def run(coro: Any, settings: FleetSettings) -> None:
+    configure_logging(settings.log_level)
+    try:
+        asyncio.run(coro)
+    except FleetError as exc:
+        raise fail(exc.message, 1) from None
+
+
+@app.command()
+def up(
+    host: Annotated[str | None, typer.Option(help="address to listen on (env FLEET_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port to listen on (env FLEET_PORT)")] = None,
+    broker: Broker = None,
+    store: Store = None,
+    models: Annotated[str | None, typer.Option(help="comma-separated models (env FLEET_MODELS)")] = None,
+    log_level: LogLevel = None,
+) -> None:
+    """Run the gateway and a worker per model in one process.
+
+    By default everything is embedded (in-memory broker and store): nothing else to install or start.
+    Point --broker and --store at NATS/Kafka and Redis to use real infrastructure.
+    """
+    settings = settings_from(
+        host=host, port=port, broker_url=broker, store_url=store, models=models, log_level=log_level
+    )
+    err.print(f"fleet up: http://{settings.host}:{settings.port}  (API docs at /docs; Ctrl-C stops)")
+    from fleet.cli.compose import run_up
+
+    run(run_up(settings), settings)
+
+
+@app.command()
+def worker(
+    model: Annotated[str, typer.Option("--model", "-m", help="built-in model name or 'package.module:Handler'")],
+    broker: Broker = None,
+    store: Store = None,
+    max_batch: Annotated[int | None, typer.Option(help="largest micro-batch (env FLEET_MAX_BATCH)")] = None,
+    max_wait_ms: Annotated[
+        float | None, typer.Option(help="longest wait for a batch to fill (env FLEET_MAX_WAIT_MS)")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (env FLEET_DEVICE)")] = None,
+    slowness: Annotated[float | None, typer.Option(help="service-time factor of the sleep model")] = None,
+    worker_id: Annotated[str | None, typer.Option(help="stable id for heartbeats and logs")] = None,
+    log_level: LogLevel = None,
+) -> None:
+    """Serve one model: pull micro-batches, compute, store results, ack. SIGTERM drains gracefully."""
+    settings = settings_from(
+        broker_url=broker,
+        store_url=store,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        device=device,
+        slowness=slowness,
+        log_level=log_level,
+        models=model,
+    )
+    if settings.broker_scheme == "memory":
+        raise fail(
+            "a standalone worker needs a real broker: pass --broker nats://... or kafka://... (or use 'fleet up')"
+        )
+    from fleet.cli.compose import run_worker
+
+    run(run_worker(settings, model, worker_id=worker_id), settings)
+
+
+@app.command()
+def gateway(
+    host: Annotated[str | None, typer.Option(help="address to listen on (env FLEET_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port to listen on (env FLEET_PORT)")] = None,
+    broker: Broker = None,
+    store: Store = None,
+    models: Annotated[str | None, typer.Option(help="comma-separated models to accept (env FLEET_MODELS)")] = None,
+    log_level: LogLevel = None,
+) -> None:
+    """Run the REST + WebSocket gateway (submit, poll, push, /metrics, /docs)."""
+    settings = settings_from(
+        host=host, port=port, broker_url=broker, store_url=store, models=models, log_level=log_level
+    )
+    if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
+        raise fail("a standalone gateway needs a real broker and store (--broker, --store); or use 'fleet up'")
+    from fleet.cli.compose import run_gateway
+
+    run(run_gateway(settings), settings)
+
+
+@app.command()
+def publish(
+    file: Annotated[Path, typer.Argument(help="JSON Lines file: one model input per line ('-' for stdin)")],
+    model: Annotated[str, typer.Option("--model", "-m", help="model name or 'package.module:Handler'")],
+    broker: Broker = None,
+    requests: Annotated[
+        bool, typer.Option("--requests", help="lines are complete wire messages (RequestMessage), not inputs")
+    ] = False,
+    concurrency: Annotated[int, typer.Option(min=1, max=10_000, help="publishes in flight at once")] = 256,
+) -> None:
+    """Publish requests straight to a model's subject and print their job ids, one per line."""
+    settings = settings_from(broker_url=broker)
+    if settings.broker_scheme == "memory":
+        raise fail("publish needs a real broker: pass --broker nats://... or kafka://... (env FLEET_BROKER_URL)")
+    from fleet.cli.publish import publish_file
+
+    configure_logging("WARNING")
+    try:
+        code = asyncio.run(publish_file(settings, file, model, requests=requests, concurrency=concurrency))
+    except FleetError as exc:
+        raise fail(exc.message, 1) from None
+    raise typer.Exit(code)
+
+
+@schemas_app.command("export")
+def schemas_export(
+    directory: Annotated[Path, typer.Argument(help="where to write the .schema.json files")],
+    models: Annotated[str | None, typer.Option(help="comma-separated models (env FLEET_MODELS)")] = None,
+) -> None:
+    """Write JSON Schema files for the wire format, job records, REST bodies and each model's input and output."""
+    from fleet.models import resolve_specs
+    from schemas.export import export
+
+    settings = settings_from(models=models)
+    try:
+        written = export(directory, resolve_specs(settings.models))
+    except FleetError as exc:
+        raise fail(exc.message) from None
+    for path in written:
+        typer.echo(str(path))
+
+
+@app.command()
+def version() -> None:
+    """Print Fleet's version."""
+    from fleet import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app(prog_name="fleet")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The embedded result store: job records in a dict, completion notifications through asyncio futures.
+
+It honours the same contract as the Redis store (``fleet.store.base``), TTL included. Records are kept as the JSON
+that Redis would hold, so an output that would not survive Redis fails here too, and no caller can change a stored
+record through an object it was handed. One instance is shared by the gateway and the workers of one process and
+must be used from a single event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Any
+
+from fleet.store import transitions
+from schemas.jobs import JobError, JobRecord, JobState
+
+
+class MemoryStore:
+    """In-process ``ResultStore``. Expiry is lazy (on access) plus a cheap sweep of the oldest records on write."""
+
+    scheme = "memory"
+
+    def __init__(self, *, job_ttl_s: int) -> None:
+        if job_ttl_s < 1:
+            raise ValueError(f"job_ttl_s must be at least 1, got {job_ttl_s}")
+        self.job_ttl_s = job_ttl_s
+        # job id -> (monotonic expiry, record JSON). Every write uses the same TTL and moves the entry to the end,
+        # so the dict is ordered by expiry and the sweep only ever looks at its head.
+        self._records: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._waiters: dict[str, set[asyncio.Future[str]]] = {}
+
+    async def connect(self) -> None:
+        """Nothing to reach: the store lives in this process."""
+
+    async def close(self) -> None:
+        """Nothing to release; records stay readable."""
+
+    async def ping(self) -> None:
+        """Always reachable."""
+
+    def __len__(self) -> int:
+        self._sweep()
+        return len(self._records)
+
+    async def create(self, record: JobRecord) -> bool:
+        if self._read(record.job_id) is not None:
+            return False
+        self._write(record.job_id, record.model_dump_json())
+        return True
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = self._read(job_id)
+        return None if raw is None else JobRecord.model_validate_json(raw)
+
+    async def delete(self, job_id: str) -> None:
+        self._records.pop(job_id, None)
+
+    async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord:
+        current = await self.get(job_id)
+        record = transitions.started(
+            current, job_id, model=model, worker_id=worker_id, deliveries=deliveries, now=time.time()
+        )
+        if record is not current:
+            self._write(job_id, record.model_dump_json())
+        return record
+
+    async def finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        model: str,
+        output: Any = None,
+        error: JobError | None = None,
+        worker_id: str | None = None,
+    ) -> tuple[bool, JobRecord]:
+        current = await self.get(job_id)
+        if current is not None and current.terminal:
+            return False, current
+        record = transitions.finished(
+            current, job_id, state, model=model, output=output, error=error, worker_id=worker_id, now=time.time()
+        )
+        raw = record.model_dump_json()
+        self._write(job_id, raw)
+        self._notify(job_id, raw)
+        return True, record
+
+    async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
+        current = await self.get(job_id)
+        if (current is not None and current.terminal) or timeout_s <= 0:
+            return current
+        # No await between the read above and the registration below, so a finish cannot slip in between.
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(job_id, set())
+        waiters.add(future)
+        try:
+            raw = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            return await self.get(job_id)
+        finally:
+            waiters.discard(future)
+            if not waiters and self._waiters.get(job_id) is waiters:
+                del self._waiters[job_id]
+        return JobRecord.model_validate_json(raw)
+
+    def _read(self, job_id: str) -> str | None:
+        entry = self._records.get(job_id)
+        if entry is None:
+            return None
+        expires_at, raw = entry
+        if expires_at <= time.monotonic():
+            del self._records[job_id]
+            return None
+        return raw
+
+    def _write(self, job_id: str, raw: str) -> None:
+        self._records[job_id] = (time.monotonic() + self.job_ttl_s, raw)
+        self._records.move_to_end(job_id)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        while self._records:
+            job_id, (expires_at, _) = next(iter(self._records.items()))
+            if expires_at > now:
+                return
+            del self._records[job_id]
+
+    def _notify(self, job_id: str, raw: str) -> None:
+        for future in self._waiters.get(job_id, ()):
+            if not future.done():
+                future.set_result(raw)

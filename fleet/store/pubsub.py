@@ -1,0 +1,274 @@
+"""One Redis pub/sub connection shared by every waiter of a store.
+
+A gateway may hold thousands of waiters (WebSocket clients, long polls); each would cost a connection with a
+pub/sub object of its own. ``PubSubMux`` keeps one connection, subscribes a channel while at least one waiter
+watches it, and resolves the waiters' futures with the message data.
+
+Waiters must never miss a completion, so the contract with the caller (``RedisStore.wait``) is:
+
+* ``watch`` returns once the server confirmed the subscription (or after ``timeout_s`` when it could not). The
+  caller then reads the record: a completion published before the subscription is visible in the record.
+* A future resolves with the message data, or with ``None`` meaning "re-check": the connection dropped or was
+  (re-)established, so messages may have been lost; the caller reads the record again and re-watches.
+
+The connection is opened lazily by the first ``watch``. When it drops (or stops answering PING) the reader logs,
+wakes every waiter with ``None`` (so a Redis outage reaches them as an error from their read, not as a hang),
+reconnects with backoff, resubscribes every watched channel and wakes every waiter with ``None`` once more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Iterable
+
+from redis.asyncio import ConnectionPool
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fleet.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE_CHUNK = 1000  # channels per SUBSCRIBE when resubscribing after a reconnect
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class PubSubMux:
+    """Reference-counted channel subscriptions over one connection of ``pool``."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        *,
+        display_url: str,
+        ping_interval_s: float = 5.0,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        self._pool = pool
+        self._display_url = display_url
+        self._ping_interval_s = ping_interval_s
+        self._max_backoff_s = max_backoff_s
+        self._conn: AbstractConnection | None = None
+        self._waiters: dict[str, set[asyncio.Future[bytes | str | None]]] = {}
+        self._subs: dict[str, asyncio.Future[None]] = {}  # subscribed on the current connection -> its ack
+        self._acks: dict[str, deque[asyncio.Future[None]]] = {}  # acks owed by the server, FIFO per channel
+        self._unsub_pending: set[str] = set()
+        self._lock = asyncio.Lock()  # orders SUBSCRIBE/UNSUBSCRIBE writes with the bookkeeping above
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._flush_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.connects = 0  # times the connection was (re-)established
+
+    @property
+    def watched_channels(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def watch(self, channel: str, timeout_s: float) -> asyncio.Future[bytes | str | None]:
+        """Register a waiter on ``channel``; return its future once the subscription is confirmed or ``timeout_s``
+        passed. Always pair with ``release``."""
+        if self._closed:
+            raise StoreError(f"the result store for {self._display_url} is closed")
+        self._start()
+        future: asyncio.Future[bytes | str | None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(channel, set()).add(future)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._connected.wait()
+                ack = await self._subscribe(channel)
+                await asyncio.shield(ack)
+        except (TimeoutError, RedisError, OSError) as exc:
+            # Degraded: the caller's read covers what happened so far, the re-check after reconnecting the rest.
+            log.debug("subscription to %s not confirmed: %r", channel, exc)
+        except BaseException:
+            self.release(channel, future)
+            raise
+        return future
+
+    def release(self, channel: str, future: asyncio.Future[bytes | str | None]) -> None:
+        """Drop one waiter; the last one out unsubscribes the channel (batched, in the background)."""
+        waiters = self._waiters.get(channel)
+        if waiters is None:
+            return
+        waiters.discard(future)
+        if waiters:
+            return
+        del self._waiters[channel]
+        self._unsub_pending.add(channel)
+        if self._flush_task is None and not self._closed:
+            self._flush_task = asyncio.create_task(self._flush_unsubscribes(), name="fleet-store-unsubscribe")
+
+    async def close(self) -> None:
+        """Stop the reader, close the connection and wake every waiter (their next ``watch`` raises)."""
+        self._closed = True
+        for task in (self._task, self._flush_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._flush_task = None
+        self._mark_disconnected()
+        if self._conn is not None:
+            await self._conn.disconnect()
+            self._conn = None
+
+    # -- subscriptions ----------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fleet-store-pubsub")
+
+    async def _subscribe(self, channel: str) -> asyncio.Future[None]:
+        async with self._lock:
+            ack = self._subs.get(channel)
+            if ack is None:
+                ack = self._expect_acks([channel])[0]
+                try:
+                    await self._send("SUBSCRIBE", channel)
+                except BaseException:
+                    self._forget_ack(channel, ack)
+                    raise
+            return ack
+
+    def _expect_acks(self, channels: Iterable[str]) -> list[asyncio.Future[None]]:
+        # Registered before the write: the reader may see the server's answer before the write call returns.
+        loop = asyncio.get_running_loop()
+        acks = []
+        for channel in channels:
+            ack: asyncio.Future[None] = loop.create_future()
+            self._subs[channel] = ack
+            self._acks.setdefault(channel, deque()).append(ack)
+            acks.append(ack)
+        return acks
+
+    def _forget_ack(self, channel: str, ack: asyncio.Future[None]) -> None:
+        if self._subs.get(channel) is ack:
+            del self._subs[channel]
+        acks = self._acks.get(channel)
+        if acks and acks[-1] is ack:
+            acks.pop()
+
+    async def _flush_unsubscribes(self) -> None:
+        try:
+            async with self._lock:
+                channels = [ch for ch in self._unsub_pending if ch not in self._waiters and ch in self._subs]
+                self._unsub_pending.clear()
+                for channel in channels:
+                    del self._subs[channel]
+                if channels and self.connected:
+                    await self._send("UNSUBSCRIBE", *channels)
+        except (RedisError, OSError) as exc:
+            log.debug("unsubscribe failed (the reader reconnects): %r", exc)
+        finally:
+            self._flush_task = None
+            if self._unsub_pending and not self._closed:
+                self._flush_task = asyncio.create_task(self._flush_unsubscribes(), name="fleet-store-unsubscribe")
+
+    async def _send(self, *args: str) -> None:
+        if self._conn is None or not self.connected:
+            raise RedisConnectionError(f"pub/sub connection to {self._display_url} is down")
+        await self._conn.send_command(*args, check_health=False)
+
+    # -- connection and reader --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff_s = 0.05
+        while not self._closed:
+            try:
+                await self._connect()
+                backoff_s = 0.05
+                await self._read_loop()
+            except (RedisError, OSError) as exc:
+                if self.connected:
+                    log.warning("pub/sub connection to %s lost (%s); reconnecting", self._display_url, exc)
+                else:
+                    log.debug("pub/sub connection to %s failed: %r", self._display_url, exc)
+            except Exception:
+                log.exception("pub/sub reader for %s failed; reconnecting", self._display_url)
+            self._mark_disconnected()
+            if self._conn is not None:
+                await self._conn.disconnect(nowait=True)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, self._max_backoff_s)
+
+    async def _connect(self) -> None:
+        if self._conn is None:
+            self._conn = self._pool.make_connection()
+        await self._conn.connect()
+        async with self._lock:
+            self._connected.set()
+            channels = list(self._waiters)
+            for start in range(0, len(channels), SUBSCRIBE_CHUNK):
+                chunk = channels[start : start + SUBSCRIBE_CHUNK]
+                self._expect_acks(chunk)
+                await self._send("SUBSCRIBE", *chunk)
+        self.connects += 1
+        if self.connects > 1:
+            log.info(
+                "pub/sub connection to %s re-established; %d channels resubscribed", self._display_url, len(channels)
+            )
+        self._wake_all()
+
+    async def _read_loop(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        awaiting_pong = False
+        while True:
+            response = await conn.read_response(
+                timeout=self._ping_interval_s, disconnect_on_error=False, push_request=True
+            )
+            if response is not None:
+                awaiting_pong = False
+                self._dispatch(response)
+                continue
+            if awaiting_pong:
+                raise RedisTimeoutError(f"no answer to PING within {2 * self._ping_interval_s:.0f}s")
+            await conn.send_command("PING", check_health=False)
+            awaiting_pong = True
+
+    def _dispatch(self, response: object) -> None:
+        if not isinstance(response, list) or len(response) < 3:
+            return  # PONG outside subscribed mode
+        kind, channel = _text(response[0]), _text(response[1])
+        if kind == "message":
+            for future in self._waiters.get(channel, ()):
+                if not future.done():
+                    future.set_result(response[2])
+        elif kind == "subscribe":
+            acks = self._acks.get(channel)
+            if acks:
+                ack = acks.popleft()
+                if not ack.done():
+                    ack.set_result(None)
+                if not acks:
+                    del self._acks[channel]
+
+    def _mark_disconnected(self) -> None:
+        # Every waiter falls back to reading the record now (an outage surfaces as an error, not a hang) and
+        # re-watches; the wake-up after reconnecting makes them read once more.
+        self._connected.clear()
+        self._subs.clear()
+        for acks in self._acks.values():
+            for ack in acks:
+                if not ack.done():
+                    ack.set_result(None)
+        self._acks.clear()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)

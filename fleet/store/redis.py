@@ -1,0 +1,263 @@
+"""The Redis result store.
+
+Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), holding exactly
+``JobRecord.model_dump_json()`` with a TTL of ``job_ttl_s`` refreshed by every write. Transitions are computed in
+Python (``fleet.store.transitions``) and written by one Lua script, a compare-and-set on the whole stored value:
+the write happens only when the key still holds what the caller read, so nothing written in between is lost and
+no JSON is decoded or re-encoded inside Redis. ``finish`` publishes the terminal record on
+``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens there through one pub/sub
+connection shared by all waiters (``fleet.store.pubsub``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ValidationError
+from redis import asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fleet import constants as c
+from fleet.errors import StoreError
+from fleet.store import transitions
+from fleet.store.pubsub import PubSubMux
+from schemas.jobs import JobError, JobRecord, JobState
+
+log = logging.getLogger(__name__)
+
+# KEYS[1] job key; ARGV: expected value ('' = absent), new value, ttl_s, channel to publish on ('' = none).
+# Returns {1} when written, {0, current} (current '' when absent) when the key no longer holds the expected value.
+CAS_LUA = """
+local current = redis.call('GET', KEYS[1])
+if not current then current = '' end
+if current ~= ARGV[1] then return {0, current} end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[2]) end
+return {1}
+"""
+
+MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
+HINT = "is redis-server running and reachable?"
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisStore:
+    """``ResultStore`` on Redis. Construct, ``await connect()``, use, ``await close()``.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` or ``rediss://...``; query options such as
+            ``socket_timeout`` override the defaults below.
+        job_ttl_s: lifetime of a record after its last write.
+        client: an already-built ``redis.asyncio.Redis`` to use instead of one built from ``url`` (not closed by
+            ``close``).
+        socket_timeout_s, connect_timeout_s: bounds on one command and on opening a connection, so an outage
+            surfaces as ``StoreError`` instead of a hang.
+        max_connections: size of the command connection pool; more concurrent commands wait (up to
+            ``socket_timeout_s``) for a free connection. ``wait`` adds one pub/sub connection outside the pool.
+
+    The client is available as ``redis`` for components that keep their own state in the same Redis.
+    """
+
+    scheme = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        job_ttl_s: int,
+        client: aioredis.Redis | None = None,
+        socket_timeout_s: float = 5.0,
+        connect_timeout_s: float = 3.0,
+        max_connections: int = 64,
+    ) -> None:
+        if job_ttl_s < 1:
+            raise ValueError(f"job_ttl_s must be at least 1, got {job_ttl_s}")
+        self.url = url
+        self.display_url = redact(url)
+        self.job_ttl_s = job_ttl_s
+        self._connect_timeout_s = connect_timeout_s
+        self._owns_client = client is None
+        self.redis: aioredis.Redis = client or _client(url, socket_timeout_s, connect_timeout_s, max_connections)
+        self._cas = self.redis.register_script(CAS_LUA)
+        self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
+        self._closed = False
+
+    @property
+    def pubsub(self) -> PubSubMux:
+        """The shared pub/sub connection behind ``wait`` (exposed for metrics and tests)."""
+        return self._mux
+
+    async def connect(self) -> None:
+        """Check that Redis answers; raise ``StoreError`` naming the URL within a few seconds when it does not."""
+        try:
+            await asyncio.wait_for(self.redis.ping(), self._connect_timeout_s + 1)
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"cannot reach the result store at {self.display_url} ({exc}); {HINT}") from exc
+        log.debug("result store connected: %s", self.display_url)
+
+    async def close(self) -> None:
+        """Idempotent. Waiters still blocked in ``wait`` raise ``StoreError``."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._mux.close()
+        if self._owns_client:
+            await self.redis.aclose()
+
+    async def ping(self) -> None:
+        with self._errors("answer PING"):
+            await self.redis.ping()
+
+    async def create(self, record: JobRecord) -> bool:
+        raw = record.model_dump_json()
+        with self._errors(f"create job {record.job_id!r}"):
+            return bool(await self.redis.set(c.job_key(record.job_id), raw, nx=True, ex=self.job_ttl_s))
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        with self._errors(f"read job {job_id!r}"):
+            raw = await self.redis.get(c.job_key(job_id))
+        return None if raw is None else self._parse(job_id, raw)
+
+    async def delete(self, job_id: str) -> None:
+        with self._errors(f"delete job {job_id!r}"):
+            await self.redis.delete(c.job_key(job_id))
+
+    async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord:
+        raw = await self._get_raw(job_id)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            current = None if raw is None else self._parse(job_id, raw)
+            if current is not None and current.terminal:
+                return current
+            record = transitions.started(
+                current, job_id, model=model, worker_id=worker_id, deliveries=deliveries, now=time.time()
+            )
+            written, raw = await self._compare_and_set(job_id, raw, record.model_dump_json(), publish=False)
+            if written:
+                return record
+        raise self._contention(job_id)
+
+    async def finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        model: str,
+        output: Any = None,
+        error: JobError | None = None,
+        worker_id: str | None = None,
+    ) -> tuple[bool, JobRecord]:
+        raw = await self._get_raw(job_id)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            current = None if raw is None else self._parse(job_id, raw)
+            if current is not None and current.terminal:
+                return False, current
+            record = transitions.finished(
+                current, job_id, state, model=model, output=output, error=error, worker_id=worker_id, now=time.time()
+            )
+            written, raw = await self._compare_and_set(job_id, raw, record.model_dump_json(), publish=True)
+            if written:
+                return True, record
+        raise self._contention(job_id)
+
+    async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
+        record = await self.get(job_id)  # the common poll of a finished job costs no subscription
+        if (record is not None and record.terminal) or timeout_s <= 0:
+            return record
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        channel = c.done_channel(job_id)
+        while True:
+            future = await self._mux.watch(channel, max(deadline - loop.time(), 0.0))
+            try:
+                record = await self.get(job_id)  # after subscribing: a completion in between is seen here
+                remaining_s = deadline - loop.time()
+                if (record is not None and record.terminal) or remaining_s <= 0:
+                    return record
+                try:
+                    payload = await asyncio.wait_for(future, remaining_s)
+                except TimeoutError:
+                    return await self.get(job_id)
+            finally:
+                self._mux.release(channel, future)
+            if payload is not None:
+                return self._parse(job_id, payload)
+            # None: the pub/sub connection dropped or came back, so a message may have been lost. Read now, before
+            # re-watching waits for the connection: during an outage this raises instead of hanging.
+            record = await self.get(job_id)
+            if record is not None and record.terminal:
+                return record
+
+    async def _get_raw(self, job_id: str) -> bytes | None:
+        with self._errors(f"read job {job_id!r}"):
+            raw = await self.redis.get(c.job_key(job_id))
+        return None if raw is None else _as_bytes(raw)
+
+    async def _compare_and_set(
+        self, job_id: str, expected: bytes | None, new: str, *, publish: bool
+    ) -> tuple[bool, bytes | None]:
+        """Write ``new`` if the key still holds ``expected``; otherwise return what it holds now."""
+        channel = c.done_channel(job_id) if publish else ""
+        args: list[bytes | str | int] = [expected or b"", new, self.job_ttl_s, channel]
+        with self._errors(f"update job {job_id!r}"):
+            result = await self._cas(keys=[c.job_key(job_id)], args=args)
+        if int(result[0]) == 1:
+            return True, None
+        current = _as_bytes(result[1])
+        return False, current or None
+
+    def _parse(self, job_id: str, raw: bytes | str) -> JobRecord:
+        try:
+            return JobRecord.model_validate_json(raw)
+        except ValidationError as exc:
+            raise StoreError(
+                f"the record of job {job_id!r} at {self.display_url} is not a valid job record: {exc}"
+            ) from exc
+
+    def _contention(self, job_id: str) -> StoreError:
+        return StoreError(f"job {job_id!r} changed {MAX_CAS_ATTEMPTS} times while it was being updated; giving up")
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreError(f"result store at {self.display_url} could not {action}: {exc}; {HINT}") from exc
+        except RedisError as exc:
+            raise StoreError(f"result store at {self.display_url} could not {action}: {exc}") from exc
+
+
+def _client(url: str, socket_timeout_s: float, connect_timeout_s: float, max_connections: int) -> aioredis.Redis:
+    # A blocking pool: a burst of waiters queues for a connection instead of failing with "Too many connections".
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=socket_timeout_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1),
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value

@@ -1,0 +1,9 @@
+"""The REST + WebSocket gateway: submit, poll and push job results over HTTP.
+
+``create_app(settings)`` builds the FastAPI application; see ``producers.gateway.app``.
+"""
+
+from producers.gateway.app import GatewayState, create_app
+from producers.gateway.limits import GatewayLimits
+
+__all__ = ["GatewayLimits", "GatewayState", "create_app"]

@@ -1,0 +1,134 @@
+"""The gateway's FastAPI application and its lifespan.
+
+``create_app(settings)`` is the entry point. The lifespan resolves the served models, connects the broker and the
+store (or adopts the ones passed in, which it then leaves open: their owner closes them) and makes sure every
+model's subjects exist before the first request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+
+from fleet.brokers.base import Broker
+from fleet.models import resolve_specs
+from fleet.settings import FleetSettings
+from fleet.store.base import ResultStore
+from producers.gateway.errors import install_error_handlers
+from producers.gateway.limits import GatewayLimits
+from producers.gateway.metrics import MetricsMiddleware
+from schemas.models import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+OPENAPI_TAGS = [
+    {"name": "jobs", "description": "Submit inference jobs, poll them and cancel them."},
+    {"name": "push", "description": "WebSockets that push terminal job records."},
+    {"name": "models", "description": "The models this gateway accepts, with their input and output schemas."},
+    {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
+]
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """What the request handlers share: settings, the connected clients and the served models' specs."""
+
+    settings: FleetSettings
+    broker: Broker
+    store: ResultStore
+    specs: dict[str, ModelSpec]
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+
+
+def gateway_state(request: Request) -> GatewayState:
+    """FastAPI dependency: the state the lifespan built (also reachable as ``app.state.gateway``)."""
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+def _build_broker(settings: FleetSettings) -> Broker:
+    from fleet.brokers import make_broker  # the factory lives with the implementations
+
+    broker: Broker = make_broker(settings)
+    return broker
+
+
+def _build_store(settings: FleetSettings) -> ResultStore:
+    from fleet.store import make_store
+
+    store: ResultStore = make_store(settings)
+    return store
+
+
+async def _open_clients(
+    stack: AsyncExitStack, settings: FleetSettings, broker: Broker | None, store: ResultStore | None
+) -> tuple[Broker, ResultStore]:
+    """Adopt the given clients, or build, connect and schedule the close of the missing ones."""
+    if broker is None:
+        broker = _build_broker(settings)
+        await broker.connect()
+        stack.push_async_callback(broker.close)
+    if store is None:
+        store = _build_store(settings)
+        await store.connect()
+        stack.push_async_callback(store.close)
+    return broker, store
+
+
+def _lifespan(
+    settings: FleetSettings, broker: Broker | None, store: ResultStore | None, limits: GatewayLimits
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        specs = resolve_specs(settings.models)
+        async with AsyncExitStack() as stack:
+            b, s = await _open_clients(stack, settings, broker, store)
+            for name in specs:
+                await b.ensure_model(name)
+            app.state.gateway = GatewayState(settings, b, s, specs, limits)
+            logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
+            yield
+            logger.info("gateway stopping")
+
+    return lifespan
+
+
+def create_app(
+    settings: FleetSettings,
+    *,
+    broker: Broker | None = None,
+    store: ResultStore | None = None,
+    limits: GatewayLimits | None = None,
+) -> FastAPI:
+    """Build the gateway application.
+
+    Args:
+        settings: models to serve, broker and store URLs, body and long-poll limits.
+        broker: a connected broker to use (``fleet up`` shares its embedded one); the app does not close it.
+            When None, the lifespan builds one from ``settings.broker_url``, connects it and closes it at shutdown.
+        store: the same for the result store.
+        limits: timeouts and WebSocket limits; the defaults suit production.
+
+    Raises (at start-up, from the lifespan):
+        UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
+        BrokerUnavailable / StoreError: a client the app builds itself cannot connect.
+    """
+    from producers.gateway import routes_jobs, routes_ops, ws
+
+    app = FastAPI(
+        title="Fleet gateway",
+        version="1",
+        summary="Submit ML inference jobs to the fleet and receive their results.",
+        openapi_tags=OPENAPI_TAGS,
+        lifespan=_lifespan(settings, broker, store, limits or GatewayLimits()),
+    )
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware)
+    app.include_router(routes_jobs.router)
+    app.include_router(ws.router)
+    app.include_router(routes_ops.router)
+    return app

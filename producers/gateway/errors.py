@@ -1,0 +1,156 @@
+"""Every gateway error becomes ``schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``.
+
+Error types and status codes:
+
+=====================  ======  ==========================================================
+type                   status  when
+=====================  ======  ==========================================================
+malformed_json         400     the body is not JSON
+invalid_request        422     the body, a path or a query parameter has the wrong shape
+invalid_input          422     ``input`` does not match the model's input schema
+unknown_model          404     the model is not served here (details: known models)
+job_not_found          404     no record for the job id
+not_found              404     no such route
+method_not_allowed     405     the route exists with another method
+job_terminal           409     cancel of a job that already ended (details: the record)
+job_id_conflict        409     a job id reused for another model
+payload_too_large      413     body over ``max_body_bytes`` (details: size, limit)
+broker_unavailable     503     the broker did not acknowledge the publish (Retry-After)
+store_unavailable      503     the result store cannot be reached (Retry-After)
+not_ready              503     ``/readyz``: a dependency does not answer (details: which)
+internal_error         500     a bug; the server log has the traceback
+=====================  ======  ==========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fleet.errors import (
+    BrokerError,
+    FleetError,
+    InvalidInput,
+    JobNotFound,
+    PayloadTooLarge,
+    StoreError,
+    UnknownModel,
+)
+from schemas.api import ErrorBody, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 2
+
+
+class ApiError(Exception):
+    """An error answer the gateway gives that is not one of ``fleet.errors`` (conflicts, malformed JSON...)."""
+
+    def __init__(
+        self, status: int, type_: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.details = details
+        self.headers = headers
+
+
+def error_json(type_: str, message: str, details: Any = None) -> dict[str, Any]:
+    """The ``ErrorResponse`` body as a plain dict (also the payload of WebSocket error frames)."""
+    return ErrorResponse(error=ErrorBody(type=type_, message=message, details=details)).model_dump(mode="json")
+
+
+def error_response(
+    status: int, type_: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_json(type_, message, details), status_code=status, headers=headers)
+
+
+def describe_fleet_error(exc: FleetError) -> tuple[int, str, Any]:
+    """(status, type, details) of a ``fleet.errors`` exception."""
+    if isinstance(exc, UnknownModel):
+        return 404, "unknown_model", {"model": exc.model, "known": sorted(exc.known)}
+    if isinstance(exc, InvalidInput):
+        return 422, "invalid_input", exc.errors
+    if isinstance(exc, PayloadTooLarge):
+        return 413, "payload_too_large", {"size": exc.size, "limit": exc.limit}
+    if isinstance(exc, JobNotFound):
+        return 404, "job_not_found", {"job_id": exc.job_id}
+    if isinstance(exc, BrokerError):
+        return 503, "broker_unavailable", None
+    if isinstance(exc, StoreError):
+        return 503, "store_unavailable", None
+    return 500, "internal_error", None
+
+
+def error_type(exc: BaseException) -> str:
+    """The ``type`` an exception is reported as; the label of the submit-error counter."""
+    if isinstance(exc, ApiError):
+        return exc.type
+    if isinstance(exc, FleetError):
+        return describe_fleet_error(exc)[1]
+    return "internal_error"
+
+
+def validation_errors(exc: ValidationError | RequestValidationError, prefix: str = "") -> list[dict[str, Any]]:
+    """Pydantic errors as JSON-safe dicts ``{"loc": "input.texts.0", "msg", "type"}``."""
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        out.append({"loc": path or "(root)", "msg": str(err["msg"]), "type": str(err["type"])})
+    return out
+
+
+def validation_message(errors: list[dict[str, Any]], what: str) -> str:
+    """One line naming each bad field: ``invalid input: input.texts.0: Input should be a valid string``."""
+    return f"{what}: " + "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+
+
+async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.type, exc.message, exc.details, exc.headers)
+
+
+async def _on_fleet_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FleetError)
+    status, type_, details = describe_fleet_error(exc)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    if status >= 500:
+        logger.warning("%s %s answered %d %s: %s", request.method, request.url.path, status, type_, exc.message)
+    return error_response(status, type_, exc.message, details, headers)
+
+
+async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = validation_errors(exc)
+    return error_response(422, "invalid_request", validation_message(errors, "invalid request"), errors)
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kinds = {404: "not_found", 405: "method_not_allowed"}
+    type_ = kinds.get(exc.status_code, f"http_{exc.status_code}")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(exc.status_code, type_, message, None, dict(exc.headers or {}))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", f"internal error ({type(exc).__name__}); see the gateway log")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error, FastAPI's own included, to an ``ErrorResponse``."""
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(FleetError, _on_fleet_error)
+    app.add_exception_handler(RequestValidationError, _on_request_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,58 @@
+"""Limits and timeouts of the gateway, and the size-limited body reader.
+
+The body size limit itself is ``FleetSettings.max_body_bytes``; the values here guard the gateway against slow
+dependencies and greedy WebSocket clients and are rarely worth changing, so they are not environment settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from fleet.errors import PayloadTooLarge
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLimits:
+    """Timeouts for calls into the broker and store, and the limits of the multiplexed WebSocket (``/v1/ws``).
+
+    A frame beyond uvicorn's own ``ws_max_size`` (16 MiB by default) is refused by the server, which closes the
+    connection with code 1009; frames up to that size but above ``ws_max_frame_bytes`` get an error frame.
+    """
+
+    publish_timeout_s: float = 5.0
+    store_timeout_s: float = 5.0
+    ping_timeout_s: float = 2.0
+    ws_wait_chunk_s: float = 30.0
+    ws_max_frame_bytes: int = 64 * 1024
+    ws_max_ids_per_frame: int = 100
+    ws_max_ids_per_connection: int = 1000
+
+
+def declared_length(request: Request) -> int | None:
+    """The Content-Length header as an int, or None when absent or not a number (chunked bodies have none)."""
+    raw = request.headers.get("content-length")
+    if raw is None or not raw.strip().isdigit():
+        return None
+    return int(raw)
+
+
+async def read_limited_body(request: Request, limit_bytes: int) -> bytes:
+    """Read the raw body, refusing more than ``limit_bytes`` whether or not the client declared a length.
+
+    Raises:
+        PayloadTooLarge: the declared or the actual size is over the limit. For a body without Content-Length
+            the reported size is the number of bytes read when the limit was crossed.
+    """
+    declared = declared_length(request)
+    if declared is not None and declared > limit_bytes:
+        raise PayloadTooLarge(declared, limit_bytes, what="request body")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise PayloadTooLarge(size, limit_bytes, what="request body")
+        chunks.append(chunk)
+    return b"".join(chunks)

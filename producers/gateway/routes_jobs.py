@@ -1,0 +1,234 @@
+"""``/v1/jobs``: submit, poll (optionally long-poll) and cancel.
+
+Submitting an id that already has a record is idempotent: the answer is ``202`` with the existing job's current
+status and nothing new is created. When that job is still ``queued`` the request is published again with the same
+message id; the broker's de-duplication drops it when the first publish got through, and it recovers a job whose
+first publish never happened (a gateway that died between writing the record and publishing). A failed re-publish
+answers ``503`` but leaves the existing record alone: it belongs to the first submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import ValidationError
+
+from fleet.errors import InvalidInput, JobNotFound, PayloadTooLarge, UnknownModel
+from producers.gateway.app import GatewayState, gateway_state
+from producers.gateway.calls import publish_request, store_call
+from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
+from producers.gateway.limits import read_limited_body
+from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
+from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
+from schemas.jobs import JobError, JobRecord, JobState
+from schemas.models import ModelSpec
+from schemas.wire import RequestMessage
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_SUBMIT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": SubmitRequest.model_json_schema()}},
+    }
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+# -- submit ---------------------------------------------------------------------------------------------------
+def parse_submit(raw: bytes) -> SubmitRequest:
+    """Parse and shape-check the body.
+
+    Raises:
+        ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field.
+    """
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        return SubmitRequest.model_validate(data)
+    except ValidationError as exc:
+        errors = validation_errors(exc, prefix="body")
+        raise ApiError(422, "invalid_request", validation_message(errors, "invalid request"), errors) from None
+
+
+def validate_input(spec: ModelSpec, value: dict[str, Any]) -> None:
+    """Raises InvalidInput naming each field path (``input.texts.0: ...``) when ``value`` does not fit the model."""
+    try:
+        spec.input_model.model_validate(value)
+    except ValidationError as exc:
+        errors = validation_errors(exc, prefix="input")
+        raise InvalidInput(validation_message(errors, f"invalid input for model {spec.name!r}"), errors) from None
+
+
+def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
+    """The queued record and the wire message of a new job."""
+    job_id = body.job_id or uuid.uuid4().hex
+    expires_at = now + body.timeout_s if body.timeout_s else None
+    record = JobRecord(
+        job_id=job_id, model=body.model, state=JobState.queued, created_at=now, expires_at=expires_at, deliveries=0
+    )
+    message = RequestMessage(
+        v=1,
+        job_id=job_id,
+        model=body.model,
+        input=body.input,
+        submitted_at=now,
+        deadline=expires_at,
+        priority=body.priority,
+    )
+    return record, message.model_dump_json().encode()
+
+
+async def _forget(state: GatewayState, job_id: str) -> None:
+    """Delete the record of a job whose publish failed, so that no record claims a job that is not queued."""
+    try:
+        await store_call(state.store, state.store.delete(job_id), state.limits.store_timeout_s)
+    except Exception:
+        logger.exception("job %s was not published and its record could not be deleted", job_id)
+
+
+async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> None:
+    try:
+        await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+    except BaseException:
+        # Cancelled or failed: either way the client gets no 202, so the record must go. The shield lets the
+        # delete finish when the request task itself is being cancelled.
+        await asyncio.shield(_forget(state, record.job_id))
+        raise
+
+
+async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> SubmitResponse:
+    """The job id already has a record: answer with it (see the module docstring)."""
+    store, timeout_s = state.store, state.limits.store_timeout_s
+    existing = await store_call(store, store.get(record.job_id), timeout_s)
+    if existing is None:
+        raise ApiError(409, "job_id_conflict", f"job {record.job_id!r} changed while it was resubmitted; retry")
+    if existing.model != record.model:
+        raise ApiError(
+            409,
+            "job_id_conflict",
+            f"job id {record.job_id!r} is already used by a job of model {existing.model!r}; choose another id",
+        )
+    if existing.state == JobState.queued:
+        await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+    return SubmitResponse(job_id=existing.job_id, status=existing.state)
+
+
+async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
+    settings = state.settings
+    body = parse_submit(await read_limited_body(request, settings.max_body_bytes))
+    spec = state.specs.get(body.model)
+    if spec is None:
+        raise UnknownModel(body.model, list(state.specs))
+    validate_input(spec, body.input)
+    record, data = new_job(body, time.time())
+    if len(data) > settings.max_message_bytes:
+        raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
+    created = await store_call(state.store, state.store.create(record), state.limits.store_timeout_s)
+    if not created:
+        return await _resubmit(state, record, data)
+    await _publish_new(state, record, data)
+    JOBS_SUBMITTED.labels(record.model).inc()
+    return SubmitResponse(job_id=record.job_id, status=JobState.queued)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitResponse,
+    summary="Submit a job",
+    description=(
+        "Validates the model and its input, records the job as `queued` and publishes it to the model's subject. "
+        "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` is idempotent."
+    ),
+    responses=_errors(400, 404, 409, 413, 422, 503),
+    openapi_extra=_SUBMIT_BODY,
+)
+async def submit_job(request: Request, state: GatewayState = Depends(gateway_state)) -> SubmitResponse:
+    try:
+        return await _submit(request, state)
+    except Exception as exc:
+        SUBMIT_ERRORS.labels(error_type(exc)).inc()
+        raise
+
+
+# -- poll and cancel ------------------------------------------------------------------------------------------
+def _check_wait(wait_s: float, max_s: float) -> None:
+    if not 0 < wait_s <= max_s:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"invalid request: query.wait: must be more than 0 and at most {max_s:g} seconds, got {wait_s:g}",
+            [{"loc": "query.wait", "msg": f"must be in (0, {max_s:g}]", "type": "out_of_range"}],
+        )
+
+
+@router.get(
+    "/{job_id}",
+    response_model=JobRecord,
+    summary="Get a job",
+    description="The job's record. With `wait`, holds the request until the job ends or `wait` seconds pass.",
+    responses=_errors(404, 422, 503),
+)
+async def get_job(
+    job_id: str,
+    wait: float | None = Query(None, description="long-poll: seconds to wait for a terminal state (0 < wait ≤ max)"),
+    state: GatewayState = Depends(gateway_state),
+) -> JobRecord:
+    if wait is not None:
+        _check_wait(wait, state.settings.max_long_poll_s)
+    store, timeout_s = state.store, state.limits.store_timeout_s
+    record = await store_call(store, store.get(job_id), timeout_s)
+    if record is None:
+        raise JobNotFound(job_id)
+    if wait is not None and not record.terminal:
+        record = await store_call(store, store.wait(job_id, wait), wait + timeout_s)
+        if record is None:
+            raise JobNotFound(job_id)
+    return record
+
+
+def _already_ended(record: JobRecord) -> ApiError:
+    return ApiError(
+        409,
+        "job_terminal",
+        f"job {record.job_id!r} already ended '{record.state}'; only queued or running jobs can be cancelled",
+        record.model_dump(mode="json"),
+    )
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobRecord,
+    summary="Cancel a job",
+    description="Ends a queued or running job as `cancelled`; a worker skips it or discards its result.",
+    responses=_errors(404, 409, 503),
+)
+async def cancel_job(job_id: str, state: GatewayState = Depends(gateway_state)) -> JobRecord:
+    store, timeout_s = state.store, state.limits.store_timeout_s
+    record = await store_call(store, store.get(job_id), timeout_s)
+    if record is None:
+        raise JobNotFound(job_id)
+    if record.terminal:
+        raise _already_ended(record)
+    error = JobError(type="cancelled", message=f"cancelled by a client (POST /v1/jobs/{job_id}/cancel)")
+    call = store.finish(job_id, JobState.cancelled, model=record.model, error=error)
+    won, current = await store_call(store, call, timeout_s)
+    if not won:
+        raise _already_ended(current)
+    return current

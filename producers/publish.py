@@ -1,0 +1,105 @@
+"""``fleet publish``: send requests from a JSON Lines file straight to a model's subject.
+
+Each line is one model input (``{"text": "hello"}`` for embed), or with ``requests=True`` one complete wire
+message (``schemas.wire.RequestMessage``). Inputs are validated against the model's schema before anything is
+sent; job ids are printed in input order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from fleet import constants as c
+from fleet.brokers.base import Broker
+from fleet.errors import InvalidInput
+from schemas.models import ModelSpec
+from schemas.wire import RequestMessage
+
+
+@dataclass(slots=True)
+class LineError:
+    line: int
+    message: str
+
+
+@dataclass(slots=True)
+class Prepared:
+    messages: list[RequestMessage] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+
+
+def _describe(exc: ValidationError, prefix: str) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in (prefix, *e['loc']) if p != '')}: {e['msg']}" for e in exc.errors())
+
+
+def prepare_line(text: str, spec: ModelSpec, *, requests: bool) -> RequestMessage:
+    """One JSONL line → a validated request. Raises ``InvalidInput`` with a message naming the problem."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("each line must be a JSON object")
+    if not requests:
+        body = {"job_id": uuid.uuid4().hex, "model": spec.name, "input": body}
+    try:
+        message = RequestMessage.model_validate(body)
+        spec.input_model.model_validate(message.input)
+    except ValidationError as exc:
+        raise InvalidInput(_describe(exc, "" if requests else "input")) from None
+    if message.model != spec.name:
+        raise InvalidInput(f"request names model {message.model!r}, not {spec.name!r}")
+    return message
+
+
+def prepare(lines: Iterable[str], spec: ModelSpec, *, requests: bool = False) -> Prepared:
+    prepared = Prepared()
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            prepared.messages.append(prepare_line(text, spec, requests=requests))
+        except InvalidInput as exc:
+            prepared.errors.append(LineError(number, exc.message))
+    return prepared
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+async def publish_all(
+    broker: Broker,
+    messages: list[RequestMessage],
+    *,
+    concurrency: int = 256,
+    on_published: Callable[[], None] | None = None,
+) -> list[str]:
+    """Publish every message to its model's subject with the job id as message id; return the job ids.
+
+    Up to ``concurrency`` publishes are awaiting their broker acknowledgement at once. Raises the first
+    ``BrokerError`` (already-acknowledged messages stay published; re-running is safe thanks to de-duplication
+    as long as the same job ids are used).
+    """
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(message: RequestMessage) -> str:
+        async with slots:
+            await broker.publish(
+                c.request_subject(message.model),
+                message.model_dump_json().encode(),
+                msg_id=message.job_id,
+                headers={c.HEADER_JOB_ID: message.job_id, c.HEADER_MODEL: message.model},
+            )
+        if on_published is not None:
+            on_published()
+        return message.job_id
+
+    return list(await asyncio.gather(*(one(m) for m in messages)))

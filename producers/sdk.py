@@ -1,0 +1,277 @@
+"""The async Python client of the Fleet gateway.
+
+Example::
+
+    async with FleetClient("http://127.0.0.1:8000") as fleet:
+        job_id = await fleet.submit("embed", {"text": "hello"})
+        record = await fleet.wait(job_id, timeout_s=30)
+        async for record in fleet.subscribe([id1, id2]):
+            ...
+
+Every error answer of the gateway becomes a ``fleet.errors`` exception carrying the server's message:
+``UnknownModel``, ``InvalidInput``, ``PayloadTooLarge``, ``JobNotFound``, ``BrokerUnavailable``, ``StoreError``;
+any other error answer becomes ``GatewayError`` (with ``status`` and ``type``), a gateway that cannot be reached
+``GatewayUnreachable``, and a job that ended without success ``JobFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+from fleet.errors import (
+    BrokerUnavailable,
+    FleetError,
+    InvalidInput,
+    JobNotFound,
+    PayloadTooLarge,
+    StoreError,
+    UnknownModel,
+)
+from schemas.jobs import JobRecord, JobState
+
+LONG_POLL_STEP_S = 20.0  # below the gateway's default max_long_poll_s (60 s)
+
+
+class GatewayError(FleetError):
+    """An error answer that has no more specific exception (conflicts, server errors...)."""
+
+    def __init__(self, status: int, type_: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.details = details
+        self.retriable = status >= 500
+
+
+class GatewayUnreachable(FleetError):
+    """The gateway could not be reached or did not answer in time."""
+
+    retriable = True
+
+
+class JobFailed(FleetError):
+    """The job ended ``failed``, ``cancelled`` or ``expired``; ``record`` says why (``record.error``)."""
+
+    def __init__(self, record: JobRecord) -> None:
+        why = f": {record.error.type}: {record.error.message}" if record.error else ""
+        super().__init__(f"job {record.job_id!r} ended {record.state}{why}")
+        self.record = record
+        self.retriable = bool(record.error and record.error.retriable)
+
+
+def _with_message(exc: FleetError, message: str) -> FleetError:
+    exc.message = message
+    exc.args = (message,)
+    return exc
+
+
+def error_from_response(status: int, body: Any) -> FleetError:
+    """The ``fleet.errors`` exception for one gateway error answer (``{"error": {"type", "message", "details"}}``)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return GatewayError(status, f"http_{status}", f"gateway answered {status}: {str(body)[:500]}")
+    type_, message, details = str(error.get("type")), str(error.get("message")), error.get("details")
+    info = details if isinstance(details, dict) else {}
+    exc: FleetError
+    if type_ == "unknown_model":
+        exc = UnknownModel(str(info.get("model", "")), list(info.get("known", [])))
+    elif type_ in ("invalid_input", "invalid_request", "malformed_json"):
+        exc = InvalidInput(message, details if isinstance(details, list) else [])
+    elif type_ == "payload_too_large":
+        exc = PayloadTooLarge(int(info.get("size", 0)), int(info.get("limit", 0)))
+    elif type_ == "job_not_found":
+        exc = JobNotFound(str(info.get("job_id", "")))
+    elif type_ == "broker_unavailable":
+        exc = BrokerUnavailable(message)
+    elif type_ == "store_unavailable":
+        exc = StoreError(message)
+    else:
+        exc = GatewayError(status, type_, message, details)
+    return _with_message(exc, message)
+
+
+def ws_url(base_url: str, path: str) -> str:
+    """``http://h:p/x`` -> ``ws://h:p/x/<path>`` (``https`` -> ``wss``)."""
+    url = httpx.URL(base_url.rstrip("/") + path)
+    return str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws"))
+
+
+class FleetClient:
+    """Async client of one Fleet gateway; use it as ``async with FleetClient(url) as fleet``.
+
+    Args:
+        base_url: the gateway, e.g. ``http://127.0.0.1:8000``.
+        timeout_s: timeout of each HTTP request (long-polls add their wait to it) and of opening a WebSocket.
+        transport: an ``httpx.AsyncBaseTransport`` for the REST calls (tests pass ``httpx.ASGITransport``);
+            ``subscribe`` always opens a real WebSocket to ``base_url``.
+    """
+
+    def __init__(self, base_url: str, *, timeout_s: float = 30, transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
+
+    async def __aenter__(self) -> FleetClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections; idempotent."""
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        try:
+            response = await self._http.request(method, path, timeout=timeout_s or self.timeout_s, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise GatewayUnreachable(f"{method} {self.base_url}{path}: no answer within the timeout") from exc
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(f"{method} {self.base_url}{path}: cannot reach the gateway: {exc}") from exc
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        if response.is_error:
+            raise error_from_response(response.status_code, body)
+        return body
+
+    async def submit(
+        self,
+        model: str,
+        input: dict[str, Any],
+        *,
+        job_id: str | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Submit one job and return its id once the broker acknowledged it.
+
+        Args:
+            model: a served model's name (see ``models()``).
+            input: the model input; the gateway validates it against the model's input schema.
+            job_id: an idempotency key; submitting the same id again creates no second job.
+            timeout_s: a job not started within this many seconds ends ``expired``.
+            priority: 0 (normal) to 9.
+
+        Raises:
+            UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong; fix it.
+            BrokerUnavailable, StoreError: retriable; the gateway's dependencies are down.
+            GatewayUnreachable: retriable; resubmit with the same ``job_id`` to stay idempotent.
+        """
+        body: dict[str, Any] = {"model": model, "input": input, "priority": priority}
+        if job_id is not None:
+            body["job_id"] = job_id
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        answer = await self._request("POST", "/v1/jobs", json=body)
+        return str(answer["job_id"])
+
+    async def get(self, job_id: str) -> JobRecord:
+        """The job's current record. Raises JobNotFound for an unknown (or expired) id."""
+        return JobRecord.model_validate(await self._request("GET", f"/v1/jobs/{job_id}"))
+
+    async def wait(self, job_id: str, timeout_s: float = 60.0) -> JobRecord:
+        """Long-poll until the job is terminal and return its record (whatever the terminal state).
+
+        Raises:
+            TimeoutError: the job is still queued or running after ``timeout_s``.
+            JobNotFound: unknown id.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining_s = deadline - time.monotonic()
+            step_s = min(LONG_POLL_STEP_S, remaining_s)
+            if step_s <= 0.001:
+                record = await self.get(job_id)
+            else:
+                answer = await self._request(
+                    "GET", f"/v1/jobs/{job_id}", params={"wait": f"{step_s:.3f}"}, timeout_s=step_s + self.timeout_s
+                )
+                record = JobRecord.model_validate(answer)
+            if record.terminal:
+                return record
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id!r} is still {record.state} after {timeout_s:g}s")
+
+    async def result(self, job_id: str, *, timeout_s: float = 60.0) -> Any:
+        """Wait for the job and return its output.
+
+        Raises:
+            JobFailed: the job ended failed, cancelled or expired (``exc.record`` has the details).
+            TimeoutError, JobNotFound: as ``wait``.
+        """
+        record = await self.wait(job_id, timeout_s)
+        if record.state != JobState.succeeded:
+            raise JobFailed(record)
+        return record.output
+
+    async def run(self, model: str, input: dict[str, Any], *, timeout_s: float = 60.0, **submit_kwargs: Any) -> Any:
+        """``submit`` then ``result``: the output of one job. Raises what those raise."""
+        job_id = await self.submit(model, input, **submit_kwargs)
+        return await self.result(job_id, timeout_s=timeout_s)
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a queued or running job. Raises JobNotFound, or GatewayError (409) when it already ended."""
+        return JobRecord.model_validate(await self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The served models: name, description, batch limits, ``input_schema`` and ``output_schema``."""
+        answer = await self._request("GET", "/v1/models")
+        return list(answer["models"])
+
+    async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
+        """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).
+
+        Args:
+            job_ids: the jobs to watch; duplicates are watched once.
+            timeout_s: give up after this many seconds in total (None: wait as long as it takes).
+
+        Raises:
+            JobNotFound: one of the ids is unknown (records already yielded stay valid).
+            TimeoutError: ``timeout_s`` passed before every job ended.
+            GatewayError: the gateway refused the subscription (too many ids: see ``GatewayLimits``).
+        """
+        pending = set(dict.fromkeys(job_ids))
+        if not pending:
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        url = ws_url(self.base_url, "/v1/ws")
+        try:
+            async with ws_connect(url, open_timeout=self.timeout_s) as websocket:
+                await websocket.send(json.dumps({"subscribe": sorted(pending)}))
+                while pending:
+                    remaining_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        async with asyncio.timeout(remaining_s):
+                            frame = json.loads(await websocket.recv())
+                    except TimeoutError:
+                        raise TimeoutError(f"{len(pending)} job(s) not ended after {timeout_s:g}s") from None
+                    record = self._frame_record(frame)
+                    if record is not None and record.job_id in pending:
+                        pending.discard(record.job_id)
+                        yield record
+        except TimeoutError:
+            raise  # ours, above; TimeoutError is an OSError
+        except (OSError, ConnectionClosed) as exc:
+            raise GatewayUnreachable(f"websocket {url}: {exc}") from exc
+
+    @staticmethod
+    def _frame_record(frame: dict[str, Any]) -> JobRecord | None:
+        if frame.get("type") == "result":
+            return JobRecord.model_validate(frame["job"])
+        if frame.get("type") == "error":
+            error = frame.get("error") or {}
+            raise error_from_response(404 if error.get("type") == "job_not_found" else 400, {"error": error})
+        return None

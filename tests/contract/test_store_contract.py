@@ -1,0 +1,420 @@
+"""The ``ResultStore`` contract (``fleet/store/base.py``), run unchanged on the in-memory store and on Redis,
+followed by the Redis store's own promises: TTL on the key, one shared pub/sub connection, recovery when that
+connection drops, and readable errors when Redis is down."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet import constants as c
+from fleet.errors import ConfigError, StoreError
+from fleet.settings import FleetSettings
+from fleet.store import make_store
+from fleet.store.base import ResultStore
+from fleet.store.memory import MemoryStore
+from fleet.store.redis import RedisStore
+from schemas.jobs import JobError, JobRecord, JobState
+from tests import services
+from tests.contract import store_fixtures
+from tests.contract.store_fixtures import STORE_KINDS, StoreFactory
+
+# The shared fixtures, bound here so pytest finds them (one test per store kind).
+store_kind = store_fixtures.store_kind
+store_factory = store_fixtures.store_factory
+store = store_fixtures.store
+
+
+def new_id() -> str:
+    return f"test-{uuid.uuid4().hex}"
+
+
+def queued(job_id: str, **fields: object) -> JobRecord:
+    return JobRecord.model_validate({"job_id": job_id, "model": "echo", "state": "queued", **fields})
+
+
+async def succeed(store: ResultStore, job_id: str, output: object = "done") -> tuple[bool, JobRecord]:
+    return await store.finish(job_id, JobState.succeeded, model="echo", output=output, worker_id="w1")
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+# -- create / get / delete -------------------------------------------------------------------------------------
+
+
+async def test_create_is_idempotent_and_does_not_overwrite(store: ResultStore) -> None:
+    job_id = new_id()
+    assert await store.create(queued(job_id, output="first")) is True
+    assert await store.create(queued(job_id, output="second")) is False
+    record = await store.get(job_id)
+    assert record is not None
+    assert record.output == "first"
+    assert record.state is JobState.queued
+
+
+async def test_get_unknown_job_returns_none(store: ResultStore) -> None:
+    assert await store.get(new_id()) is None
+
+
+async def test_record_round_trips_exactly(store: ResultStore) -> None:
+    job_id = new_id()
+    output = {"empty": {}, "list": [], "x": 0.1 + 0.2, "big": 2**60, "text": "ünï"}
+    original = queued(job_id, expires_at=1234567890.123456)
+    await store.create(original)
+    assert await store.get(job_id) == original
+    _, done = await succeed(store, job_id, output)
+    stored = await store.get(job_id)
+    assert stored == done
+    assert stored is not None and stored.output == output
+
+
+async def test_delete_removes_the_record(store: ResultStore) -> None:
+    job_id = new_id()
+    await store.create(queued(job_id))
+    await store.delete(job_id)
+    assert await store.get(job_id) is None
+    await store.delete(job_id)  # deleting twice is fine
+    assert await store.create(queued(job_id)) is True
+
+
+async def test_record_expires_after_its_ttl(store_factory: StoreFactory) -> None:
+    short = await store_factory(job_ttl_s=1)
+    job_id = new_id()
+    await short.create(queued(job_id))
+    assert await short.get(job_id) is not None
+    await asyncio.sleep(1.3)
+    assert await short.get(job_id) is None
+    assert await short.create(queued(job_id)) is True
+
+
+# -- start ------------------------------------------------------------------------------------------------------
+
+
+async def test_start_on_absent_job_creates_running_record(store: ResultStore) -> None:
+    job_id = new_id()
+    before = time.time()
+    record = await store.start(job_id, model="echo", worker_id="w1", deliveries=1)
+    assert record.state is JobState.running
+    assert (record.job_id, record.model, record.worker_id, record.deliveries) == (job_id, "echo", "w1", 1)
+    assert record.started_at is not None and record.started_at >= before
+    assert await store.get(job_id) == record
+
+
+async def test_start_moves_queued_to_running_and_keeps_first_start_time(store: ResultStore) -> None:
+    job_id = new_id()
+    original = queued(job_id, expires_at=99.0)
+    await store.create(original)
+    first = await store.start(job_id, model="echo", worker_id="w1", deliveries=1)
+    assert first.state is JobState.running
+    assert (first.created_at, first.expires_at) == (original.created_at, 99.0)
+    second = await store.start(job_id, model="echo", worker_id="w2", deliveries=2)
+    assert second.state is JobState.running
+    assert (second.worker_id, second.deliveries, second.started_at) == ("w2", 2, first.started_at)
+    assert await store.get(job_id) == second
+
+
+async def test_start_leaves_a_terminal_job_untouched(store: ResultStore) -> None:
+    job_id = new_id()
+    await store.create(queued(job_id))
+    _, done = await succeed(store, job_id)
+    after = await store.start(job_id, model="echo", worker_id="w9", deliveries=7)
+    assert after == done
+    assert await store.get(job_id) == done
+
+
+# -- finish -----------------------------------------------------------------------------------------------------
+
+
+async def test_finish_first_of_many_concurrent_writers_wins(store: ResultStore) -> None:
+    job_id = new_id()
+    await store.create(queued(job_id))
+    await store.start(job_id, model="echo", worker_id="w0", deliveries=1)
+    results = await asyncio.gather(*(succeed(store, job_id, output=i) for i in range(50)))
+    winners = [record for won, record in results if won]
+    assert len(winners) == 1
+    winner = winners[0]
+    assert all(record == winner for _, record in results)  # losers see the winner's record
+    assert await store.get(job_id) == winner
+    won, current = await store.finish(
+        job_id, JobState.failed, model="echo", error=JobError(type="model_error", message="late")
+    )
+    assert (won, current) == (False, winner)
+    assert await store.get(job_id) == winner
+
+
+async def test_finish_keeps_the_records_history(store: ResultStore) -> None:
+    job_id = new_id()
+    original = queued(job_id)
+    await store.create(original)
+    started = await store.start(job_id, model="echo", worker_id="w1", deliveries=3)
+    won, done = await store.finish(
+        job_id, JobState.failed, model="echo", error=JobError(type="model_error", message="boom")
+    )
+    assert won is True
+    assert done.state is JobState.failed
+    assert done.error == JobError(type="model_error", message="boom")
+    assert (done.created_at, done.started_at, done.deliveries, done.worker_id) == (
+        original.created_at,
+        started.started_at,
+        3,
+        "w1",
+    )
+    assert done.finished_at is not None and done.started_at is not None and done.finished_at >= done.started_at
+
+
+async def test_finish_on_absent_job_creates_terminal_record(store: ResultStore) -> None:
+    job_id = new_id()
+    won, record = await succeed(store, job_id, output=[1, 2])
+    assert won is True
+    assert (record.state, record.output, record.model) == (JobState.succeeded, [1, 2], "echo")
+    assert record.finished_at is not None
+    assert await store.get(job_id) == record
+
+
+async def test_finish_refuses_a_non_terminal_state(store: ResultStore) -> None:
+    job_id = new_id()
+    with pytest.raises(ValueError, match="terminal"):
+        await store.finish(job_id, JobState.running, model="echo")
+    assert await store.get(job_id) is None
+
+
+# -- wait -------------------------------------------------------------------------------------------------------
+
+
+async def test_wait_returns_at_once_for_a_finished_job(store: ResultStore) -> None:
+    job_id = new_id()
+    _, done = await succeed(store, job_id)
+    started = time.monotonic()
+    assert await store.wait(job_id, timeout_s=10) == done
+    assert time.monotonic() - started < 0.5
+
+
+async def test_wait_wakes_up_when_another_task_finishes_the_job(store: ResultStore) -> None:
+    job_id = new_id()
+    await store.create(queued(job_id))
+    waiter = asyncio.create_task(store.wait(job_id, timeout_s=10))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    _, done = await succeed(store, job_id)
+    finished = time.monotonic()
+    assert await asyncio.wait_for(waiter, 2) == done
+    assert time.monotonic() - finished < 0.5
+
+
+async def test_wait_times_out_with_the_current_record(store: ResultStore) -> None:
+    job_id = new_id()
+    await store.create(queued(job_id))
+    running = await store.start(job_id, model="echo", worker_id="w1", deliveries=1)
+    started = time.monotonic()
+    assert await store.wait(job_id, timeout_s=0.3) == running
+    assert 0.25 <= time.monotonic() - started < 2
+
+
+async def test_wait_times_out_with_none_for_an_unknown_job(store: ResultStore) -> None:
+    started = time.monotonic()
+    assert await store.wait(new_id(), timeout_s=0.3) is None
+    assert 0.25 <= time.monotonic() - started < 2
+
+
+async def test_wait_sees_a_job_created_and_finished_after_it_began(store: ResultStore) -> None:
+    job_id = new_id()
+    waiter = asyncio.create_task(store.wait(job_id, timeout_s=10))
+    await asyncio.sleep(0.1)
+    await store.start(job_id, model="echo", worker_id="w1", deliveries=1)
+    _, done = await succeed(store, job_id)
+    assert await asyncio.wait_for(waiter, 2) == done
+
+
+async def test_many_concurrent_waiters_all_wake(store: ResultStore) -> None:
+    job_ids = [new_id() for _ in range(200)]
+    waiters = [asyncio.create_task(store.wait(job_id, timeout_s=20)) for job_id in job_ids]
+    waiters += [asyncio.create_task(store.wait(job_ids[0], timeout_s=20)) for _ in range(5)]  # shared channel
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiters)
+    await asyncio.gather(*(succeed(store, job_id, output=job_id) for job_id in job_ids))
+    records = await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    assert [r.output if r else None for r in records] == job_ids + [job_ids[0]] * 5
+
+
+async def test_cancelled_waiter_leaves_the_store_usable(store: ResultStore) -> None:
+    job_id = new_id()
+    waiter = asyncio.create_task(store.wait(job_id, timeout_s=10))
+    await asyncio.sleep(0.1)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    second = asyncio.create_task(store.wait(job_id, timeout_s=10))
+    await asyncio.sleep(0.1)
+    _, done = await succeed(store, job_id)
+    assert await asyncio.wait_for(second, 2) == done
+
+
+# -- make_store -------------------------------------------------------------------------------------------------
+
+
+def test_make_store_picks_the_implementation_by_url_scheme() -> None:
+    assert isinstance(make_store(FleetSettings.model_validate({"store_url": "memory://"})), MemoryStore)
+    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"):
+        store = make_store(FleetSettings.model_validate({"store_url": url, "job_ttl_s": 77}))
+        assert isinstance(store, RedisStore)
+        assert store.job_ttl_s == 77
+    with pytest.raises(ConfigError, match="scheme"):
+        make_store(FleetSettings.model_construct(store_url="mongodb://x", job_ttl_s=1))
+
+
+def test_store_kinds_cover_every_store_scheme() -> None:
+    assert STORE_KINDS == ["memory", "redis"]
+
+
+# -- Redis specifics --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def redis_store(redis_url: str) -> AsyncIterator[RedisStore]:
+    """A Redis store whose connections carry a unique client name, so CLIENT LIST can single them out."""
+    name = f"fleet-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(f"{redis_url}?client_name={name}", job_ttl_s=60)
+    await store.connect()
+    yield store
+    await store.close()
+
+
+async def subscriber_connections(store: RedisStore) -> list[dict[str, str]]:
+    name = store.url.rsplit("client_name=", 1)[1]
+    clients = await store.redis.client_list()
+    return [cl for cl in clients if cl.get("name") == name and int(cl.get("sub", 0)) > 0]
+
+
+async def test_redis_key_holds_the_record_json_with_ttl(redis_store: RedisStore) -> None:
+    job_id = new_id()
+    key = c.job_key(job_id)
+    await redis_store.create(queued(job_id))
+    assert 0 < await redis_store.redis.ttl(key) <= 60
+    await redis_store.redis.expire(key, 5)
+    await redis_store.start(job_id, model="echo", worker_id="w1", deliveries=1)
+    assert 5 < await redis_store.redis.ttl(key) <= 60  # refreshed by the write
+    _, done = await succeed(redis_store, job_id)
+    assert 0 < await redis_store.redis.ttl(key) <= 60
+    raw = await redis_store.redis.get(key)
+    assert raw is not None
+    assert JobRecord.model_validate_json(raw) == done
+
+
+async def test_redis_finish_publishes_the_terminal_record(redis_store: RedisStore) -> None:
+    job_id = new_id()
+    pubsub = redis_store.redis.pubsub()
+    await pubsub.subscribe(c.done_channel(job_id))
+    try:
+        assert (await pubsub.get_message(timeout=1))["type"] == "subscribe"
+        _, done = await succeed(redis_store, job_id)
+        await succeed(redis_store, job_id, output="loser")  # a lost race publishes nothing
+        message = await pubsub.get_message(timeout=1)
+        assert JobRecord.model_validate_json(message["data"]) == done
+        assert await pubsub.get_message(timeout=0.2) is None
+    finally:
+        await pubsub.aclose()
+
+
+async def test_redis_waiters_share_one_pubsub_connection(redis_store: RedisStore) -> None:
+    job_ids = [new_id() for _ in range(200)]
+    waiters = [asyncio.create_task(redis_store.wait(job_id, timeout_s=20)) for job_id in job_ids]
+    await asyncio.sleep(0.5)
+    connections = await subscriber_connections(redis_store)
+    assert len(connections) == 1
+    assert int(connections[0]["sub"]) == 200
+    assert redis_store.pubsub.watched_channels == 200
+    await asyncio.gather(*(succeed(redis_store, job_id) for job_id in job_ids))
+    assert all(r is not None and r.terminal for r in await asyncio.wait_for(asyncio.gather(*waiters), 10))
+    await asyncio.sleep(0.2)
+    assert redis_store.pubsub.watched_channels == 0
+    assert await subscriber_connections(redis_store) == []  # every channel was unsubscribed
+    assert redis_store.pubsub.connects == 1
+
+
+async def test_redis_waiter_survives_a_dropped_pubsub_connection(redis_store: RedisStore) -> None:
+    job_id = new_id()
+    waiter = asyncio.create_task(redis_store.wait(job_id, timeout_s=15))
+    await asyncio.sleep(0.3)
+    [connection] = await subscriber_connections(redis_store)
+    await redis_store.redis.client_kill_filter(_id=connection["id"])
+    _, done = await succeed(redis_store, job_id)  # published while nobody listens: only the re-check can see it
+    assert await asyncio.wait_for(waiter, 5) == done
+    await eventually(lambda: redis_store.pubsub.connects == 2 and redis_store.pubsub.connected)
+    second_id = new_id()
+    second = asyncio.create_task(redis_store.wait(second_id, timeout_s=15))
+    await asyncio.sleep(0.2)
+    _, second_done = await succeed(redis_store, second_id)
+    assert await asyncio.wait_for(second, 2) == second_done
+
+
+async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why() -> None:
+    url = f"redis://127.0.0.1:{services.free_port()}/0"
+    store = RedisStore(url, job_ttl_s=60)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match="redis-server running") as caught:
+            await store.connect()
+    finally:
+        await store.close()
+    assert time.monotonic() - started < 5
+    assert url in caught.value.message
+    assert caught.value.retriable is True
+
+
+def test_redis_urls_in_messages_hide_the_password() -> None:
+    store = RedisStore("redis://user:s3cret@127.0.0.1:1/0", job_ttl_s=60)
+    assert store.display_url == "redis://user:***@127.0.0.1:1/0"
+
+
+@pytest.fixture
+def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of this test's own, which the test may stop."""
+    binary = services.require_binary("redis-server", "redis-server")
+    port = services.free_port()
+    with tempfile.TemporaryDirectory(prefix="fleet-redis-") as tmp:
+        log = Path(tmp) / "server.log"
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
+        try:
+            services.wait_port("127.0.0.1", port, proc, log, 20, "redis-server")
+            yield f"redis://127.0.0.1:{port}/0", proc
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+async def test_redis_outage_raises_store_error_instead_of_hanging(
+    private_redis: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    url, proc = private_redis
+    store = RedisStore(url, job_ttl_s=60)
+    await store.connect()
+    try:
+        job_id = new_id()
+        waiter = asyncio.create_task(store.wait(job_id, timeout_s=30))
+        await asyncio.sleep(0.2)
+        proc.kill()
+        await asyncio.to_thread(proc.wait)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="redis-server running"):
+            await store.get(job_id)
+        with pytest.raises(StoreError, match="redis-server running"):
+            await succeed(store, job_id)
+        with pytest.raises(StoreError):
+            await asyncio.wait_for(waiter, 10)  # the waiter's re-check after the drop fails loudly
+        assert time.monotonic() - started < 10
+    finally:
+        await store.close()

@@ -1,0 +1,174 @@
+"""Helpers of the gateway and SDK tests: per-test model names, a test double of the worker, a gateway served by
+a real uvicorn server on a free port, and a private nats-server that a test may stop.
+
+Model names: ``tests.gateway_helpers:echo_<token>`` resolves (through the module ``__getattr__``) to the built-in
+echo spec renamed ``echo-<token>``, so each test serves its own subjects and consumer groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from fleet import constants as c
+from fleet.brokers.base import Broker, Delivery, Subscription
+from fleet.settings import FleetSettings
+from fleet.store.base import ResultStore
+from producers.gateway import GatewayLimits, create_app
+from schemas.jobs import JobState
+from schemas.models import BUILTIN_SPECS, ModelSpec
+from schemas.wire import RequestMessage
+from tests import services
+
+FAST_LIMITS = GatewayLimits(publish_timeout_s=1.5, store_timeout_s=1.5, ping_timeout_s=1.0, ws_wait_chunk_s=1.0)
+
+
+def __getattr__(name: str) -> ModelSpec:
+    base, sep, token = name.partition("_")
+    if sep and base in BUILTIN_SPECS:
+        return dataclasses.replace(BUILTIN_SPECS[base], name=f"{base}-{token}")
+    raise AttributeError(name)
+
+
+def model_refs(unique: str, *bases: str) -> tuple[list[str], list[str]]:
+    """(settings.models references, model names) of per-test copies of built-in models."""
+    return [f"tests.gateway_helpers:{b}_{unique}" for b in bases], [f"{b}-{unique}" for b in bases]
+
+
+@dataclass
+class FakeWorker:
+    """Test double of the worker: pulls one model's requests, moves each job to running, succeeds it with its input
+    as output and acks. ``seen`` keeps each delivery for assertions on the wire format."""
+
+    broker: Broker
+    store: ResultStore
+    model: str
+    seen: list[Delivery] = field(default_factory=list)
+    _sub: Subscription | None = None
+    _task: asyncio.Task[None] | None = None
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handled(self, count: int = 1, timeout_s: float = 10) -> None:
+        """Wait until the worker has handled ``count`` deliveries."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.seen) < count:
+                self._progress.clear()
+                await self._progress.wait()
+
+    async def __aenter__(self) -> FakeWorker:
+        self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None and self._sub is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._sub.close()
+
+    async def _loop(self) -> None:
+        assert self._sub is not None
+        while True:
+            for delivery in await self._sub.fetch(16, 0.2):
+                await self._handle(delivery)
+
+    async def _handle(self, delivery: Delivery) -> None:
+        message = RequestMessage.model_validate_json(delivery.data)
+        job = message.job_id
+        await self.store.start(job, model=self.model, worker_id="fake", deliveries=delivery.delivery_count)
+        await self.store.finish(job, JobState.succeeded, model=self.model, output=message.input, worker_id="fake")
+        await delivery.ack()
+        self.seen.append(delivery)
+        self._progress.set()
+
+
+@contextlib.asynccontextmanager
+async def asgi_gateway(
+    settings: FleetSettings,
+    broker: Broker | None = None,
+    store: ResultStore | None = None,
+    limits: GatewayLimits = FAST_LIMITS,
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app with its lifespan running and an httpx client talking to it in-process (no WebSockets)."""
+    app = create_app(settings, broker=broker, store=store, limits=limits)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            yield app, client
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # leave the test runner's signal handlers alone
+
+
+@contextlib.asynccontextmanager
+async def served(app: FastAPI) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn (lifespan included) on a free port; yields the base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", ws="websockets-sansio")
+    server = _Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("uvicorn stopped during start-up; see the log above")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    """The ``error`` object of an ErrorResponse, checking the envelope on the way."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"type", "message", "details"}, body
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def urls_for(request: Any, pair: str) -> dict[str, str]:
+    """The session service URLs a broker/store pair needs (starting only those)."""
+    return {kind: request.getfixturevalue(f"{kind}_url") for kind in pair.split("+") if kind != "memory"}
+
+
+def _server_argv(kind: str, binary: str, port: int, tmp: str) -> tuple[list[str], str]:
+    if kind == "nats":
+        return [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp], f"nats://127.0.0.1:{port}"
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp]
+    return argv, f"redis://127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def private_server(kind: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A nats-server or redis-server of this test alone (never the shared one), so that the test may stop it."""
+    name = "nats-server" if kind == "nats" else "redis-server"
+    binary = services.require_binary(name, name)
+    port = services.free_port()
+    with tempfile.TemporaryDirectory(prefix=f"fleet-{kind}-private-") as tmp:
+        argv, url = _server_argv(kind, binary, port, tmp)
+        log = Path(tmp) / "server.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
+        try:
+            services.wait_port("127.0.0.1", port, proc, log, 20, name)
+            yield url, proc
+        finally:
+            proc.terminate()
+            proc.wait(10)

@@ -1,0 +1,102 @@
+"""Build a connected broker + store pair of one kind for a test, and small helpers shared by worker tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from consumers.handlers import with_name
+from fleet import constants as c
+from fleet.brokers import make_broker
+from fleet.brokers.base import Broker, Delivery
+from fleet.settings import FleetSettings
+from fleet.store import make_store
+from fleet.store.base import ResultStore
+from schemas.jobs import JobRecord
+from schemas.wire import RequestMessage
+
+# Pairs that every end-to-end test runs over. "kafka+redis" joins when the Kafka broker lands.
+PAIRS = ["memory", "nats+redis"]
+
+TEST_SETTINGS: dict[str, Any] = {
+    "ack_wait_s": 2.0,
+    "max_deliveries": 3,
+    "heartbeat_interval_s": 0.2,
+    "drain_timeout_s": 5.0,
+    "max_wait_ms": 5,
+}
+
+
+def settings_for(pair: str, urls: dict[str, str], **overrides: Any) -> FleetSettings:
+    broker_kind, _, store_kind = pair.partition("+")
+    values = {**TEST_SETTINGS, **overrides}
+    values["broker_url"] = urls[broker_kind] if broker_kind != "memory" else "memory://"
+    values["store_url"] = urls[store_kind or "memory"] if store_kind else "memory://"
+    return FleetSettings(**values)
+
+
+@contextlib.asynccontextmanager
+async def connected_pair(settings: FleetSettings) -> AsyncIterator[tuple[Broker, ResultStore]]:
+    broker = make_broker(settings)
+    store = make_store(settings)
+    await broker.connect()
+    await store.connect()
+    try:
+        yield broker, store
+    finally:
+        await store.close()
+        await broker.close()
+
+
+renamed = with_name
+
+
+def request_bytes(model: str, job_id: str, payload: dict[str, Any], **extra: Any) -> bytes:
+    return RequestMessage(job_id=job_id, model=model, input=payload, **extra).model_dump_json().encode()
+
+
+async def publish_requests(broker: Broker, model: str, inputs: list[dict[str, Any]], prefix: str) -> list[str]:
+    await broker.ensure_model(model)
+    ids = [f"{prefix}-{i}" for i in range(len(inputs))]
+    for job_id, payload in zip(ids, inputs, strict=True):
+        await broker.publish(c.request_subject(model), request_bytes(model, job_id, payload), msg_id=job_id)
+    return ids
+
+
+async def wait_terminal(store: ResultStore, job_ids: list[str], timeout_s: float = 20) -> dict[str, JobRecord]:
+    """Wait until every job is terminal; fail naming the stragglers."""
+    records = await asyncio.gather(*(store.wait(job_id, timeout_s) for job_id in job_ids))
+    out = dict(zip(job_ids, records, strict=True))
+    stragglers = {k: (v.state if v else None) for k, v in out.items() if v is None or not v.terminal}
+    assert not stragglers, f"jobs not terminal after {timeout_s}s: {stragglers}"
+    return {k: v for k, v in out.items() if v is not None}
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout_s}s")
+
+
+async def drain_subject(broker: Broker, subject: str, group: str, timeout_s: float = 3) -> list[Delivery]:
+    """Read (and ack) everything currently on a durable subject, e.g. a dead-letter subject."""
+    sub = await broker.subscribe(subject, group)
+    got: list[Delivery] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch = await sub.fetch(100, 0.3)
+            if not batch and got:
+                break
+            for delivery in batch:
+                await delivery.ack()
+            got.extend(batch)
+    finally:
+        await sub.close()
+    return got

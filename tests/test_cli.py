@@ -1,0 +1,79 @@
+"""The `fleet` command as a user meets it: help, schemas, clear errors, and `fleet up` serving requests."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.processes import fleet_process, run_fleet, stop, wait_http_ready
+from tests.services import free_port
+
+
+def test_help_lists_the_commands() -> None:
+    result = run_fleet("--help")
+    assert result.returncode == 0
+    for command in ("up", "worker", "gateway", "publish", "schemas"):
+        assert command in result.stdout
+    worker_help = run_fleet("worker", "--help")
+    assert "--max-batch" in worker_help.stdout and "FLEET_MAX_BATCH" in worker_help.stdout
+
+
+def test_schemas_export_writes_the_wire_format(tmp_path: Path) -> None:
+    result = run_fleet("schemas", "export", str(tmp_path), env={"FLEET_MODELS": "echo,embed"})
+    assert result.returncode == 0, result.stderr
+    request = json.loads((tmp_path / "request-message.schema.json").read_text())
+    assert set(request["required"]) >= {"job_id", "model", "input"}
+    embed_in = json.loads((tmp_path / "models" / "embed.input.schema.json").read_text())
+    assert {"text", "texts"} <= set(embed_in["properties"])
+    assert (tmp_path / "job-record.schema.json").exists() and (tmp_path / "models" / "echo.output.schema.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["worker", "--model", "echo", "--broker", "amqp://x"], {}, "scheme 'amqp'"),
+        (["worker", "--model", "echo"], {}, "needs a real broker"),
+        (["worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--max-batch", "0"], {}, "max_batch"),
+        (["up", "--port", "99999"], {}, "port"),
+        (["up"], {"FLEET_MAX_WAIT_MS": "5000", "FLEET_ACK_WAIT_S": "2"}, "max_wait_ms"),
+        (["schemas", "export", "out", "--models", "nosuchmodel"], {}, "unknown model 'nosuchmodel'"),
+        (["schemas", "export", "out", "--models", "nosuch.module:Thing"], {}, "cannot import 'nosuch.module'"),
+    ],
+)
+def test_bad_configuration_is_refused_with_a_clear_message(args: list[str], env: dict[str, str], expected: str) -> None:
+    result = run_fleet(*args, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_broker_fails_fast_with_its_url() -> None:
+    result = run_fleet("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "memory://")
+    assert result.returncode == 1
+    assert "127.0.0.1:1" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_fleet_up_serves_echo_and_embed_over_rest(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "up.log"
+    base = f"http://127.0.0.1:{port}"
+    with fleet_process("up", "--port", str(port), "--models", "echo,embed", log=log) as proc:
+        wait_http_ready(f"{base}/readyz", proc, log)
+        with httpx.Client(base_url=base, timeout=30) as http:
+            echo = http.post("/v1/jobs", json={"model": "echo", "input": {"hello": "world"}})
+            assert echo.status_code == 202, echo.text
+            embed = http.post("/v1/jobs", json={"model": "embed", "input": {"texts": ["a cat", "a dog"]}})
+            assert embed.status_code == 202, embed.text
+            done = http.get(f"/v1/jobs/{echo.json()['job_id']}", params={"wait": 20}).json()
+            assert done["state"] == "succeeded" and done["output"] == {"hello": "world"}
+            vectors = http.get(f"/v1/jobs/{embed.json()['job_id']}", params={"wait": 30}).json()
+            assert vectors["state"] == "succeeded", vectors
+            assert [len(v) for v in vectors["output"]["embeddings"]] == [384, 384]
+            assert http.get("/docs").status_code == 200
+            assert "fleet_worker_items_total" in http.get("/metrics").text
+        assert stop(proc, signal.SIGINT) == 0, log.read_text()[-2000:]
