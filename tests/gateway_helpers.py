@@ -58,6 +58,7 @@ class FakeWorker:
     _sub: Subscription | None = None
     _task: asyncio.Task[None] | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopping: bool = False
 
     async def handled(self, count: int = 1, timeout_s: float = 10) -> None:
         """Wait until the worker has handled ``count`` deliveries."""
@@ -72,16 +73,18 @@ class FakeWorker:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        # Stop between fetches rather than cancel, so no job is left half-handled (started, not acked).
         assert self._task is not None and self._sub is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        await self._sub.close()
+        self._stopping = True
+        try:
+            await asyncio.wait_for(self._task, 10)
+        finally:
+            await self._sub.close()
 
     async def _loop(self) -> None:
         assert self._sub is not None
-        while True:
-            for delivery in await self._sub.fetch(16, 0.2):
+        while not self._stopping:
+            for delivery in await self._sub.fetch(16, 0.1):
                 await self._handle(delivery)
 
     async def _handle(self, delivery: Delivery) -> None:

@@ -18,8 +18,8 @@ from fleet.store.base import ResultStore
 from schemas.jobs import JobRecord
 from schemas.wire import RequestMessage
 
-# Pairs that every end-to-end test runs over. "kafka+redis" joins when the Kafka broker lands.
-PAIRS = ["memory", "nats+redis"]
+# Pairs that every end-to-end test runs over.
+PAIRS = ["memory", "nats+redis", "kafka+redis"]
 
 TEST_SETTINGS: dict[str, Any] = {
     "ack_wait_s": 2.0,

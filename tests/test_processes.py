@@ -1,4 +1,4 @@
-"""Real `fleet` processes on NATS JetStream + Redis: crashes, graceful drain, raw producers, the CLI."""
+"""Real `fleet` processes on NATS JetStream or Kafka, with Redis: crashes, graceful drain, raw producers, the CLI."""
 
 from __future__ import annotations
 
@@ -25,20 +25,40 @@ pytestmark = pytest.mark.slow
 WORKER = "tests.handlers_for_tests:Items"
 
 
+@pytest.fixture(params=["nats", "kafka"])
+def urls(request: pytest.FixtureRequest, redis_url: str) -> dict[str, str]:
+    """A real broker of each kind, with Redis."""
+    kind = request.param
+    return {"kind": kind, "broker": request.getfixturevalue(f"{kind}_url"), "redis": redis_url}
+
+
 @pytest.fixture
-def urls(nats_url: str, redis_url: str) -> dict[str, str]:
-    return {"nats": nats_url, "redis": redis_url}
+def nats_urls(nats_url: str, redis_url: str) -> dict[str, str]:
+    return {"kind": "nats", "broker": nats_url, "redis": redis_url}
+
+
+@contextlib.asynccontextmanager
+async def pair_for(urls: dict[str, str]):
+    settings = settings_for(f"{urls['kind']}+redis", {urls["kind"]: urls["broker"], "redis": urls["redis"]})
+    async with connected_pair(settings) as pair:
+        yield pair
 
 
 @pytest.fixture
 async def infra(urls):
-    async with connected_pair(settings_for("nats+redis", urls)) as pair:
+    async with pair_for(urls) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def nats_infra(nats_urls):
+    async with pair_for(nats_urls) as pair:
         yield pair
 
 
 def worker_env(urls: dict[str, str], model: str, **extra: str) -> dict[str, str]:
     return {
-        "FLEET_BROKER_URL": urls["nats"],
+        "FLEET_BROKER_URL": urls["broker"],
         "FLEET_STORE_URL": urls["redis"],
         "FLEET_TEST_MODEL_NAME": model,
         "FLEET_ACK_WAIT_S": "2",
@@ -115,12 +135,15 @@ async def test_sigterm_drains_the_batch_in_flight(infra, urls, unique, tmp_path:
     assert lag == sum(1 for r in after.values() if r is None or not r.terminal)
 
 
-async def test_a_raw_nats_py_producer_following_the_documented_schema_is_served(infra, urls, unique, tmp_path) -> None:
-    _, store = infra
+async def test_a_raw_nats_py_producer_following_the_documented_schema_is_served(
+    nats_infra, nats_urls, unique, tmp_path
+) -> None:
+    _, store = nats_infra
+    urls = nats_urls
     model = f"raw-{unique}"
     env = worker_env(urls, model)
     with fleet_process("worker", "--model", WORKER, env=env, log=tmp_path / "w.log"):
-        nc = await nats.connect(urls["nats"])
+        nc = await nats.connect(urls["broker"])
         try:
             js = nc.jetstream()
             await eventually(lambda: _stream_ready(js, model), timeout_s=60, what="the worker's stream")
@@ -154,7 +177,7 @@ async def test_fleet_publish_sends_a_jsonl_file_and_reports_bad_lines(infra, url
     lines = [json.dumps({"value": i}) for i in range(20)] + ['{"value": "x"}', "not json"]
     source = tmp_path / "inputs.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    env = {"FLEET_BROKER_URL": urls["nats"], "FLEET_TEST_MODEL_NAME": model}
+    env = {"FLEET_BROKER_URL": urls["broker"], "FLEET_TEST_MODEL_NAME": model}
     result = await asyncio.to_thread(run_fleet, "publish", "--model", WORKER, str(source), env=env)
     assert result.returncode == 1, result.stderr
     ids = result.stdout.split()

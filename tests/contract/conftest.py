@@ -15,7 +15,7 @@ from fleet.brokers.base import Broker
 from fleet.settings import FleetSettings
 
 # The one list of broker kinds the contract runs on; append "kafka" once tests/conftest.py has `kafka_url`.
-BROKER_KINDS = ["memory", "nats"]
+BROKER_KINDS = ["memory", "nats", "kafka"]
 # Kinds that talk to a server over the network (a closed port must fail fast).
 NETWORK_KINDS = [kind for kind in BROKER_KINDS if kind != "memory"]
 # Kinds that deliver one subject first-in first-out to a single consumer.
