@@ -157,8 +157,8 @@ class Worker:
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(self._fetch_task), IDLE_FETCH_TIMEOUT_S + 1)
         self._fetch_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._fetch_task
+        # Bounded: a client library that swallows the cancellation must not hang the shutdown.
+        await asyncio.wait({self._fetch_task}, timeout=2.0)
 
     async def _release_queued(self) -> None:
         while not self._queue.empty():

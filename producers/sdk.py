@@ -38,7 +38,7 @@ from fleet.errors import (
 )
 from schemas.jobs import JobRecord, JobState
 
-LONG_POLL_STEP_S = 20.0  # below the gateway's default max_long_poll_s (60 s)
+DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
 
 class GatewayError(FleetError):
@@ -113,11 +113,20 @@ class FleetClient:
         timeout_s: timeout of each HTTP request (long-polls add their wait to it) and of opening a WebSocket.
         transport: an ``httpx.AsyncBaseTransport`` for the REST calls (tests pass ``httpx.ASGITransport``);
             ``subscribe`` always opens a real WebSocket to ``base_url``.
+        long_poll_s: the longest single long-poll ``wait`` makes; at most the gateway's ``max_long_poll_s``.
     """
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 30,
+        transport: httpx.AsyncBaseTransport | None = None,
+        long_poll_s: float = DEFAULT_LONG_POLL_S,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.long_poll_s = long_poll_s
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
 
     async def __aenter__(self) -> FleetClient:
@@ -192,7 +201,7 @@ class FleetClient:
         deadline = time.monotonic() + timeout_s
         while True:
             remaining_s = deadline - time.monotonic()
-            step_s = min(LONG_POLL_STEP_S, remaining_s)
+            step_s = min(self.long_poll_s, remaining_s)
             if step_s <= 0.001:
                 record = await self.get(job_id)
             else:

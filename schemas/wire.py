@@ -24,7 +24,7 @@ class RequestMessage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    v: Literal[1] = Field(WIRE_VERSION, description="wire format version")
+    v: Literal[1] = Field(1, description="wire format version (WIRE_VERSION)")
     job_id: str = Field(pattern=JOB_ID_PATTERN, description="unique id chosen by the producer (uuid4 hex is fine)")
     model: str = Field(description="model name; must match the subject's model")
     input: dict[str, Any] = Field(description="model input; must match the model's input schema")

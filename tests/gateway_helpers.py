@@ -31,7 +31,8 @@ from schemas.models import BUILTIN_SPECS, ModelSpec
 from schemas.wire import RequestMessage
 from tests import services
 
-FAST_LIMITS = GatewayLimits(publish_timeout_s=1.5, store_timeout_s=1.5, ping_timeout_s=1.0, ws_wait_chunk_s=1.0)
+# Short waits so that tests cross a WebSocket wait step (ws_wait_chunk_s) and see timeouts quickly.
+FAST_LIMITS = GatewayLimits(publish_timeout_s=1.5, store_timeout_s=1.5, ping_timeout_s=1.0, ws_wait_chunk_s=0.2)
 
 
 def __getattr__(name: str) -> ModelSpec:

@@ -168,8 +168,8 @@ def test_error_types_map_to_exceptions(status: int, error: dict[str, Any], exc_t
     assert exc.retriable == (status >= 500)
 
 
-async def test_wait_returns_when_the_job_ends_during_a_long_poll(mgateway: Gateway) -> None:
-    async with mgateway.client() as fleet:
+async def test_wait_long_polls_in_steps_until_the_job_ends(mgateway: Gateway) -> None:
+    async with mgateway.client(long_poll_s=0.2) as fleet:
         job_id = await fleet.submit(mgateway.echo, {"slow": True})
 
         async def finish_later() -> None:

@@ -73,11 +73,8 @@ async def readyz(state: GatewayState = Depends(gateway_state)) -> Response:
     timeout_s = state.limits.ping_timeout_s
     broker, store = await asyncio.gather(_probe(state.broker.ping(), timeout_s), _probe(state.store.ping(), timeout_s))
     checks = {"broker": broker, "store": store}
-    failing = [
-        f"{name} ({state.broker.scheme if name == 'broker' else state.store.scheme}): {why}"
-        for name, why in checks.items()
-        if why != "ok"
-    ]
+    schemes = {"broker": state.broker.scheme, "store": state.store.scheme}
+    failing = [f"{name} ({schemes[name]}): {why}" for name, why in checks.items() if why != "ok"]
     if failing:
         return error_response(503, "not_ready", "not ready: " + "; ".join(failing), checks)
     return JSONResponse(Readiness(status="ready", **checks).model_dump())
