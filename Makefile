@@ -8,6 +8,9 @@ up:
 test:
 	bash scripts/test.sh
 
+venv:
+	bash scripts/venv.sh
+
 lint: venv
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
 

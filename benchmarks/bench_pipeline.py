@@ -1,10 +1,18 @@
-"""(a) echo throughput through the fleet over NATS vs a raw nats-py JetStream publish + fetch + ack loop, and
-(d) end-to-end p50/p99 latency through the fleet at about 70 % of its saturation throughput.
+"""(a) echo throughput through the fleet vs the broker's raw client doing the same delivery work, on NATS and on
+Kafka, and (d) end-to-end p50/p99 latency through the fleet at about 70 % of its saturation throughput.
 
-    python -m benchmarks.bench_pipeline [--messages 20000] [--batch 64]
+    python -m benchmarks.bench_pipeline [--brokers nats,kafka] [--messages 20000] [--batch 64]
 
-Both sides run in this one process, on the same NATS server, with the same payloads, batch size and number of
-publishes in flight; the fleet side also moves every job to running and writes its result to Redis before acking.
+The raw loops are the honest equivalent of what the fleet asks of each broker:
+
+* NATS: a nats-py JetStream publish (with ``Nats-Msg-Id``) + pull fetch + ack per message.
+* Kafka: an aiokafka idempotent producer (``acks=all``) awaiting each send, keyed by job id, and a consumer-group
+  member that commits once per fetched batch, on a topic with as many partitions as Fleet's request topic.
+
+Both sides run in this one process, on the same server, with the same payloads, batch size and number of publishes
+in flight; the fleet side also moves every job to running and writes its result to Redis before acking. A single
+fleet run with the in-memory store shows what the broker path alone reaches (the gap to (a) is the Redis store).
+Services come from FLEET_BENCH_{NATS,KAFKA,REDIS}_URL or are started locally as in the tests.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import uuid
 from typing import Any
 
 import nats
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from benchmarks.common import Timer, best_of, percentiles_ms, services, show, write_results
 from consumers.handlers import with_name as renamed
@@ -25,10 +35,15 @@ from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.brokers.kafka_names import bootstrap_servers
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from producers.publish import publish_all
 from schemas.wire import RequestMessage
+
+BROKERS = ("nats", "kafka")
+BROKER_TITLES = {"nats": "NATS JetStream", "kafka": "Kafka"}
+RAW_TITLES = {"nats": "raw nats-py pub+fetch+ack msgs/s", "kafka": "raw aiokafka prod+consume+commit msgs/s"}
 
 
 def requests_for(model: str, n: int) -> list[RequestMessage]:
@@ -68,6 +83,61 @@ async def raw_jetstream(nats_url: str, n: int, batch: int, concurrency: int) -> 
     await js.delete_stream(stream)
     await nc.close()
     return n / t.seconds
+
+
+async def raw_kafka(kafka_url: str, n: int, batch: int, concurrency: int, partitions: int) -> float:
+    """Messages per second of a bare aiokafka idempotent producer + consumer-group member committing per batch."""
+    bootstrap = bootstrap_servers(kafka_url)
+    token = uuid.uuid4().hex[:8]
+    topic = f"raw.{token}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic, partitions, 1)])
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"raw-{token}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+    )
+    await producer.start()
+    await consumer.start()
+    while not consumer.assignment():  # join the group first, as a fleet worker does before taking work
+        await consumer.getmany(timeout_ms=100)
+    messages = requests_for("raw", n)
+    slots = asyncio.Semaphore(concurrency)
+
+    async def produce_one(message: RequestMessage) -> None:
+        async with slots:
+            sent = await producer.send(topic, message.model_dump_json().encode(), key=message.job_id.encode())
+            await sent
+
+    async def consume() -> None:
+        done = 0
+        while done < n:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=batch)
+            got = sum(len(records) for records in batches.values())
+            if got:
+                await consumer.commit()
+                done += got
+
+    try:
+        with Timer() as t:
+            await asyncio.gather(consume(), *(produce_one(m) for m in messages))
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        await admin.delete_topics([topic])
+        await admin.close()
+    return n / t.seconds
+
+
+async def raw_loop(kind: str, settings: FleetSettings, n: int, batch: int, concurrency: int) -> float:
+    if kind == "kafka":
+        return await raw_kafka(settings.broker_url, n, batch, concurrency, settings.kafka_partitions)
+    return await raw_jetstream(settings.broker_url, n, batch, concurrency)
 
 
 async def fleet_echo(settings: FleetSettings, n: int, concurrency: int) -> tuple[float, FleetSettings]:
@@ -122,46 +192,82 @@ async def latency_at(settings: FleetSettings, rate_per_s: float, duration_s: flo
     return {"rate_per_s": rate_per_s, "jobs": len(sent), "completed": len(latencies), **percentiles_ms(latencies)}
 
 
-async def main(args: argparse.Namespace) -> None:
-    with services() as urls:
-        settings = FleetSettings(
-            broker_url=urls["nats"], store_url=urls["redis"], max_batch=args.batch, max_wait_ms=args.max_wait_ms
-        )
-        raw_runs, fleet_runs = [], []
-        for _ in range(args.repeats):
-            raw_runs.append(await raw_jetstream(urls["nats"], args.messages, args.batch, args.concurrency))
-            fleet_runs.append((await fleet_echo(settings, args.messages, args.concurrency))[0])
-        raw, fleet = best_of(raw_runs), best_of(fleet_runs)
-        latency = await latency_at(settings, 0.7 * fleet, args.latency_seconds)
-    ratio = fleet / raw
-    results = {
-        "a_echo_over_nats": {
+async def compare(kind: str, urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """(a) and (d) on one broker: interleaved raw and fleet runs (best of each), then latency at 70 % of (a)."""
+    settings = FleetSettings(
+        broker_url=urls[kind], store_url=urls["redis"], max_batch=args.batch, max_wait_ms=args.max_wait_ms
+    )
+    await raw_loop(kind, settings, max(1000, args.messages // 10), args.batch, args.concurrency)  # warm the server
+    raw_runs, fleet_runs = [], []
+    for _ in range(args.repeats):
+        raw_runs.append(await raw_loop(kind, settings, args.messages, args.batch, args.concurrency))
+        fleet_runs.append((await fleet_echo(settings, args.messages, args.concurrency))[0])
+    in_memory = settings.model_copy(update={"store_url": "memory://"})
+    broker_path = (await fleet_echo(in_memory, args.messages, args.concurrency))[0]
+    raw, fleet = best_of(raw_runs), best_of(fleet_runs)
+    latency = await latency_at(settings, 0.7 * fleet, args.latency_seconds)
+    return {
+        "a": {
             "fleet_jobs_per_s": fleet,
-            "raw_nats_msgs_per_s": raw,
-            "ratio": ratio,
+            "raw_msgs_per_s": raw,
+            "ratio": fleet / raw,
             "target": 0.5,
             "fleet_runs": fleet_runs,
             "raw_runs": raw_runs,
+            "fleet_memory_store_jobs_per_s": broker_path,
+            "memory_store_ratio": broker_path / raw,
         },
-        "d_latency_at_70pct": {**latency, "p99_over_p50": latency["p99_ms"] / latency["p50_ms"]},
-        "params": vars(args),
+        "d": {**latency, "p99_over_p50": latency["p99_ms"] / latency["p50_ms"]},
     }
-    show(
-        "Fleet pipeline over NATS JetStream + Redis",
-        [
-            ("(a) fleet echo jobs/s", f"{fleet:,.0f}", ""),
-            ("(a) raw nats-py publish+fetch+ack msgs/s", f"{raw:,.0f}", ""),
-            ("(a) ratio fleet / raw", f"{ratio:.2f}", ">= 0.5"),
-            ("(d) offered load jobs/s (70 % of (a))", f"{latency['rate_per_s']:,.0f}", ""),
-            ("(d) p50 / p99 end-to-end ms", f"{latency['p50_ms']:.1f} / {latency['p99_ms']:.1f}", ""),
-        ],
-    )
-    print(json.dumps(results["a_echo_over_nats"] | {"d": results["d_latency_at_70pct"]}, default=str))
+
+
+def rows_for(kind: str, result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    a, d = result["a"], result["d"]
+    return [
+        (f"(a) {kind}: fleet echo jobs/s", f"{a['fleet_jobs_per_s']:,.0f}", ""),
+        (f"(a) {kind}: {RAW_TITLES[kind]}", f"{a['raw_msgs_per_s']:,.0f}", ""),
+        (f"(a) {kind}: ratio fleet / raw", f"{a['ratio']:.2f}", ">= 0.5"),
+        (
+            f"    {kind}: in-memory store jobs/s (ratio)",
+            f"{a['fleet_memory_store_jobs_per_s']:,.0f} ({a['memory_store_ratio']:.2f})",
+            "",
+        ),
+        (f"(d) {kind}: offered jobs/s (70 % of (a))", f"{d['rate_per_s']:,.0f}", ""),
+        (f"(d) {kind}: p50 / p99 end-to-end ms", f"{d['p50_ms']:.1f} / {d['p99_ms']:.1f}", ""),
+    ]
+
+
+async def main(args: argparse.Namespace) -> None:
+    kinds: list[str] = args.brokers
+    measured: dict[str, dict[str, Any]] = {}
+    with services(nats="nats" in kinds, kafka="kafka" in kinds) as urls:
+        for kind in kinds:
+            measured[kind] = await compare(kind, urls, args)
+    results: dict[str, Any] = {}
+    for kind, result in measured.items():
+        results[f"a_echo_over_{kind}"] = result["a"]
+        results[f"d_latency_at_70pct_over_{kind}"] = result["d"]
+    results["params"] = vars(args)
+    titles = " and ".join(BROKER_TITLES[k] for k in kinds)
+    show(f"Fleet pipeline over {titles}, Redis store", [row for k in kinds for row in rows_for(k, measured[k])])
+    for kind, result in measured.items():
+        print(json.dumps({"broker": kind, **result["a"], "d": result["d"]}, default=str))
     print(f"wrote {write_results('pipeline', results)}")
+
+
+def broker_list(value: str) -> list[str]:
+    kinds = [k.strip() for k in value.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(BROKERS))
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(BROKERS)}, got {value!r}")
+    return list(dict.fromkeys(kinds))
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--brokers", type=broker_list, default=list(BROKERS), help="comma-separated: nats,kafka (default both)"
+    )
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)

@@ -21,9 +21,11 @@ console = Console()
 
 
 @contextlib.contextmanager
-def services(nats: bool = True, redis: bool = True) -> Iterator[dict[str, str]]:
-    """NATS and Redis from FLEET_BENCH_NATS_URL / FLEET_BENCH_REDIS_URL, else started locally like the tests do."""
+def services(nats: bool = True, redis: bool = True, kafka: bool = False) -> Iterator[dict[str, str]]:
+    """NATS, Redis and Kafka from FLEET_BENCH_NATS_URL / FLEET_BENCH_REDIS_URL / FLEET_BENCH_KAFKA_URL, else started
+    locally like the tests do (Kafka: a single KRaft node, see ``tests/kafka_service.py``)."""
     from tests import services as svc
+    from tests.kafka_service import kafka_server
 
     with contextlib.ExitStack() as stack:
         urls: dict[str, str] = {}
@@ -31,6 +33,8 @@ def services(nats: bool = True, redis: bool = True) -> Iterator[dict[str, str]]:
             urls["nats"] = os.environ.get("FLEET_BENCH_NATS_URL") or stack.enter_context(svc.nats_server())
         if redis:
             urls["redis"] = os.environ.get("FLEET_BENCH_REDIS_URL") or stack.enter_context(svc.redis_server())
+        if kafka:
+            urls["kafka"] = os.environ.get("FLEET_BENCH_KAFKA_URL") or stack.enter_context(kafka_server())
         yield urls
 
 

@@ -69,6 +69,7 @@ class FleetSettings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: int = Field(c.DEFAULT_MAX_BODY_BYTES, ge=1024)
     max_long_poll_s: float = Field(c.DEFAULT_MAX_LONG_POLL_S, gt=0)
+    lag_interval_s: float = Field(5.0, gt=0, description="how often the gateway refreshes the fleet_queue_lag gauge")
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

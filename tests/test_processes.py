@@ -9,6 +9,7 @@ import json
 import signal
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 import redis.asyncio as aioredis
@@ -19,6 +20,7 @@ from fleet.store.base import ResultStore
 from schemas.jobs import JobState
 from tests.infra import connected_pair, eventually, publish_requests, settings_for, wait_terminal
 from tests.processes import fleet_process, run_fleet, stop
+from tests.services import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -142,7 +144,9 @@ async def test_a_raw_nats_py_producer_following_the_documented_schema_is_served(
     urls = nats_urls
     model = f"raw-{unique}"
     env = worker_env(urls, model)
-    with fleet_process("worker", "--model", WORKER, env=env, log=tmp_path / "w.log"):
+    metrics_port = free_port()
+    argv = ("worker", "--model", WORKER, "--metrics-port", str(metrics_port))
+    with fleet_process(*argv, env=env, log=tmp_path / "w.log"):
         nc = await nats.connect(urls["broker"])
         try:
             js = nc.jetstream()
@@ -160,7 +164,10 @@ async def test_a_raw_nats_py_producer_following_the_documented_schema_is_served(
         finally:
             await nc.close()
         records = await wait_terminal(store, [f"{unique}-{i}" for i in range(3)], timeout_s=30)
+        async with httpx.AsyncClient() as http:
+            scraped = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
     assert [records[f"{unique}-{i}"].output["value"] for i in range(3)] == [0, 2, 4]
+    assert f'fleet_worker_items_total{{model="{model}",outcome="succeeded"}} 3.0' in scraped
 
 
 async def _stream_ready(js, model: str) -> bool:

@@ -146,9 +146,9 @@ class KafkaBroker:
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
             await admin.close()
+            reason = f"no answer within {self._connect_timeout_s}s" if isinstance(exc, TimeoutError) else str(exc)
             raise BrokerUnavailable(
-                f"cannot reach Kafka at {self.url} within {self._connect_timeout_s}s ({exc!r}): "
-                "is the broker running and is the URL right?"
+                f"cannot reach Kafka at {self.url} ({reason}): is the broker running and is the URL right?"
             ) from exc
         self._admin, self._producer = admin, producer
         log.info("connected to Kafka at %s", self.url)
@@ -191,13 +191,26 @@ class KafkaBroker:
     # -- topics -----------------------------------------------------------------------------------------------
 
     async def ensure_model(self, model: str) -> None:
-        """Create the model's request topic (``kafka_partitions``) and dead-letter topic, and the events topic."""
+        """Create the model's request topic (``kafka_partitions``) and dead-letter topic, and the events topic.
+
+        With ``kafka_auto_create`` off nothing is created: a ``ConfigError`` names every missing topic and the
+        ``kafka-topics.sh`` command that creates it.
+        """
         if not c.MODEL_NAME_RE.match(model):
             raise ConfigError(f"model name {model!r} must match {c.MODEL_NAME_RE.pattern}")
-        request_topic = topic_for(c.request_subject(model))
-        await self._ensure_topic(request_topic, self.settings.kafka_partitions)
-        await self._ensure_topic(topic_for(c.dlq_subject(model)), 1)
-        await self._ensure_topic(EVENTS_TOPIC, 1)
+        wanted = {
+            topic_for(c.request_subject(model)): self.settings.kafka_partitions,
+            topic_for(c.dlq_subject(model)): 1,
+            EVENTS_TOPIC: 1,
+        }
+        if not self.settings.kafka_auto_create:  # name every missing topic at once, not one per restart
+            missing = {
+                t: p for t, p in wanted.items() if t not in self._topics and await self._partition_count(t) is None
+            }
+            if missing:
+                raise self._missing_topics(missing)
+        for topic, partitions in wanted.items():
+            await self._ensure_topic(topic, partitions)
 
     async def _ensure_topic(self, topic: str, partitions: int = 1) -> None:
         if topic in self._topics:
@@ -205,15 +218,24 @@ class KafkaBroker:
         found = await self._partition_count(topic)
         if found is None:
             if not self.settings.kafka_auto_create:
-                raise ConfigError(
-                    f"Kafka topic {topic!r} does not exist on {self.url} and kafka_auto_create is off: create it "
-                    f"(kafka-topics.sh --create --topic {topic} --partitions {partitions}) "
-                    "or set FLEET_KAFKA_AUTO_CREATE=true"
-                )
+                raise self._missing_topics({topic: partitions})
             await self._create_topic(topic, partitions)
         elif found < partitions:
             log.warning("Kafka topic %r has %d partitions, fewer than the %d configured", topic, found, partitions)
         self._topics.add(topic)
+
+    def _missing_topics(self, missing: dict[str, int]) -> ConfigError:
+        names = ", ".join(repr(t) for t in missing)
+        them, verb = ("them", "do not exist") if len(missing) > 1 else ("it", "does not exist")
+        bootstrap = ",".join(self._bootstrap)
+        commands = "; ".join(
+            f"kafka-topics.sh --bootstrap-server {bootstrap} --create --topic {t} --partitions {p}"
+            for t, p in missing.items()
+        )
+        return ConfigError(
+            f"Kafka topic{'s' if len(missing) > 1 else ''} {names} {verb} on {self.url} and kafka_auto_create is "
+            f"off: create {them} ({commands}) or set FLEET_KAFKA_AUTO_CREATE=true"
+        )
 
     async def _partition_count(self, topic: str) -> int | None:
         try:

@@ -95,6 +95,9 @@ def worker(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (env FLEET_DEVICE)")] = None,
     slowness: Annotated[float | None, typer.Option(help="service-time factor of the sleep model")] = None,
     worker_id: Annotated[str | None, typer.Option(help="stable id for heartbeats and logs")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port (/metrics)")
+    ] = None,
     log_level: LogLevel = None,
 ) -> None:
     """Serve one model: pull micro-batches, compute, store results, ack. SIGTERM drains gracefully."""
@@ -114,6 +117,10 @@ def worker(
         )
     from fleet.cli.compose import run_worker
 
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
     run(run_worker(settings, model, worker_id=worker_id), settings)
 
 

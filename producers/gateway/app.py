@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 
 from fleet.brokers.base import Broker
+from fleet.lag import LagMonitor
 from fleet.models import resolve_specs
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
@@ -89,6 +90,7 @@ def _lifespan(
             b, s = await _open_clients(stack, settings, broker, store)
             for name in specs:
                 await b.ensure_model(name)
+            await stack.enter_async_context(LagMonitor(b, specs, settings.lag_interval_s))
             app.state.gateway = GatewayState(settings, b, s, specs, limits)
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield

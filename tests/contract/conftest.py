@@ -14,7 +14,7 @@ from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.settings import FleetSettings
 
-# The one list of broker kinds the contract runs on; append "kafka" once tests/conftest.py has `kafka_url`.
+# The one list of broker kinds the contract runs on.
 BROKER_KINDS = ["memory", "nats", "kafka"]
 # Kinds that talk to a server over the network (a closed port must fail fast).
 NETWORK_KINDS = [kind for kind in BROKER_KINDS if kind != "memory"]

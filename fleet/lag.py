@@ -1,0 +1,63 @@
+"""Topic lag per model, read through the broker seam and exported as the Prometheus gauge ``fleet_queue_lag``.
+
+Lag is what the group has not finished: JetStream ``num_pending + num_ack_pending`` of the durable consumer,
+Kafka ``end offset - committed offset`` summed over partitions, the in-memory broker's waiting plus in-flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+
+from prometheus_client import Gauge
+
+from fleet import constants as c
+from fleet.brokers.base import Broker
+
+log = logging.getLogger(__name__)
+
+QUEUE_LAG = Gauge(
+    "fleet_queue_lag", "Requests not yet finished by the model's workers (waiting + in flight)", ["model"]
+)
+
+
+async def read_lag(broker: Broker, model: str) -> int:
+    return await broker.lag(c.request_subject(model), c.consumer_name(model))
+
+
+class LagMonitor:
+    """Refreshes ``fleet_queue_lag`` for ``models`` every ``interval_s``; ``async with`` starts and stops it."""
+
+    def __init__(self, broker: Broker, models: Iterable[str], interval_s: float = 5.0) -> None:
+        self.broker = broker
+        self.models = list(models)
+        self.interval_s = interval_s
+        self.last: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> dict[str, int]:
+        for model in self.models:
+            try:
+                self.last[model] = lag = await read_lag(self.broker, model)
+            except Exception as exc:
+                log.warning("lag of %s not read: %s", model, exc)
+                continue
+            QUEUE_LAG.labels(model).set(lag)
+        return dict(self.last)
+
+    async def _run(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.interval_s)
+
+    async def __aenter__(self) -> LagMonitor:
+        self._task = asyncio.create_task(self._run(), name="lag-monitor")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Every benchmark on this machine, side by side, ratios printed and JSON in benchmarks/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/services.sh
+bash scripts/venv.sh
+export PYTHONUNBUFFERED=1
+.venv/bin/python -m benchmarks.bench_pipeline "$@"
+.venv/bin/python -m benchmarks.bench_embed --infra nats
