@@ -32,8 +32,8 @@ from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.errors import BrokerError, FleetError, ModelError, StoreError
 from fleet.settings import FleetSettings
-from fleet.store.base import ResultStore
-from schemas.jobs import JobError, JobState
+from fleet.store.base import Finish, ResultStore, Start
+from schemas.jobs import JobError, JobRecord, JobState
 from schemas.wire import DeadLetter, Heartbeat
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,22 @@ class Worker:
         await self.stop()
 
     async def start(self) -> None:
-        """Load and warm up the model, then start taking work."""
-        self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
-        t0 = time.perf_counter()
-        await asyncio.to_thread(self.handler.load)
-        await asyncio.to_thread(self.handler.warmup)
-        log.info("worker %s: %s loaded and warmed up in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
-        await self.broker.ensure_model(self.model)
-        self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+        """Check the broker, load and warm up the model, then start taking work. On failure nothing is left running."""
+        try:
+            await self.broker.ensure_model(self.model)  # a broker misconfiguration surfaces before a slow load
+            self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self.handler.load)
+            await asyncio.to_thread(self.handler.warmup)
+            log.info("worker %s: %s ready in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
+            self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+        except BaseException:
+            for task in self._aux_tasks:
+                task.cancel()
+            await asyncio.gather(*self._aux_tasks, return_exceptions=True)
+            self._aux_tasks.clear()
+            self._stopped = True
+            raise
         self.state = "ready"
         self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
         self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
@@ -287,8 +295,8 @@ class Worker:
                 rejected.append(self._reject(job, error))
             else:
                 runnable.append(job)
-        started = await asyncio.gather(*(self._start(job) for job in runnable), *rejected)
-        return [job for job, ok in zip(runnable, started[: len(runnable)], strict=True) if ok]
+        started, *_ = await asyncio.gather(self._start_all(runnable), *rejected)
+        return started  # type: ignore[no-any-return]
 
     def _exhausted_error(self, job: Job) -> JobError | None:
         count = job.delivery.delivery_count
@@ -300,30 +308,47 @@ class Worker:
             "a worker probably crashed or timed out on it each time",
         )
 
-    async def _start(self, job: Job) -> bool:
-        """Mark the job running; settle it at once when it is already terminal or past its deadline."""
-        assert job.job_id is not None and job.request is not None
+    async def _start_all(self, jobs: list[Job]) -> list[Job]:
+        """Mark the jobs running in one store call; settle at once those already terminal or past their deadline."""
+        if not jobs:
+            return []
+        items = [Start(job.job_id or "", self.model, self.worker_id, job.delivery.delivery_count) for job in jobs]
         try:
-            record = await self.store.start(
-                job.job_id, model=self.model, worker_id=self.worker_id, deliveries=job.delivery.delivery_count
-            )
+            records = await self.store.start_many(items)
+        except StoreError as exc:
+            log.warning("worker %s: store unavailable (%s); handing %d messages back", self.worker_id, exc, len(jobs))
+            await asyncio.gather(*(self._nak_quietly(job.delivery) for job in jobs))
+            return []
+        runnable: list[Job] = []
+        settled: list[Any] = []
+        for job, record in zip(jobs, records, strict=True):
             if record.terminal:
-                log.debug("job %s already %s; acking without recomputing", job.job_id, record.state)
-                await self._ack(job, "duplicate")
-                return False
-            deadline = job.request.deadline or record.expires_at
-            if deadline is not None and time.time() > deadline:
-                error = JobError(type="expired", message="the job's deadline passed before a worker could start it")
-                await self.store.finish(
-                    job.job_id, JobState.expired, model=self.model, error=error, worker_id=self.worker_id
-                )
-                await self._ack(job, "expired")
-                return False
-        except (StoreError, BrokerError) as exc:
+                log.debug("job %s already %s; settling without recomputing", job.job_id, record.state)
+                settled.append(self._settle_terminal(job, record))
+            elif self._past_deadline(job, record):
+                settled.append(self._expire(job))
+            else:
+                runnable.append(job)
+        await asyncio.gather(*settled)
+        return runnable
+
+    @staticmethod
+    def _past_deadline(job: Job, record: JobRecord) -> bool:
+        deadline = (job.request.deadline if job.request else None) or record.expires_at
+        return deadline is not None and time.time() > deadline
+
+    async def _expire(self, job: Job) -> None:
+        assert job.job_id is not None
+        error = JobError(type="expired", message="the job's deadline passed before a worker could start it")
+        try:
+            await self.store.finish(
+                job.job_id, JobState.expired, model=self.model, error=error, worker_id=self.worker_id
+            )
+        except StoreError as exc:
             log.warning("job %s: store unavailable (%s); handing the message back", job.job_id, exc)
             await self._nak_quietly(job.delivery)
-            return False
-        return True
+            return
+        await self._ack(job, "expired")
 
     async def _predict(self, jobs: list[Job]) -> list[Any]:
         """Outputs (JSON-ready) or ``JobError`` per job; a failing batch is split until the bad item is alone."""
@@ -357,52 +382,78 @@ class Worker:
 
     # -- settling -------------------------------------------------------------------------------------------
     async def _settle_all(self, jobs: list[Job], results: list[Any]) -> None:
-        await asyncio.gather(*(self._settle(job, result) for job, result in zip(jobs, results, strict=True)))
-
-    async def _settle(self, job: Job, result: Any) -> None:
-        error = result if isinstance(result, JobError) else None
-        decision = decide(error, job.delivery.delivery_count, self.max_deliveries)
-        try:
-            if decision.action is Action.ack:
-                assert job.job_id is not None
-                await self.store.finish(
-                    job.job_id, JobState.succeeded, model=self.model, output=result, worker_id=self.worker_id
-                )
-                await self._ack(job, "succeeded")
-            elif decision.action is Action.retry:
+        """Write every terminal result of a batch in one store call, then ack or dead-letter; retry the rest."""
+        final: list[tuple[Job, Any]] = []
+        retries: list[Any] = []
+        for job, result in zip(jobs, results, strict=True):
+            error = result if isinstance(result, JobError) else None
+            decision = decide(error, job.delivery.delivery_count, self.max_deliveries)
+            if decision.action is Action.retry:
                 assert error is not None
-                log.info(
-                    "job %s failed (%s), delivery %d; retrying in %.1fs",
-                    job.job_id,
-                    error.message,
-                    job.delivery.delivery_count,
-                    decision.delay_s,
-                )
-                self.stats.failures += 1
-                metrics.ITEMS.labels(self.model, "retried").inc()
-                self._forget(job.delivery)
-                await job.delivery.nak(decision.delay_s)
+                retries.append(self._retry(job, error, decision.delay_s))
             else:
-                assert error is not None
-                await self._dead_letter(job, error)
-        except (StoreError, BrokerError) as exc:
-            log.warning("job %s: result not stored (%s); handing the message back", job.job_id, exc)
-            await self._nak_quietly(job.delivery)
+                final.append((job, result))
+        await asyncio.gather(*retries)
+        if not final:
+            return
+        try:
+            stored = await self.store.finish_many([self._outcome(job, result) for job, result in final])
+        except StoreError as exc:
+            log.warning("worker %s: results not stored (%s); handing %d messages back", self.worker_id, exc, len(final))
+            await asyncio.gather(*(self._nak_quietly(job.delivery) for job, _ in final))
+            return
+        await asyncio.gather(
+            *(self._settle_terminal(job, record, won) for (job, _), (won, record) in zip(final, stored, strict=True))
+        )
+
+    async def _settle_terminal(self, job: Job, record: JobRecord, won: bool = False) -> None:
+        """Settle a message whose job ended, maybe elsewhere. A ``failed`` job (re)sends its dead letter first:
+        its earlier publish may not have happened, and the dead letter's message id de-duplicates a repeat."""
+        if record.state is JobState.failed and record.error is not None:
+            await self._send_dead_letter(job, record.error)
+        else:
+            await self._ack(job, "succeeded" if won else "duplicate")
+
+    def _outcome(self, job: Job, result: Any) -> Finish:
+        assert job.job_id is not None
+        if isinstance(result, JobError):
+            return Finish(job.job_id, JobState.failed, self.model, error=result, worker_id=self.worker_id)
+        return Finish(job.job_id, JobState.succeeded, self.model, output=result, worker_id=self.worker_id)
+
+    async def _retry(self, job: Job, error: JobError, delay_s: float) -> None:
+        log.info(
+            "job %s failed (%s), delivery %d; retrying in %.1fs",
+            job.job_id,
+            error.message,
+            job.delivery.delivery_count,
+            delay_s,
+        )
+        self.stats.failures += 1
+        metrics.ITEMS.labels(self.model, "retried").inc()
+        self._forget(job.delivery)
+        try:
+            await job.delivery.nak(delay_s)
+        except BrokerError as exc:
+            log.warning("job %s: nak not confirmed (%s); it returns after the ack wait", job.job_id, exc)
 
     async def _reject(self, job: Job, error: JobError) -> None:
+        """A message that must not run: store 'failed' (when it has a job id), then dead-letter it."""
+        if job.job_id is None:
+            await self._send_dead_letter(job, error)
+            return
         try:
-            await self._dead_letter(job, error)
-        except (StoreError, BrokerError) as exc:
-            log.warning("job %s: could not dead-letter (%s); handing the message back", job.job_id, exc)
-            await self._nak_quietly(job.delivery)
-
-    async def _dead_letter(self, job: Job, error: JobError) -> None:
-        """Store 'failed', publish to the dead-letter subject, then settle. Store before publish before ack."""
-        self.stats.failures += 1
-        if job.job_id is not None:
-            await self.store.finish(
+            won, record = await self.store.finish(
                 job.job_id, JobState.failed, model=self.model, error=error, worker_id=self.worker_id
             )
+        except StoreError as exc:
+            log.warning("job %s: could not store its failure (%s); handing it back", job.job_id, exc)
+            await self._nak_quietly(job.delivery)
+            return
+        await self._settle_terminal(job, record, won)
+
+    async def _send_dead_letter(self, job: Job, error: JobError) -> None:
+        """Publish to the dead-letter subject, then settle; the failure is already stored."""
+        self.stats.failures += 1
         letter = DeadLetter(
             job_id=job.job_id,
             model=self.model,
@@ -417,16 +468,25 @@ class Worker:
         headers = {c.HEADER_ERROR: error.type, c.HEADER_MODEL: self.model}
         if job.job_id:
             headers[c.HEADER_JOB_ID] = job.job_id
-        await self.broker.publish(
-            c.dlq_subject(self.model), letter.model_dump_json().encode(), msg_id=msg_id, headers=headers
-        )
-        self._forget(job.delivery)
-        await job.delivery.term()
+        try:
+            await self.broker.publish(
+                c.dlq_subject(self.model), letter.model_dump_json().encode(), msg_id=msg_id, headers=headers
+            )
+            self._forget(job.delivery)
+            await job.delivery.term()
+        except BrokerError as exc:
+            log.warning("job %s: dead letter not published (%s); handing the message back", job.job_id, exc)
+            await self._nak_quietly(job.delivery)
+            return
         metrics.ITEMS.labels(self.model, "dead_lettered").inc()
 
     async def _ack(self, job: Job, outcome: str) -> None:
+        """Settle a message whose result is stored. A lost ack only means a redelivery, acked as a duplicate."""
         self._forget(job.delivery)
-        await job.delivery.ack()
+        try:
+            await job.delivery.ack()
+        except BrokerError as exc:
+            log.warning("job %s: ack not confirmed (%s); a redelivery will be acked as a duplicate", job.job_id, exc)
         metrics.ITEMS.labels(self.model, outcome).inc()
 
     def _forget(self, delivery: Delivery) -> None:

@@ -40,6 +40,8 @@ from schemas.jobs import JobRecord, JobState
 
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
+SUBSCRIBE_IDS_PER_FRAME = 100  # the gateway's default ws_max_ids_per_frame
+
 
 class GatewayError(FleetError):
     """An error answer that has no more specific exception (conflicts, server errors...)."""
@@ -259,7 +261,9 @@ class FleetClient:
         url = ws_url(self.base_url, "/v1/ws")
         try:
             async with ws_connect(url, open_timeout=self.timeout_s) as websocket:
-                await websocket.send(json.dumps({"subscribe": sorted(pending)}))
+                ids = sorted(pending)
+                for start in range(0, len(ids), SUBSCRIBE_IDS_PER_FRAME):
+                    await websocket.send(json.dumps({"subscribe": ids[start : start + SUBSCRIBE_IDS_PER_FRAME]}))
                 while pending:
                     remaining_s = None if deadline is None else max(0.0, deadline - time.monotonic())
                     try:

@@ -1,5 +1,5 @@
-"""Helpers of the gateway and SDK tests: per-test model names, a test double of the worker, a gateway served by
-a real uvicorn server on a free port, and a private nats-server that a test may stop.
+"""Helpers of the gateway and SDK tests: per-test model names, the real worker with a record of what it took, a
+gateway served by a real uvicorn server on a free port, and a private nats-server that a test may stop.
 
 Model names: ``tests.gateway_helpers:echo_<token>`` resolves (through the module ``__getattr__``) to the built-in
 echo spec renamed ``echo-<token>``, so each test serves its own subjects and consumer groups.
@@ -21,14 +21,14 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from fleet import constants as c
-from fleet.brokers.base import Broker, Delivery, Subscription
+from consumers.handlers import with_name
+from consumers.handlers.echo import EchoHandler
+from consumers.worker import Worker
+from fleet.brokers.base import Broker, Delivery
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from producers.gateway import GatewayLimits, create_app
-from schemas.jobs import JobState
 from schemas.models import BUILTIN_SPECS, ModelSpec
-from schemas.wire import RequestMessage
 from tests import services
 
 # Short waits so that tests cross a WebSocket wait step (ws_wait_chunk_s) and see timeouts quickly.
@@ -47,55 +47,64 @@ def model_refs(unique: str, *bases: str) -> tuple[list[str], list[str]]:
     return [f"tests.gateway_helpers:{b}_{unique}" for b in bases], [f"{b}-{unique}" for b in bases]
 
 
+WORKER_ID = "gateway-test-worker"
+WORKER_SETTINGS = FleetSettings.model_validate({"ack_wait_s": 5, "heartbeat_interval_s": 0.5, "drain_timeout_s": 5})
+
+
+class _RecordingWorker(Worker):
+    """The real worker, also keeping every delivery it took (for assertions on the wire format)."""
+
+    def __init__(self, *args: Any, seen: list[Delivery], progress: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen = seen
+        self.progress = progress
+
+    async def _run_batch(self, batch: list[Delivery]) -> None:
+        await super()._run_batch(batch)
+        self.seen.extend(batch)
+        self.progress.set()
+
+
 @dataclass
 class FakeWorker:
-    """Test double of the worker: pulls one model's requests, moves each job to running, succeeds it with its input
-    as output and acks. ``seen`` keeps each delivery for assertions on the wire format."""
+    """The real ``consumers.worker.Worker`` serving the echo model under a per-test name. ``seen`` keeps each
+    delivery it took; ``handled(n)`` waits until n deliveries were taken and every result is stored and acked.
+    (The name is historical: this used to be a test double; the gateway tests now run the real worker.)"""
 
     broker: Broker
     store: ResultStore
     model: str
     seen: list[Delivery] = field(default_factory=list)
-    _sub: Subscription | None = None
-    _task: asyncio.Task[None] | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
-    _stopping: bool = False
+    _worker: _RecordingWorker | None = None
 
     async def handled(self, count: int = 1, timeout_s: float = 10) -> None:
-        """Wait until the worker has handled ``count`` deliveries."""
+        """Wait until the worker has taken ``count`` deliveries and settled them."""
+        assert self._worker is not None
         async with asyncio.timeout(timeout_s):
-            while len(self.seen) < count:
+            while len(self.seen) < count or self._worker._settling:
                 self._progress.clear()
-                await self._progress.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._progress.wait(), 0.05)
 
     async def __aenter__(self) -> FakeWorker:
-        self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
-        self._task = asyncio.create_task(self._loop())
+        handler = with_name(EchoHandler, self.model)()
+        self._worker = _RecordingWorker(
+            handler,
+            self.broker,
+            self.store,
+            settings=WORKER_SETTINGS,
+            worker_id=WORKER_ID,
+            max_wait_ms=2,
+            seen=self.seen,
+            progress=self._progress,
+        )
+        await self._worker.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        # Stop between fetches rather than cancel, so no job is left half-handled (started, not acked).
-        assert self._task is not None and self._sub is not None
-        self._stopping = True
-        try:
-            await asyncio.wait_for(self._task, 10)
-        finally:
-            await self._sub.close()
-
-    async def _loop(self) -> None:
-        assert self._sub is not None
-        while not self._stopping:
-            for delivery in await self._sub.fetch(16, 0.1):
-                await self._handle(delivery)
-
-    async def _handle(self, delivery: Delivery) -> None:
-        message = RequestMessage.model_validate_json(delivery.data)
-        job = message.job_id
-        await self.store.start(job, model=self.model, worker_id="fake", deliveries=delivery.delivery_count)
-        await self.store.finish(job, JobState.succeeded, model=self.model, output=message.input, worker_id="fake")
-        await delivery.ack()
-        self.seen.append(delivery)
-        self._progress.set()
+        assert self._worker is not None
+        await self._worker.stop()
 
 
 @contextlib.asynccontextmanager

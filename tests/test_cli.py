@@ -36,7 +36,8 @@ def test_schemas_export_writes_the_wire_format(tmp_path: Path) -> None:
     ("args", "env", "expected"),
     [
         (["worker", "--model", "echo", "--broker", "amqp://x"], {}, "scheme 'amqp'"),
-        (["worker", "--model", "echo"], {}, "needs a real broker"),
+        (["worker", "--model", "echo"], {}, "needs a real broker and store"),
+        (["worker", "--model", "echo", "--broker", "nats://127.0.0.1:4222"], {}, "--store redis://"),
         (["worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--max-batch", "0"], {}, "max_batch"),
         (["up", "--port", "99999"], {}, "port"),
         (["up"], {"FLEET_MAX_WAIT_MS": "5000", "FLEET_ACK_WAIT_S": "2"}, "max_wait_ms"),
@@ -52,7 +53,7 @@ def test_bad_configuration_is_refused_with_a_clear_message(args: list[str], env:
 
 
 def test_an_unreachable_broker_fails_fast_with_its_url() -> None:
-    result = run_fleet("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "memory://")
+    result = run_fleet("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
     assert result.returncode == 1
     assert "127.0.0.1:1" in result.stderr and "Traceback" not in result.stderr
 
@@ -77,3 +78,20 @@ def test_fleet_up_serves_echo_and_embed_over_rest(tmp_path: Path) -> None:
             assert http.get("/docs").status_code == 200
             assert "fleet_worker_items_total" in http.get("/metrics").text
         assert stop(proc, signal.SIGINT) == 0, log.read_text()[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["nats", "kafka"])
+def test_fleet_up_on_real_infrastructure(kind: str, request: pytest.FixtureRequest, redis_url: str, tmp_path) -> None:
+    broker_url = request.getfixturevalue(f"{kind}_url")
+    port = free_port()
+    log = tmp_path / "up.log"
+    base = f"http://127.0.0.1:{port}"
+    args = ("up", "--port", str(port), "--models", "echo", "--broker", broker_url, "--store", redis_url)
+    with fleet_process(*args, log=log) as proc:
+        wait_http_ready(f"{base}/readyz", proc, log)
+        with httpx.Client(base_url=base, timeout=30) as http:
+            ids = [http.post("/v1/jobs", json={"model": "echo", "input": {"i": i}}).json()["job_id"] for i in range(5)]
+            done = [http.get(f"/v1/jobs/{job_id}", params={"wait": 20}).json() for job_id in ids]
+        assert [(d["state"], d["output"]) for d in done] == [("succeeded", {"i": i}) for i in range(5)]
+        assert stop(proc) == 0, log.read_text()[-2000:]

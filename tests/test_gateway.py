@@ -1,6 +1,6 @@
 """The gateway over real brokers and stores: submit, poll, cancel, WebSocket push, errors, readiness, metrics.
 
-A ``FakeWorker`` (tests/gateway_helpers.py) stands in for the worker; broker and store are the real ones.
+The worker is the real one (``FakeWorker`` in tests/gateway_helpers.py wraps it); broker and store are real too.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from producers.gateway import GatewayLimits, create_app
 from producers.sdk import ws_url
 from schemas.jobs import JobState
 from tests.gateway_helpers import (
+    WORKER_ID,
     FakeWorker,
     asgi_gateway,
     error_of,
@@ -103,7 +104,7 @@ async def test_submit_then_long_poll_returns_the_result(env: Env) -> None:
         polled = await env.client.get(f"/v1/jobs/{job_id}", params={"wait": 10})
     assert polled.status_code == 200
     body = polled.json()
-    assert (body["state"], body["output"], body["worker_id"]) == ("succeeded", {"x": [1, 2]}, "fake")
+    assert (body["state"], body["output"], body["worker_id"]) == ("succeeded", {"x": [1, 2]}, WORKER_ID)
     delivery = worker.seen[0]
     assert delivery.msg_id == job_id
     assert delivery.headers[c.HEADER_JOB_ID] == job_id and delivery.headers[c.HEADER_MODEL] == env.echo

@@ -14,7 +14,7 @@ from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from schemas.jobs import JobRecord, JobState
+from schemas.jobs import JobError, JobRecord, JobState
 from schemas.wire import DeadLetter, Heartbeat
 from tests.handlers_for_tests import Items
 from tests.infra import (
@@ -216,3 +216,22 @@ async def _has_items(seen: list[Heartbeat], worker_id: str) -> bool:
 
 async def _has_stopped(seen: list[Heartbeat], worker_id: str) -> bool:
     return any(h.worker_id == worker_id and h.state == "stopped" for h in seen)
+
+
+async def test_a_redelivered_failed_job_sends_its_dead_letter_once(infra, settings, unique) -> None:
+    """A worker died between storing 'failed' and publishing the dead letter: the redelivery completes it."""
+    broker, store = infra
+    model = f"items-{unique}"
+    await broker.ensure_model(model)
+    job_id = f"{unique}-failed"
+    error = JobError(type="model_error", message="boom, earlier")
+    await store.finish(job_id, JobState.failed, model=model, error=error)
+    for _ in range(2):  # the same message twice: two redeliveries, one dead letter
+        await broker.publish(c.request_subject(model), request_bytes(model, job_id, {"value": 1}))
+    async with make_worker(infra, settings, model) as worker:
+        await eventually(lambda: _lag_is(broker, model, 0), what="the message settled")
+        letters = await drain_subject(broker, c.dlq_subject(model), f"dlq-reader-{unique}")
+    assert worker.handler.predicted == [], "a terminal job is never recomputed"
+    assert [DeadLetter.model_validate_json(d.data).error.message for d in letters] == ["boom, earlier"]
+    record = await store.get(job_id)
+    assert record is not None and record.state is JobState.failed

@@ -12,7 +12,8 @@ Contract (checked by ``tests/contract/test_broker_contract.py`` on every impleme
   immediately available), or ``[]`` after ``timeout_s``. Batch filling is the caller's job (``consumers.batcher``).
 * A fetched message that is neither acked nor terminated within ``ack_wait_s`` (or that is ``nak``-ed) is
   delivered again, with ``delivery_count`` one higher. Delivery is at-least-once.
-* ``lag(subject, group)`` counts messages not yet acked by the group: waiting plus in flight.
+* ``lag(subject, group)`` counts messages not yet acked by the group: waiting plus in flight. Acks may be sent
+  without waiting for a confirmation (NATS), so lag reflects an ack within milliseconds rather than at once.
 * ``emit``/``listen`` carry best-effort control events (heartbeats, idle announcements): no durability, no acks.
   Subjects use NATS wildcards in ``listen``: ``*`` one token, ``>`` the rest.
 """

@@ -111,9 +111,10 @@ def worker(
         log_level=log_level,
         models=model,
     )
-    if settings.broker_scheme == "memory":
+    if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
         raise fail(
-            "a standalone worker needs a real broker: pass --broker nats://... or kafka://... (or use 'fleet up')"
+            "a standalone worker needs a real broker and store: pass --broker nats://... or kafka://... and "
+            "--store redis://... (or use 'fleet up', which embeds both)"
         )
     from fleet.cli.compose import run_worker
 

@@ -8,15 +8,40 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
   topic have no record yet) and never touches a terminal one.
 * ``finish`` is one atomic compare-and-set: the first terminal state wins and never changes again; the winner's
   record is announced to waiters. It returns ``(True, record)`` for the winner, ``(False, current)`` otherwise.
+* ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
+  order); a worker uses them so that the store costs a handful of round trips per batch, not per job.
 * ``wait`` returns the terminal record as soon as it exists, also when the job finished before the call; on
   timeout it returns the current (non-terminal) record, or ``None`` for an unknown job.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schemas.jobs import JobError, JobRecord, JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """One item of ``start_many``: the arguments of ``start``."""
+
+    job_id: str
+    model: str
+    worker_id: str
+    deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """One item of ``finish_many``: the arguments of ``finish``."""
+
+    job_id: str
+    state: JobState
+    model: str
+    output: Any = None
+    error: JobError | None = None
+    worker_id: str | None = None
 
 
 class ResultStore(Protocol):
@@ -47,5 +72,9 @@ class ResultStore(Protocol):
         error: JobError | None = None,
         worker_id: str | None = None,
     ) -> tuple[bool, JobRecord]: ...
+
+    async def start_many(self, items: list[Start]) -> list[JobRecord]: ...
+
+    async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]: ...
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None: ...

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from fleet.store import transitions
+from fleet.store.base import Finish, Start
 from schemas.jobs import JobError, JobRecord, JobState
 
 
@@ -86,6 +87,17 @@ class MemoryStore:
         self._write(job_id, raw)
         self._notify(job_id, raw)
         return True, record
+
+    async def start_many(self, items: list[Start]) -> list[JobRecord]:
+        return [
+            await self.start(i.job_id, model=i.model, worker_id=i.worker_id, deliveries=i.deliveries) for i in items
+        ]
+
+    async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
+        return [
+            await self.finish(i.job_id, i.state, model=i.model, output=i.output, error=i.error, worker_id=i.worker_id)
+            for i in items
+        ]
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
         current = await self.get(job_id)

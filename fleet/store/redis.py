@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,12 +24,13 @@ from redis import asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.store import transitions
+from fleet.store.base import Finish, Start
 from fleet.store.pubsub import PubSubMux
 from schemas.jobs import JobError, JobRecord, JobState
 
@@ -109,6 +110,7 @@ class RedisStore:
         """Check that Redis answers; raise ``StoreError`` naming the URL within a few seconds when it does not."""
         try:
             await asyncio.wait_for(self.redis.ping(), self._connect_timeout_s + 1)
+            await self.redis.script_load(CAS_LUA)
         except (RedisError, OSError) as exc:
             raise StoreError(f"cannot reach the result store at {self.display_url} ({exc}); {HINT}") from exc
         log.debug("result store connected: %s", self.display_url)
@@ -176,6 +178,108 @@ class RedisStore:
             if written:
                 return True, record
         raise self._contention(job_id)
+
+    async def start_many(self, items: list[Start]) -> list[JobRecord]:
+        """``start`` for a batch: one MGET and one pipelined compare-and-set per round, whatever the batch size."""
+        now = time.time()
+
+        def step(i: int, current: JobRecord | None) -> JobRecord | None:
+            if current is not None and current.terminal:
+                return None
+            it = items[i]
+            return transitions.started(
+                current, it.job_id, model=it.model, worker_id=it.worker_id, deliveries=it.deliveries, now=now
+            )
+
+        results = await self._cas_many([it.job_id for it in items], step, publish=False)
+        return [record for _, record in results]
+
+    async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
+        """``finish`` for a batch, in a few round trips; each item wins or loses its own compare-and-set."""
+        now = time.time()
+
+        def step(i: int, current: JobRecord | None) -> JobRecord | None:
+            if current is not None and current.terminal:
+                return None
+            it = items[i]
+            return transitions.finished(
+                current,
+                it.job_id,
+                it.state,
+                model=it.model,
+                output=it.output,
+                error=it.error,
+                worker_id=it.worker_id,
+                now=now,
+            )
+
+        return await self._cas_many([it.job_id for it in items], step, publish=True)
+
+    async def _cas_many(
+        self,
+        job_ids: list[str],
+        next_record: Callable[[int, JobRecord | None], JobRecord | None],
+        *,
+        publish: bool,
+    ) -> list[tuple[bool, JobRecord]]:
+        """Apply ``next_record`` (None: leave as is) to each job with compare-and-set, retrying lost races."""
+        if not job_ids:
+            return []
+        keys = [c.job_key(job_id) for job_id in job_ids]
+        with self._errors(f"read {len(keys)} jobs"):
+            raws: list[bytes | None] = [None if r is None else _as_bytes(r) for r in await self.redis.mget(keys)]
+        results: list[tuple[bool, JobRecord] | None] = [None] * len(keys)
+        pending = list(range(len(keys)))
+        for _ in range(MAX_CAS_ATTEMPTS):
+            writes: list[tuple[int, JobRecord]] = []
+            for i in pending:
+                current = None if raws[i] is None else self._parse(job_ids[i], raws[i])  # type: ignore[arg-type]
+                record = next_record(i, current)
+                if record is None:
+                    assert current is not None
+                    results[i] = (False, current)
+                else:
+                    writes.append((i, record))
+            pending = await self._write_many(job_ids, keys, raws, writes, results, publish)
+            if not pending:
+                return [r for r in results if r is not None]
+        raise self._contention(job_ids[pending[0]])
+
+    async def _write_many(
+        self,
+        job_ids: list[str],
+        keys: list[str],
+        raws: list[bytes | None],
+        writes: list[tuple[int, JobRecord]],
+        results: list[tuple[bool, JobRecord] | None],
+        publish: bool,
+    ) -> list[int]:
+        """One pipelined round of compare-and-sets; returns the indexes that lost a race (``raws`` refreshed)."""
+        if not writes:
+            return []
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for i, record in writes:
+                channel = c.done_channel(job_ids[i]) if publish else ""
+                args = (raws[i] or b"", record.model_dump_json(), self.job_ttl_s, channel)
+                pipe.evalsha(self._cas.sha, 1, keys[i], *args)
+            try:
+                with self._errors(f"update {len(writes)} jobs"):
+                    out = await pipe.execute()
+                break
+            except StoreError as exc:
+                if attempt or not isinstance(exc.__cause__, NoScriptError):
+                    raise
+                with self._errors("load its script"):  # Redis restarted or flushed its script cache
+                    await self.redis.script_load(CAS_LUA)
+        lost = []
+        for (i, record), result in zip(writes, out, strict=True):
+            if int(result[0]) == 1:
+                results[i] = (True, record)
+            else:
+                raws[i] = _as_bytes(result[1]) or None
+                lost.append(i)
+        return lost
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
         record = await self.get(job_id)  # the common poll of a finished job costs no subscription

@@ -87,6 +87,11 @@ async def job_ws(websocket: WebSocket, job_id: str) -> None:
             await websocket.send_text(json.dumps(error_json("store_unavailable", exc.message)))
             await websocket.close(CLOSE_INTERNAL_ERROR)
             return
+        except Exception as exc:  # a bug or a corrupt record: tell the client, keep the gateway serving
+            logger.exception("websocket for job %s failed", job_id)
+            await websocket.send_text(json.dumps(error_json("internal_error", f"{type(exc).__name__}: {exc}")))
+            await websocket.close(CLOSE_INTERNAL_ERROR)
+            return
         if record is None:
             body = error_json("job_not_found", JobNotFound(job_id).message, {"job_id": job_id})
             await websocket.send_text(json.dumps(body))
