@@ -7,7 +7,9 @@ Contract (checked by ``tests/contract/test_broker_contract.py`` on every impleme
   de-duplication window is dropped (NATS: ``Nats-Msg-Id``; Kafka: idempotent producer keyed by the job id;
   memory: a window of seen ids).
 * ``subscribe(subject, group)`` is a durable pull subscription shared by every subscriber of the same group
-  (competing consumers). Each message goes to one subscriber at a time.
+  (competing consumers). Each message goes to one subscriber at a time. Messages published before the group
+  existed are kept for it. Several groups on one subject each get every message on Kafka and in memory; on NATS
+  a request or inbox subject has exactly one group (work-queue retention) and a second is refused.
 * ``Subscription.fetch(n, timeout_s)`` returns as soon as at least one message is available (up to ``n`` of those
   immediately available), or ``[]`` after ``timeout_s``. Batch filling is the caller's job (``consumers.batcher``).
 * A fetched message that is neither acked nor terminated within ``ack_wait_s`` (or that is ``nak``-ed) is

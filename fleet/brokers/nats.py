@@ -1,33 +1,38 @@
 """The NATS JetStream broker.
 
-Streams (created or brought in line at ``connect``):
+Streams (created, or brought in line, at ``connect``):
 
-* ``FLEET_REQ`` on ``fleet.req.>`` and ``FLEET_INBOX`` on ``fleet.inbox.>``: **interest retention**. A message is
-  kept until every group (durable consumer) on its subject has acked or terminated it, so storage is the backlog,
-  not the history, and several groups may read one subject (each gets every message) — which work-queue retention
-  forbids and which the direct-assignment dispatchers may need. The price: a message published while *no* group
-  exists on its subject is acknowledged but not kept, so the group must exist first. ``ensure_model`` creates the
-  worker group ``consumer_name(model)``; the gateway and the workers call it at start-up, before any publish, and
-  the durable group outlives them. ``max_age`` is the job TTL: an older request belongs to an expired job.
+* ``FLEET_REQ`` on ``fleet.req.>`` and ``FLEET_INBOX`` on ``fleet.inbox.>``: **work-queue retention**. A message
+  is kept until the one group (durable consumer) on its subject acks or terminates it, so storage is the backlog,
+  not the history, and a message published before any group exists (say by a raw nats-py producer) waits for the
+  group created later, which receives everything waiting. ``max_age`` is the job TTL (``FLEET_JOB_TTL_S``): an
+  older request belongs to an expired job. JetStream forbids two consumers with overlapping subjects on a
+  work-queue stream, so **a request or inbox subject has exactly one group on NATS**; a second group is a
+  ``ConfigError`` naming the group that owns the subject. (Kafka and the in-memory broker give every group every
+  message; Fleet's workers of a model all share the group ``consumer_name(model)``.) A stream left with another
+  retention by an older Fleet is a ``ConfigError`` at ``connect`` that says how to remove it: JetStream cannot
+  change a stream's retention.
 * ``FLEET_DLQ`` on ``fleet.dlq.>``: limits retention with a 7-day ``max_age``, so dead letters stay readable for
-  inspection by any number of groups, whether or not a reader existed when they were written.
+  inspection by any number of groups, whether or not a reader existed when they were written. The first group on a
+  dead-letter subject receives everything the stream still holds; a group added later starts with new messages.
 
 All streams de-duplicate on ``Nats-Msg-Id`` within ``dedup_window_s`` and accept messages up to
 ``max_message_bytes`` (plus room for headers).
 
 Groups are durable pull consumers, one per ``(subject, group)``, named ``durable_name(subject, group)``, with
 explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries: the worker dead-letters by itself after
-``max_deliveries`` by reading ``delivery_count``, which also covers poison messages that crash it. The first group
-on a subject receives everything the stream still holds; a group added later starts with new messages.
+``max_deliveries`` by reading ``delivery_count``, which also covers poison messages that crash it.
 
 ``publish`` waits for the JetStream PubAck. ``fetch`` is in ``fleet.brokers.nats_pull``. ``emit``/``listen`` are
-core NATS publish/subscribe.
+core NATS publish/subscribe. ``ping`` is a JetStream API request (account info), never ``flush``: see
+``fleet.brokers.nats_pull`` for the nats-py failure that rules ``flush`` out and how a stuck client is revived.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -47,7 +52,7 @@ from nats.js.api import (
 )
 
 from fleet import constants as c
-from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription
+from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
 
@@ -58,16 +63,29 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 5.0  # JetStream API calls, PubAcks and ack confirmations
+PING_TIMEOUT_S = 1.5  # a health probe; below the gateway's 2 s readiness deadline
 RECONNECT_WAIT_S = 1.0
+# nats-py's own keep-alive: after MAX_OUTSTANDING_PINGS unanswered pings it reconnects. That also revives a client
+# whose read loop died while nobody calls the broker (its default, 2 x 120 s, takes minutes).
+PING_INTERVAL_S = 20
+MAX_OUTSTANDING_PINGS = 3
 MAX_ACK_PENDING = 20_000  # per group: messages out to workers but not yet settled
 HEADER_ALLOWANCE_BYTES = 16 * 1024  # stream max_msg_size = max_message_bytes + this, for headers
 DLQ_MAX_AGE_S = 7 * 24 * 3600.0
 _STREAM_NAME_IN_USE = 10058  # JetStream error code: stream exists with a different configuration
+# JetStream error codes: a work-queue stream refuses a consumer whose subjects overlap another consumer's.
+_WORK_QUEUE_OVERLAP = (10099, 10100)
+WORK_QUEUE_STREAMS = frozenset({c.REQ_STREAM, INBOX_STREAM})
 
 
 def durable_name(subject: str, group: str) -> str:
     """The durable consumer that holds ``group`` on ``subject``: ``fleet-echo__fleet_req_echo``."""
     return f"{check_group(group)}__{subject.replace('.', '_')}"
+
+
+def group_of(durable: str, subject: str) -> str:
+    """The group a durable consumer on ``subject`` stands for (the durable itself when Fleet did not name it)."""
+    return durable.removesuffix(f"__{subject.replace('.', '_')}")
 
 
 class NatsBroker:
@@ -85,8 +103,13 @@ class NatsBroker:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         request_max_age_s: float = float(c.DEFAULT_JOB_TTL_S),
+        ping_timeout_s: float = PING_TIMEOUT_S,
     ) -> None:
-        """``url`` is ``nats://host:port`` (comma-separate several servers of one cluster)."""
+        """``url`` is ``nats://host:port`` (comma-separate several servers of one cluster).
+
+        ``request_max_age_s`` is the ``max_age`` of the request and inbox streams (the job TTL); ``ping_timeout_s``
+        bounds one ``ping``.
+        """
         self.url = url
         self.ack_wait_s = ack_wait_s
         self.dedup_window_s = dedup_window_s
@@ -94,6 +117,7 @@ class NatsBroker:
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.request_max_age_s = request_max_age_s
+        self.ping_timeout_s = ping_timeout_s
         self._servers = [s.strip() for s in url.split(",") if s.strip()]
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
@@ -109,6 +133,7 @@ class NatsBroker:
             "ack_wait_s": settings.ack_wait_s,
             "dedup_window_s": settings.dedup_window_s,
             "max_message_bytes": settings.max_message_bytes,
+            "request_max_age_s": float(settings.job_ttl_s),
         }
         kwargs.update(overrides)
         return cls(settings.broker_url, **kwargs)
@@ -146,12 +171,24 @@ class NatsBroker:
             await nc.close()
 
     async def ping(self) -> None:
-        """Raise ``BrokerUnavailable`` unless the server answers a round trip now."""
-        nc = self._connection()
+        """Raise ``BrokerUnavailable`` unless the server and JetStream answer a request within ``ping_timeout_s``.
+
+        Also raises when the client is closed, disconnected, or no longer reading (it then reconnects). Safe to
+        cancel, e.g. by a readiness probe's own deadline.
+        """
+        nc = await self._live_connection()
         try:
-            await nc.flush(timeout=max(1, int(self.request_timeout_s)))
+            answer = json.loads(await round_trip(nc, self.ping_timeout_s))
+        except nats.errors.NoRespondersError as exc:
+            raise BrokerUnavailable(f"JetStream does not answer on NATS at {self.url}; is it enabled (-js)?") from exc
         except (TimeoutError, nats.errors.Error) as exc:
-            raise BrokerUnavailable(f"NATS at {self.url} did not answer a ping: {exc!r}") from exc
+            raise BrokerUnavailable(
+                f"NATS at {self.url} did not answer a ping within {self.ping_timeout_s}s: {exc!r}"
+            ) from exc
+        except ValueError as exc:
+            raise BrokerUnavailable(f"NATS at {self.url} answered a ping with something other than JSON") from exc
+        if isinstance(answer, dict) and "error" in answer:
+            raise BrokerUnavailable(f"JetStream at {self.url} answered a ping with an error: {answer['error']}")
 
     async def _open(self) -> NATS:
         """Connect, failing fast once every server has refused once (nats-py alone would retry for minutes)."""
@@ -194,6 +231,8 @@ class NatsBroker:
             "reconnect_time_wait": RECONNECT_WAIT_S,
             "max_reconnect_attempts": -1,  # keep reconnecting while running; publish raises meanwhile
             "allow_reconnect": True,
+            "ping_interval": PING_INTERVAL_S,
+            "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
         }
 
     async def _on_disconnected(self) -> None:
@@ -212,8 +251,14 @@ class NatsBroker:
             raise BrokerUnavailable(f"disconnected from NATS at {self.url} (reconnecting); try again shortly")
         return nc
 
-    def _jetstream(self) -> JetStreamContext:
-        self._connection()
+    async def _live_connection(self) -> NATS:
+        """The connection, when it is open, connected and still reading; ``BrokerUnavailable`` otherwise."""
+        nc = self._connection()
+        await revive_if_stuck(nc, f"NATS at {self.url}")
+        return nc
+
+    async def _live_jetstream(self) -> JetStreamContext:
+        await self._live_connection()
         assert self._js is not None
         return self._js
 
@@ -225,18 +270,18 @@ class NatsBroker:
             "max_msg_size": self.max_message_bytes + HEADER_ALLOWANCE_BYTES,
             "storage": StorageType.FILE,
         }
-        interest, limits = RetentionPolicy.INTEREST, RetentionPolicy.LIMITS
+        queue, limits = RetentionPolicy.WORK_QUEUE, RetentionPolicy.LIMITS
         age = self.request_max_age_s
         return [
-            StreamConfig(c.REQ_STREAM, subjects=[c.REQ_PREFIX + ".>"], retention=interest, max_age=age, **common),
-            StreamConfig(INBOX_STREAM, subjects=[c.INBOX_PREFIX + ".>"], retention=interest, max_age=age, **common),
+            StreamConfig(c.REQ_STREAM, subjects=[c.REQ_PREFIX + ".>"], retention=queue, max_age=age, **common),
+            StreamConfig(INBOX_STREAM, subjects=[c.INBOX_PREFIX + ".>"], retention=queue, max_age=age, **common),
             StreamConfig(
                 c.DLQ_STREAM, subjects=[c.DLQ_PREFIX + ".>"], retention=limits, max_age=DLQ_MAX_AGE_S, **common
             ),
         ]
 
     async def _ensure_stream(self, js: JetStreamContext, config: StreamConfig) -> None:
-        """Create the stream, or align the window and size limit of an existing one (retention cannot change)."""
+        """Create the stream, or bring an existing one in line (``ConfigError`` when its retention differs)."""
         try:
             try:
                 await js.add_stream(config)
@@ -244,26 +289,34 @@ class NatsBroker:
             except nats.js.errors.BadRequestError as exc:
                 if exc.err_code != _STREAM_NAME_IN_USE:
                     raise
-            current = (await js.stream_info(config.name or "")).config
-            if current.retention != config.retention:
-                log.info(
-                    "stream %s keeps its retention %s (Fleet creates %s)",
-                    config.name,
-                    current.retention,
-                    config.retention,
-                )
-            if (current.duplicate_window, current.max_msg_size) != (config.duplicate_window, config.max_msg_size):
-                await js.update_stream(
-                    dataclasses.replace(
-                        current, duplicate_window=config.duplicate_window, max_msg_size=config.max_msg_size
-                    )
-                )
+            await self._align_stream(js, config)
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
             raise BrokerUnavailable(
                 f"JetStream is not enabled on NATS at {self.url}: start nats-server with -js"
             ) from exc
         except (TimeoutError, nats.errors.Error) as exc:
             raise BrokerUnavailable(f"cannot create stream {config.name} on NATS at {self.url}: {exc!r}") from exc
+
+    async def _align_stream(self, js: JetStreamContext, config: StreamConfig) -> None:
+        """Update the window, size limit and max age of an existing stream; JetStream cannot change retention."""
+        name = config.name or ""
+        current = (await js.stream_info(name)).config
+        if current.retention != config.retention:
+            have, want = (str(getattr(p, "value", p)) for p in (current.retention, config.retention))  # str or enum
+            raise ConfigError(
+                f"stream {name} on NATS at {self.url} has {have} retention, but Fleet needs {want} retention "
+                f"(an older Fleet created it). JetStream cannot change a stream's retention: delete the stream "
+                f"with `nats stream rm {name}` (its waiting messages are lost) and start Fleet again to recreate it"
+            )
+        aligned = dataclasses.replace(
+            current,
+            duplicate_window=config.duplicate_window,
+            max_msg_size=config.max_msg_size,
+            max_age=config.max_age,
+        )
+        if aligned != current:
+            log.info("stream %s: updating its duplicate window, size limit and max age to Fleet's settings", name)
+            await js.update_stream(aligned)
 
     def _stream_of(self, subject: str) -> str:
         stream = stream_for(check_subject(subject))
@@ -279,7 +332,7 @@ class NatsBroker:
         stream, durable = self._stream_of(subject), durable_name(subject, group)
         if (stream, durable) in self._groups:
             return stream, durable
-        js = self._jetstream()
+        js = await self._live_jetstream()
         try:
             info = await self._consumer_info(js, stream, durable)
             if info is None:
@@ -298,7 +351,9 @@ class NatsBroker:
             return None
 
     async def _create_group(self, js: JetStreamContext, stream: str, durable: str, subject: str) -> None:
-        others = [ci for ci in await js.consumers_info(stream) if ci.config.filter_subject == subject]
+        owners = await self._durables_on(js, stream, subject)
+        if owners and stream in WORK_QUEUE_STREAMS:
+            raise self._one_group_only(subject, durable, owners[0])
         config = ConsumerConfig(
             durable_name=durable,
             filter_subject=subject,
@@ -306,14 +361,36 @@ class NatsBroker:
             ack_wait=self.ack_wait_s,
             max_deliver=-1,
             max_ack_pending=MAX_ACK_PENDING,
-            deliver_policy=DeliverPolicy.NEW if others else DeliverPolicy.ALL,
+            deliver_policy=DeliverPolicy.NEW if owners else DeliverPolicy.ALL,
             description=f"Fleet group on {subject}",
         )
         try:
             await js.add_consumer(stream, config)
-        except nats.js.errors.APIError:
-            if await self._consumer_info(js, stream, durable) is None:  # not a lost race with another process
-                raise
+        except nats.js.errors.APIError as exc:
+            if await self._consumer_info(js, stream, durable) is not None:  # lost a race with another process
+                return
+            if exc.err_code in _WORK_QUEUE_OVERLAP:  # another group took the subject meanwhile
+                owners = await self._durables_on(js, stream, subject)
+                raise self._one_group_only(subject, durable, owners[0] if owners else "(another consumer)") from exc
+            raise
+
+    async def _durables_on(self, js: JetStreamContext, stream: str, subject: str) -> list[str]:
+        """The durable consumers of ``stream`` that filter exactly ``subject`` (the API lists them in pages)."""
+        found: list[str] = []
+        offset = 0
+        while page := await js.consumers_info(stream, offset=offset):
+            found += [ci.name for ci in page if ci.config.filter_subject == subject]
+            offset += len(page)
+        return found
+
+    def _one_group_only(self, subject: str, durable: str, owner: str) -> ConfigError:
+        group, owning = group_of(durable, subject), group_of(owner, subject)
+        return ConfigError(
+            f"cannot create group {group!r} on {subject}: group {owning!r} (consumer {owner}) already reads it, and "
+            "on NATS a request subject (like an inbox subject) has exactly one group: its stream is a work queue, "
+            f"where a message goes to one group and is deleted once acked. Subscribe with group {owning!r}, or "
+            f"remove that consumer with `nats consumer rm {stream_for(subject)} {owner}`"
+        )
 
     async def _align_group(self, js: JetStreamContext, stream: str, info: ConsumerInfo, subject: str) -> None:
         config = info.config
@@ -349,7 +426,7 @@ class NatsBroker:
         """
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes, what="message")
-        js = self._jetstream()
+        js = await self._live_jetstream()
         hdrs = dict(headers) if headers else {}
         if msg_id is not None:
             hdrs[c.HEADER_MSG_ID] = msg_id
@@ -374,12 +451,13 @@ class NatsBroker:
         """A competing consumer of ``group`` on ``subject`` (the durable consumer is created if needed)."""
         stream, durable = await self._ensure_group(subject, group)
         sub = NatsSubscription(
-            self._connection(),
+            await self._live_connection(),
             stream=stream,
             durable=durable,
             subject=subject,
             group=group,
             settle_timeout_s=self.request_timeout_s,
+            ack_wait_s=self.ack_wait_s,
         )
         await sub.start()
         self._subscriptions = {s for s in self._subscriptions if not s.closed}
@@ -387,26 +465,42 @@ class NatsBroker:
         return sub
 
     async def lag(self, subject: str, group: str) -> int:
-        """Messages ``group`` has not acked: waiting (num_pending) plus in flight (num_ack_pending); 0 if no group."""
+        """Messages ``group`` has not acked: waiting (num_pending) plus in flight (num_ack_pending).
+
+        Without that group: what it would receive if created now (the subject's stored messages while no group
+        reads it, else 0), as on the in-memory broker.
+        """
         stream, durable = self._stream_of(subject), durable_name(subject, group)
+        js = await self._live_jetstream()
         try:
-            info = await self._consumer_info(self._jetstream(), stream, durable)
+            info = await self._consumer_info(js, stream, durable)
+            if info is None:
+                return await self._unclaimed(js, stream, subject)
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"cannot read the lag of {durable} at {self.url}: {exc!r}") from exc
-        return 0 if info is None else (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+    async def _unclaimed(self, js: JetStreamContext, stream: str, subject: str) -> int:
+        """What a first group created on ``subject`` now would receive: its stored messages, or 0 if it has a group."""
+        if await self._durables_on(js, stream, subject):
+            return 0
+        state = (await js.stream_info(stream, subjects_filter=subject)).state
+        return (state.subjects or {}).get(subject, 0)
 
     async def emit(self, subject: str, data: bytes) -> None:
         """Best effort core NATS publish (no stream, no ack)."""
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes, what="event")
         try:
-            await self._connection().publish(subject, data)
+            await (await self._live_connection()).publish(subject, data)
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"cannot emit on {subject} at {self.url}: {exc!r}") from exc
 
     async def listen(self, subject: str) -> NatsEventStream:
         """Events on subjects matching ``subject`` (NATS wildcards) from now on."""
-        stream = NatsEventStream(self._connection(), check_subject(subject, wildcards=True))
+        stream = NatsEventStream(
+            await self._live_connection(), check_subject(subject, wildcards=True), timeout_s=self.request_timeout_s
+        )
         await stream.start()
         self._listeners = {s for s in self._listeners if not s.closed}
         self._listeners.add(stream)

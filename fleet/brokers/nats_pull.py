@@ -11,8 +11,17 @@ a fresh reply subject per request (so a late status from an old request is never
    for a worker that is not asking;
 3. after a long-poll hit, one more ``no_wait`` request tops the batch up with whatever else is available.
 
-Messages that arrive outside a request (a late delivery racing a timeout) are kept and returned by the next fetch;
-closing the subscription naks them so they are redelivered at once.
+Messages that arrive outside a request (a late delivery racing a timeout) are kept and returned by the next fetch,
+unless they waited so long that their ack wait is (nearly) over: no worker extends the ack wait of a buffered
+message, so the server may already be redelivering it to another worker. Such a message is dropped, neither acked
+nor nak-ed (a late nak could cut short the other worker's delivery); the server redelivers it when its ack wait
+ends. Closing the subscription naks the fresh ones so they are redelivered at once.
+
+Connection health. nats-py 2.16 ends its read loop on any unexpected exception without changing the client's
+status (a PONG that answers a ``flush`` which already timed out raises ``InvalidStateError``): the client then
+claims to be connected while nothing is received. So Fleet never calls ``flush``; its round trips are requests,
+which are safe to time out or cancel (``round_trip``), and ``revive_if_stuck`` detects a dead read loop and makes
+nats-py reconnect.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as CoreSubscription
 from nats.errors import Error as NatsError
+from nats.errors import StaleConnectionError
 
 from fleet import constants as c
 from fleet.brokers.base import Delivery
@@ -34,16 +44,45 @@ from fleet.errors import BrokerUnavailable
 log = logging.getLogger(__name__)
 
 API_PREFIX = "$JS.API"
+ACCOUNT_INFO_SUBJECT = f"{API_PREFIX}.INFO"  # answered by JetStream itself: the round trip of ping and listen
 REPLY_GRACE_S = 0.25  # how long past a request's expiry we wait for the server's answer
 MIN_LONG_POLL_S = 0.005  # below this, a long-poll is not worth a round trip
 EVENT_QUEUE_SIZE = 10_000  # per listener; control events beyond this are dropped (best effort)
+# A buffered message is handed out only within this share of its ack wait, leaving the worker time to extend it.
+BUFFERED_SHARE_OF_ACK_WAIT = 0.5
 _NO_MORE = ("404", "408")  # "no messages" (no_wait) and "request timeout" (expires) end a pull normally
 # 409s that end a pull because the server is going away or moving: the fetch returns [] and the next one waits.
 _TRANSIENT = ("Server Shutdown", "Leadership Change")
 
 
+async def round_trip(nc: NATS, timeout_s: float) -> bytes:
+    """Ask JetStream for the account info and return its answer (JSON) within ``timeout_s``.
+
+    The reply proves the server has processed everything sent before. Unlike ``nc.flush``, a request that times
+    out or is cancelled leaves nothing behind in nats-py. Raises nats-py's ``TimeoutError`` or ``NoRespondersError``
+    (JetStream is not enabled) or another ``nats.errors.Error``.
+    """
+    reply = await nc.request(ACCOUNT_INFO_SUBJECT, b"", timeout=timeout_s)
+    return reply.data
+
+
+async def revive_if_stuck(nc: NATS, where: str) -> None:
+    """Raise ``BrokerUnavailable`` after starting a reconnect when nats-py stopped reading a connected client.
+
+    nats-py has no public health check: its read loop task is private. Reconnecting restarts the loop and renews
+    every subscription, so subscriptions and listeners carry on once the client is connected again.
+    """
+    reading: asyncio.Task[None] | None = getattr(nc, "_reading_task", None)
+    if not nc.is_connected or (reading is not None and not reading.done()):
+        return
+    log.error("the NATS client stopped reading from %s while connected; reconnecting", where)
+    await nc._process_op_err(StaleConnectionError())
+    raise BrokerUnavailable(f"the NATS client had stopped reading from {where}; reconnecting, try again shortly")
+
+
 class NatsDelivery:
-    """A JetStream message. Settling (ack, nak, term) waits for the server's confirmation."""
+    """A JetStream message. ``nak`` and ``term`` wait for the server's confirmation; ``ack`` and ``in_progress``
+    are sent without one."""
 
     __slots__ = ("_msg", "_nc", "_settled", "_timeout_s", "data", "delivery_count", "headers", "msg_id", "subject")
 
@@ -60,8 +99,16 @@ class NatsDelivery:
         self._settled = False
 
     async def ack(self) -> None:
-        """Done: never deliver again. Raises ``BrokerUnavailable`` when NATS did not confirm (it may redeliver)."""
-        await self._settle(b"+ACK", "ack")
+        """Done: never deliver again. Sent without waiting for a confirmation, like nats-py's ``Msg.ack``: an ack
+        lost in transit only means a redelivery, which Fleet's worker acks without recomputing (the job is already
+        terminal in the store), and a batch of acks then costs no round trip per message."""
+        if self._settled:
+            return
+        try:
+            await self._nc.publish(self._msg.reply, b"+ACK")
+        except NatsError as exc:
+            raise BrokerUnavailable(f"could not ack a message on {self.subject}: {exc!r}") from exc
+        self._settled = True
 
     async def nak(self, delay_s: float = 0.0) -> None:
         """Deliver again, to any subscriber of the group, after ``delay_s``."""
@@ -115,16 +162,26 @@ class NatsSubscription:
     """A competing consumer of a durable pull consumer (one per group)."""
 
     def __init__(
-        self, nc: NATS, *, stream: str, durable: str, subject: str, group: str, settle_timeout_s: float
+        self,
+        nc: NATS,
+        *,
+        stream: str,
+        durable: str,
+        subject: str,
+        group: str,
+        settle_timeout_s: float,
+        ack_wait_s: float,
     ) -> None:
         self.subject = subject
         self.group = group
         self.durable = durable
+        self.dropped_stale = 0  # buffered messages dropped because their ack wait was (nearly) over
         self._nc = nc
         self._next_subject = f"{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = nc.new_inbox()
         self._settle_timeout_s = settle_timeout_s
-        self._ready: deque[Msg] = deque()
+        self._max_buffered_s = ack_wait_s * BUFFERED_SHARE_OF_ACK_WAIT
+        self._ready: deque[tuple[Msg, float]] = deque()  # (message, loop time of arrival), in arrival order
         self._pull: _Pull | None = None
         self._seq = 0
         self._lock = asyncio.Lock()
@@ -146,6 +203,7 @@ class NatsSubscription:
         async with self._lock:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + max(0.0, timeout_s)
+            self._drop_stale()
             if not self._ready and await self._wait_connected(deadline):
                 await self._request(max_messages, None, timeout_s + REPLY_GRACE_S)
                 remaining = deadline - loop.time()
@@ -162,7 +220,8 @@ class NatsSubscription:
         self._closed = True
         if self._pull is not None:
             self._pull.finish()
-        pending, self._ready = list(self._ready), deque()
+        self._drop_stale()
+        pending, self._ready = [msg for msg, _ in self._ready], deque()
         try:
             if self._sub is not None:
                 await self._sub.unsubscribe()
@@ -175,9 +234,24 @@ class NatsSubscription:
         out: list[Delivery] = []
         if self._closed:
             return out
+        self._drop_stale()
         while self._ready and len(out) < max_messages:
-            out.append(NatsDelivery(self._ready.popleft(), self._nc, self._settle_timeout_s))
+            out.append(NatsDelivery(self._ready.popleft()[0], self._nc, self._settle_timeout_s))
         return out
+
+    def _drop_stale(self) -> None:
+        """Forget buffered messages whose ack wait is (nearly) over: the server redelivers them, maybe elsewhere."""
+        arrived_before = asyncio.get_running_loop().time() - self._max_buffered_s
+        while self._ready and self._ready[0][1] < arrived_before:
+            self._ready.popleft()
+            self.dropped_stale += 1
+            log.info(
+                "dropped a message of %s (group %s) buffered over %.1fs, too close to its ack wait; "
+                "the server redelivers it",
+                self.subject,
+                self.group,
+                self._max_buffered_s,
+            )
 
     async def _request(self, batch: int, expires_s: float | None, wait_s: float) -> None:
         """Send one pull request and wait until it is complete (batch full or a status) or ``wait_s`` passed."""
@@ -215,7 +289,7 @@ class NatsSubscription:
                     pull.failure = f"status {status} {description}".strip()
                 pull.finish()
             return
-        self._ready.append(msg)
+        self._ready.append((msg, asyncio.get_running_loop().time()))
         if pull is not None:
             pull.got += 1
             if pull.got >= pull.batch:
@@ -224,6 +298,7 @@ class NatsSubscription:
     async def _wait_connected(self, deadline: float) -> bool:
         """True when the connection can carry a request; while reconnecting, wait out the fetch and say False."""
         if self._nc.is_connected:
+            await revive_if_stuck(self._nc, f"the server of {self.subject}")
             return True
         if self._nc.is_closed:
             raise BrokerUnavailable(f"the NATS connection is closed; cannot fetch from {self.subject}")
@@ -238,9 +313,10 @@ class NatsSubscription:
 class NatsEventStream:
     """Core NATS messages matching one pattern, as an async iterator of ``(subject, data)``."""
 
-    def __init__(self, nc: NATS, pattern: str) -> None:
+    def __init__(self, nc: NATS, pattern: str, *, timeout_s: float) -> None:
         self.pattern = pattern
         self._nc = nc
+        self._timeout_s = timeout_s
         self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(EVENT_QUEUE_SIZE)
         self._sub: CoreSubscription | None = None
         self._closed = False
@@ -251,8 +327,13 @@ class NatsEventStream:
         return self._closed
 
     async def start(self) -> None:
+        """Subscribe; return once the server knows the interest (a round trip), or raise ``BrokerUnavailable``."""
         self._sub = await self._nc.subscribe(self.pattern, cb=self._on_msg)
-        await self._nc.flush()  # the server knows the interest before listen() returns
+        try:
+            await round_trip(self._nc, self._timeout_s)
+        except (TimeoutError, NatsError) as exc:
+            await self.close()
+            raise BrokerUnavailable(f"NATS did not confirm a listener on {self.pattern}: {exc!r}") from exc
 
     def __aiter__(self) -> NatsEventStream:
         return self

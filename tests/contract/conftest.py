@@ -20,6 +20,9 @@ BROKER_KINDS = ["memory", "nats", "kafka"]
 NETWORK_KINDS = [kind for kind in BROKER_KINDS if kind != "memory"]
 # Kinds that deliver one subject first-in first-out to a single consumer.
 FIFO_KINDS = [kind for kind in BROKER_KINDS if kind in ("memory", "nats")]
+# Kinds where several groups may read one request subject, each getting every message. On NATS the request
+# stream is a work queue: a request subject has exactly one group (a second one is a ConfigError).
+FAN_OUT_KINDS = [kind for kind in BROKER_KINDS if kind in ("memory", "kafka")]
 
 ACK_WAIT_S = 1.0
 DEDUP_WINDOW_S = 60.0

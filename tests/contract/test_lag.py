@@ -7,7 +7,7 @@ import asyncio
 from prometheus_client import REGISTRY
 
 from fleet import constants as c
-from fleet.brokers.base import Broker
+from fleet.brokers.base import Broker, Delivery
 from fleet.lag import LagMonitor
 
 
@@ -34,7 +34,7 @@ async def test_lag_counts_waiting_and_in_flight_and_reaches_the_gauge(broker: Br
         assert await monitor.refresh() == {model: 5}
         assert gauge(model) == 5
 
-        got = []
+        got: list[Delivery] = []
         while len(got) < 3:
             got += await sub.fetch(3 - len(got), timeout_s=5)
         for delivery in got[:2]:
@@ -42,7 +42,7 @@ async def test_lag_counts_waiting_and_in_flight_and_reaches_the_gauge(broker: Br
         await settles(monitor, model, 3)  # one in flight plus two waiting
         assert gauge(model) == 3
         await got[2].ack()
-        rest = []
+        rest: list[Delivery] = []
         while len(rest) < 2:
             rest += await sub.fetch(2, timeout_s=5)
         for delivery in rest:

@@ -1,0 +1,289 @@
+"""NATS-only behaviour of ``NatsBroker``: health probing around a paused server, one group per request subject,
+stream configuration, and buffered messages whose ack wait ran out.
+
+Each test that pauses the server or reshapes streams gets a private nats-server (never ``FLEET_TEST_NATS_URL``):
+pausing a shared server would stall every other test using it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.js.api import RetentionPolicy, StreamConfig
+
+from fleet import constants as c
+from fleet.brokers import make_broker
+from fleet.brokers.nats import NatsBroker
+from fleet.brokers.nats_pull import NatsSubscription
+from fleet.errors import BrokerUnavailable, ConfigError
+from fleet.settings import FleetSettings
+from tests.contract.conftest import ACK_WAIT_S, broker_settings
+from tests.services import free_port, require_binary, wait_port
+
+pytestmark = pytest.mark.timeout(60)
+
+PING_TIMEOUT_S = 0.5
+
+
+def thread_states(pid: int) -> list[str]:
+    """The scheduler state of each thread of ``pid`` (``T``: stopped), from /proc."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that just ended
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return states
+
+
+@dataclass
+class PrivateNats:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def pause(self) -> None:
+        """SIGSTOP the server and return once all its threads are stopped (the signal takes a moment)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0
+        while not all(state == "T" for state in thread_states(self.proc.pid)):
+            assert time.monotonic() < deadline, "nats-server did not stop within 5 s of SIGSTOP"
+            time.sleep(0.001)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def private_nats_server() -> Iterator[PrivateNats]:
+    """A nats-server with JetStream of this test alone (it may be paused), stopped afterwards."""
+    binary = require_binary("nats-server", "nats-server")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="fleet-nats-private-") as tmp:
+        log = Path(tmp) / "server.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp], stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            wait_port("127.0.0.1", port, proc, log, 20, "nats-server")
+            yield PrivateNats(f"nats://127.0.0.1:{port}", proc)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def server() -> Iterator[PrivateNats]:
+    with private_nats_server() as private:
+        yield private
+
+
+def nats_broker(url: str, **settings: object) -> NatsBroker:
+    built = make_broker(FleetSettings.model_validate({**broker_settings(url).model_dump(), **settings}))
+    assert isinstance(built, NatsBroker)
+    return built
+
+
+@pytest.fixture
+async def broker(server: PrivateNats) -> AsyncIterator[NatsBroker]:
+    instance = nats_broker(server.url)
+    instance.ping_timeout_s = PING_TIMEOUT_S
+    await instance.connect()
+    try:
+        yield instance
+    finally:
+        await instance.close()
+
+
+async def worker_queue(broker: NatsBroker, model: str) -> tuple[str, NatsSubscription]:
+    await broker.ensure_model(model)
+    subject = c.request_subject(model)
+    return subject, await broker.subscribe(subject, c.consumer_name(model))
+
+
+async def lag_becomes(broker: NatsBroker, subject: str, group: str, expected: int) -> None:
+    deadline = time.monotonic() + 3.0
+    while (lag := await broker.lag(subject, group)) != expected:
+        assert time.monotonic() < deadline, f"lag stayed {lag}, expected {expected}"
+        await asyncio.sleep(0.02)
+
+
+async def round_trip_works(broker: NatsBroker, sub: NatsSubscription, subject: str, body: bytes) -> None:
+    """Publish, fetch and ack one message on the same broker and subscription, and see the lag drop to 0."""
+    await broker.publish(subject, body)
+    got = await sub.fetch(1, timeout_s=5.0)
+    assert [d.data for d in got] == [body]
+    await got[0].ack()
+    await lag_becomes(broker, subject, sub.group, 0)
+
+
+async def ready_within(broker: NatsBroker, timeout_s: float) -> list[str]:
+    """Ping until it passes; return the failures seen on the way."""
+    failures: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await broker.ping()
+            return failures
+        except BrokerUnavailable as exc:
+            failures.append(str(exc))
+            assert time.monotonic() < deadline, f"still not ready after {timeout_s}s: {failures[-3:]}"
+            await asyncio.sleep(0.1)
+
+
+async def test_ping_fails_while_the_server_is_paused_and_the_broker_works_once_it_resumes(
+    server: PrivateNats, broker: NatsBroker, unique: str
+) -> None:
+    subject, sub = await worker_queue(broker, f"p{unique}")
+    await broker.ping()
+
+    server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match="did not answer a ping"):
+            await broker.ping()
+        own_timeout_s = time.monotonic() - started
+        with pytest.raises(TimeoutError):  # a readiness probe's deadline cancels the ping, as /readyz does
+            await asyncio.wait_for(broker.ping(), 0.2)
+        await asyncio.sleep(PING_TIMEOUT_S)  # the server stays paused past every probe's deadline
+    finally:
+        server.resume()
+
+    assert PING_TIMEOUT_S * 0.9 <= own_timeout_s < PING_TIMEOUT_S + 1.0
+    assert await ready_within(broker, 5.0) == []  # late answers to the abandoned probes harm nothing
+    await round_trip_works(broker, sub, subject, b"after the pause")
+
+
+async def test_a_client_that_stopped_reading_is_reported_not_ready_and_reconnects(
+    server: PrivateNats, broker: NatsBroker, unique: str
+) -> None:
+    subject, sub = await worker_queue(broker, f"r{unique}")
+    connection = broker._nc  # reproduce nats-py 2.16's failure: a flush that timed out, then its late PONG
+    assert connection is not None
+
+    server.pause()
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await connection.flush(timeout=1)
+    finally:
+        server.resume()
+    await asyncio.sleep(0.3)  # the late PONG arrives and ends nats-py's read loop
+
+    with pytest.raises(BrokerUnavailable, match="stopped reading"):
+        await broker.ping()
+    await ready_within(broker, 10.0)
+    await round_trip_works(broker, sub, subject, b"after the reconnect")
+
+
+async def test_a_second_group_on_a_request_subject_is_a_config_error_naming_the_first(
+    broker: NatsBroker, unique: str
+) -> None:
+    model = f"g{unique}"
+    subject, _ = await worker_queue(broker, model)
+
+    with pytest.raises(ConfigError) as second:
+        await broker.subscribe(subject, f"audit-{unique}")
+
+    message = str(second.value)
+    assert subject in message
+    assert repr(c.consumer_name(model)) in message
+    assert "exactly one group" in message
+    await broker.subscribe(subject, c.consumer_name(model))  # the owning group still subscribes
+
+
+async def test_dead_letter_subjects_take_several_groups_and_each_gets_every_message(
+    broker: NatsBroker, unique: str
+) -> None:
+    subject = c.dlq_subject(f"d{unique}")
+    readers = [await broker.subscribe(subject, f"reader{i}-{unique}") for i in range(2)]
+    await broker.publish(subject, b"letter", msg_id=f"{unique}-letter")
+
+    for reader in readers:
+        got = await reader.fetch(1, timeout_s=5.0)
+        assert [d.data for d in got] == [b"letter"]
+        await got[0].ack()
+
+
+async def stream_config(url: str, name: str) -> StreamConfig:
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().stream_info(name)).config
+    finally:
+        await nc.close()
+
+
+async def test_job_ttl_is_the_max_age_of_the_request_and_inbox_streams(server: PrivateNats) -> None:
+    for ttl_s in (1234, 4321):  # the second broker finds the streams and aligns them
+        broker = nats_broker(server.url, job_ttl_s=ttl_s)
+        await broker.connect()
+        await broker.close()
+        for name in (c.REQ_STREAM, "FLEET_INBOX"):
+            config = await stream_config(server.url, name)
+            assert (config.max_age, config.retention) == (ttl_s, RetentionPolicy.WORK_QUEUE)
+
+
+async def test_a_request_stream_with_another_retention_is_a_config_error_saying_how_to_fix_it(
+    server: PrivateNats,
+) -> None:
+    nc = await nats.connect(server.url)
+    try:  # what an older Fleet left behind
+        await nc.jetstream().add_stream(
+            name=c.REQ_STREAM, subjects=[c.REQ_PREFIX + ".>"], retention=RetentionPolicy.INTEREST
+        )
+    finally:
+        await nc.close()
+    broker = nats_broker(server.url)
+
+    with pytest.raises(ConfigError) as old:
+        await broker.connect()
+
+    assert "interest" in str(old.value)
+    assert "workqueue" in str(old.value)
+    assert f"nats stream rm {c.REQ_STREAM}" in str(old.value)
+    await broker.close()
+
+
+async def arrives_unasked(broker: NatsBroker, sub: NatsSubscription, subject: str, body: bytes) -> None:
+    """Publish ``body`` so that it reaches ``sub`` outside any fetch and waits in its buffer."""
+    fetching = asyncio.create_task(sub.fetch(1, timeout_s=5.0))
+    await asyncio.sleep(0.2)  # its long-poll request is at the server
+    fetching.cancel()  # e.g. a caller's deadline: the request still stands at the server
+    with contextlib.suppress(asyncio.CancelledError):
+        await fetching
+    await broker.publish(subject, body)
+    await asyncio.sleep(0.1)
+
+
+async def test_a_buffered_message_is_handed_out_while_its_ack_wait_is_young_and_dropped_when_old(
+    broker: NatsBroker, unique: str
+) -> None:
+    subject, sub = await worker_queue(broker, f"b{unique}")
+
+    await arrives_unasked(broker, sub, subject, b"young")
+    young = await sub.fetch(1, timeout_s=0.2)
+    assert [(d.data, d.delivery_count) for d in young] == [(b"young", 1)]
+    await young[0].ack()
+
+    await arrives_unasked(broker, sub, subject, b"old")
+    await asyncio.sleep(ACK_WAIT_S * 0.6)  # past half its ack wait, and no worker extends it
+    assert await sub.fetch(1, timeout_s=0.2) == []
+    assert sub.dropped_stale == 1
+
+    again = await sub.fetch(1, timeout_s=ACK_WAIT_S * 3)  # the server redelivers it once its ack wait ended
+    assert [(d.data, d.delivery_count) for d in again] == [(b"old", 2)]
+    await again[0].ack()
