@@ -19,7 +19,8 @@ _JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 @dataclass(slots=True)
 class Job:
-    """One delivery with what could be made of it. ``error`` is set when the message is not a valid request."""
+    """One delivery with what could be made of it. ``error`` is set when the message is not a valid request;
+    ``body`` then holds what could be decoded of it (for the dead letter)."""
 
     delivery: Delivery
     job_id: str | None
@@ -52,6 +53,23 @@ def _fallback_job_id(delivery: Delivery, body: dict[str, Any] | None) -> str | N
 def parse_delivery(delivery: Delivery, spec: ModelSpec) -> Job:
     """Decode and validate a request for ``spec``'s model. Never raises: problems become ``Job.error``."""
     try:
+        request = RequestMessage.model_validate_json(delivery.data)  # the common case, in one pass
+    except ValidationError:
+        return _explain(delivery)
+    if request.model != spec.name:
+        message = f"message names model {request.model!r} but was sent to {spec.name!r}"
+        return _invalid(delivery, request.job_id, message, request.model_dump(mode="json"))
+    try:
+        model_input = spec.input_model.model_validate(request.input)
+    except ValidationError as exc:
+        message = f"input does not match the {spec.name!r} schema: {describe_validation(exc, 'input')}"
+        return _invalid(delivery, request.job_id, message, request.model_dump(mode="json"))
+    return Job(delivery, request.job_id, request=request, input=model_input)
+
+
+def _explain(delivery: Delivery) -> Job:
+    """The message is not a valid request: find the most useful thing to say about it, and its job id if any."""
+    try:
         body = json.loads(delivery.data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return _invalid(delivery, _fallback_job_id(delivery, None), f"message is not valid UTF-8 JSON: {exc}")
@@ -59,17 +77,10 @@ def parse_delivery(delivery: Delivery, spec: ModelSpec) -> Job:
         return _invalid(
             delivery, _fallback_job_id(delivery, None), "message must be a JSON object (see RequestMessage)"
         )
-    job_id = _fallback_job_id(delivery, body)
     try:
-        request = RequestMessage.model_validate(body)
+        RequestMessage.model_validate(body)
     except ValidationError as exc:
-        return _invalid(delivery, job_id, f"message does not match the wire format: {describe_validation(exc)}", body)
-    if request.model != spec.name:
-        message = f"message names model {request.model!r} but was sent to {spec.name!r}"
-        return _invalid(delivery, request.job_id, message, body)
-    try:
-        model_input = spec.input_model.model_validate(request.input)
-    except ValidationError as exc:
-        message = f"input does not match the {spec.name!r} schema: {describe_validation(exc, 'input')}"
-        return _invalid(delivery, request.job_id, message, body)
-    return Job(delivery, request.job_id, request=request, input=model_input, body=body)
+        message = f"message does not match the wire format: {describe_validation(exc)}"
+        return _invalid(delivery, _fallback_job_id(delivery, body), message, body)
+    # Valid as a Python object but not as JSON text (e.g. a float job id): report it as the wire format's problem.
+    return _invalid(delivery, _fallback_job_id(delivery, body), "message does not match the wire format", body)

@@ -460,8 +460,8 @@ class Worker:
             error=error,
             deliveries=job.delivery.delivery_count,
             worker_id=self.worker_id,
-            request=job.body,
-            raw=None if job.body is not None else job.delivery.data.decode("utf-8", "replace")[:65536],
+            request=job.body if job.request is None else job.request.model_dump(mode="json"),
+            raw=None if job.body or job.request else job.delivery.data.decode("utf-8", "replace")[:65536],
         )
         log.warning("job %s dead-lettered: %s", job.job_id, error.message)
         msg_id = f"{job.job_id}.dlq" if job.job_id else None

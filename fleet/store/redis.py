@@ -24,7 +24,7 @@ from redis import asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import constants as c
@@ -47,6 +47,24 @@ if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[2]) end
 return {1}
 """
 
+# The same compare-and-set for a whole micro-batch in one command. KEYS: job keys; ARGV[1] ttl_s, then per key
+# (expected, new value, channel). Returns per key 1 when written, else the current value ('' when absent).
+CAS_MANY_LUA = """
+local out = {}
+for i = 1, #KEYS do
+  local at = 2 + (i - 1) * 3
+  local current = redis.call('GET', KEYS[i])
+  if not current then current = '' end
+  if current == ARGV[at] then
+    redis.call('SET', KEYS[i], ARGV[at + 1], 'EX', ARGV[1])
+    if ARGV[at + 2] ~= '' then redis.call('PUBLISH', ARGV[at + 2], ARGV[at + 1]) end
+    out[i] = 1
+  else
+    out[i] = current
+  end
+end
+return out
+"""
 MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
 HINT = "is redis-server running and reachable?"
 
@@ -98,6 +116,7 @@ class RedisStore:
         self._owns_client = client is None
         self.redis: aioredis.Redis = client or _client(url, socket_timeout_s, connect_timeout_s, max_connections)
         self._cas = self.redis.register_script(CAS_LUA)
+        self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
         self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
         self._closed = False
 
@@ -111,6 +130,7 @@ class RedisStore:
         try:
             await asyncio.wait_for(self.redis.ping(), self._connect_timeout_s + 1)
             await self.redis.script_load(CAS_LUA)
+            await self.redis.script_load(CAS_MANY_LUA)
         except (RedisError, OSError) as exc:
             raise StoreError(f"cannot reach the result store at {self.display_url} ({exc}); {HINT}") from exc
         log.debug("result store connected: %s", self.display_url)
@@ -254,30 +274,24 @@ class RedisStore:
         results: list[tuple[bool, JobRecord] | None],
         publish: bool,
     ) -> list[int]:
-        """One pipelined round of compare-and-sets; returns the indexes that lost a race (``raws`` refreshed)."""
+        """One compare-and-set command for the whole round; returns the indexes that lost a race (``raws`` refreshed).
+
+        All keys go to one script, so on Redis Cluster they would need one hash slot: Fleet expects a single Redis
+        (or a primary with replicas), as its pub/sub notifications do anyway.
+        """
         if not writes:
             return []
-        for attempt in range(2):
-            pipe = self.redis.pipeline(transaction=False)
-            for i, record in writes:
-                channel = c.done_channel(job_ids[i]) if publish else ""
-                args = (raws[i] or b"", record.model_dump_json(), self.job_ttl_s, channel)
-                pipe.evalsha(self._cas.sha, 1, keys[i], *args)
-            try:
-                with self._errors(f"update {len(writes)} jobs"):
-                    out = await pipe.execute()
-                break
-            except StoreError as exc:
-                if attempt or not isinstance(exc.__cause__, NoScriptError):
-                    raise
-                with self._errors("load its script"):  # Redis restarted or flushed its script cache
-                    await self.redis.script_load(CAS_LUA)
+        args: list[bytes | str | int] = [self.job_ttl_s]
+        for i, record in writes:
+            args += [raws[i] or b"", record.model_dump_json(), c.done_channel(job_ids[i]) if publish else ""]
+        with self._errors(f"update {len(writes)} jobs"):
+            out = await self._cas_many_script(keys=[keys[i] for i, _ in writes], args=args)
         lost = []
         for (i, record), result in zip(writes, out, strict=True):
-            if int(result[0]) == 1:
+            if result == 1:
                 results[i] = (True, record)
             else:
-                raws[i] = _as_bytes(result[1]) or None
+                raws[i] = _as_bytes(result) or None
                 lost.append(i)
         return lost
 

@@ -18,7 +18,7 @@ from fleet import constants as c
 from fleet.errors import ConfigError, StoreError
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from fleet.store.base import ResultStore
+from fleet.store.base import Finish, ResultStore, Start
 from fleet.store.memory import MemoryStore
 from fleet.store.redis import RedisStore
 from schemas.jobs import JobError, JobRecord, JobState
@@ -190,6 +190,57 @@ async def test_finish_refuses_a_non_terminal_state(store: ResultStore) -> None:
     assert await store.get(job_id) is None
 
 
+# -- batches ----------------------------------------------------------------------------------------------------
+
+
+async def test_start_many_handles_absent_queued_and_terminal_jobs_in_order(store: ResultStore) -> None:
+    absent, waiting, done = new_id(), new_id(), new_id()
+    await store.create(queued(waiting))
+    await succeed(store, done, output="kept")
+    records = await store.start_many([Start(job_id, "echo", "w2", deliveries=2) for job_id in (absent, waiting, done)])
+    assert [r.job_id for r in records] == [absent, waiting, done]
+    assert [r.state for r in records] == [JobState.running, JobState.running, JobState.succeeded]
+    assert records[0].deliveries == 2 and records[1].worker_id == "w2"
+    assert records[2].output == "kept" and records[2].worker_id == "w1"
+    assert (await store.get(waiting)) == records[1]
+
+
+async def test_finish_many_lets_each_item_win_or_lose_its_own_race(store: ResultStore) -> None:
+    ids = [new_id() for _ in range(20)]
+    for job_id in ids[::2]:
+        await succeed(store, job_id, output="earlier")
+    items = [Finish(job_id, JobState.succeeded, "echo", output=i, worker_id="w2") for i, job_id in enumerate(ids)]
+    outcomes = await store.finish_many(items)
+    assert [won for won, _ in outcomes] == [i % 2 == 1 for i in range(20)]
+    assert [r.output for _, r in outcomes] == ["earlier" if i % 2 == 0 else i for i in range(20)]
+    stored = [await store.get(job_id) for job_id in ids]
+    assert [r.output for r in stored if r is not None] == [r.output for _, r in outcomes]
+
+
+async def test_finish_many_races_single_finishes_with_one_winner_each(store: ResultStore) -> None:
+    ids = [new_id() for _ in range(30)]
+    batch = [Finish(job_id, JobState.failed, "echo", error=JobError(type="x", message="batch")) for job_id in ids]
+    singles = [succeed(store, job_id, output="single") for job_id in ids]
+    batch_outcomes, *single_outcomes = await asyncio.gather(store.finish_many(batch), *singles)
+    for (batch_won, batch_record), (single_won, single_record) in zip(batch_outcomes, single_outcomes, strict=True):
+        assert batch_won != single_won, "exactly one writer wins each job"
+        assert batch_record == single_record, "the loser sees the winner's record"
+
+
+async def test_finish_many_wakes_the_waiters_of_every_job(store: ResultStore) -> None:
+    ids = [new_id() for _ in range(10)]
+    waiters = [asyncio.create_task(store.wait(job_id, 5)) for job_id in ids]
+    await asyncio.sleep(0.1)
+    await store.finish_many([Finish(job_id, JobState.succeeded, "echo", output=job_id) for job_id in ids])
+    records = await asyncio.gather(*waiters)
+    assert [r.output for r in records if r is not None] == ids
+
+
+async def test_empty_batches_are_no_ops(store: ResultStore) -> None:
+    assert await store.start_many([]) == []
+    assert await store.finish_many([]) == []
+
+
 # -- wait -------------------------------------------------------------------------------------------------------
 
 
@@ -295,6 +346,23 @@ async def subscriber_connections(store: RedisStore) -> list[dict[str, str]]:
     name = store.url.rsplit("client_name=", 1)[1]
     clients = await store.redis.client_list()
     return [cl for cl in clients if cl.get("name") == name and int(cl.get("sub", 0)) > 0]
+
+
+async def command_calls(store: RedisStore) -> dict[str, int]:
+    stats = await store.redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def test_redis_batch_costs_a_few_commands_not_one_per_job(redis_store: RedisStore) -> None:
+    """The worker's throughput rests on this: a micro-batch of 64 is 2 commands to start and 2 to finish."""
+    ids = [new_id() for _ in range(64)]
+    before = await command_calls(redis_store)
+    await redis_store.start_many([Start(job_id, "echo", "w1", 1) for job_id in ids])
+    await redis_store.finish_many([Finish(job_id, JobState.succeeded, "echo", output=1) for job_id in ids])
+    after = await command_calls(redis_store)
+    used = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    # commandstats also counts the GET/SET/PUBLISH calls made inside the scripts; what crosses the network is:
+    assert used.get("mget") == 2 and used.get("evalsha") == 2, used
 
 
 async def test_redis_key_holds_the_record_json_with_ttl(redis_store: RedisStore) -> None:
