@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${FLEET_PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device visible"; print(torch.cuda.get_device_name(0))'
+"$PY" -c 'import sys, torch; sys.exit(0) if torch.cuda.is_available() else sys.exit("no CUDA device is visible: run this where a GPU is")'
+"$PY" -c 'import torch; print("device:", torch.cuda.get_device_name(0))'
 "$PY" -m benchmarks.bench_embed --device cuda --infra memory --random-weights auto \
   --jobs 20000 --single-jobs 3000 --batch 256 --words 16 --name embed-gpu "$@"

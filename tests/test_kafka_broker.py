@@ -7,13 +7,17 @@ Kafka has: topics and partitions, committed offsets and their metadata, consumer
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
@@ -31,6 +35,7 @@ from fleet.brokers.kafka_names import (
 from fleet.brokers.kafka_subscription import KafkaDelivery, KafkaSubscription
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge
 from fleet.settings import FleetSettings
+from tests.infra import eventually
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,6 +166,25 @@ async def test_unreachable_broker_fails_fast_naming_the_url() -> None:
     await broker.close()
 
 
+async def test_a_port_that_never_answers_times_out_and_leaves_no_client_behind() -> None:
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"kafka://127.0.0.1:{silent.getsockname()[1]}"
+        settings = FleetSettings.model_validate({"broker_url": url})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            broker = KafkaBroker(url, settings=settings, connect_timeout_s=0.5, request_timeout_ms=1500)
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailable, match=r"no answer within 0\.5s"):
+                await broker.connect()
+            assert time.monotonic() - started < 1.5
+            await broker.close()  # waits for the abandoned start to give up (the request timeout), then stops it
+            del broker
+            gc.collect()
+    assert resource_warnings(caught) == []
+
+
 async def test_oversized_message_is_refused_before_sending(make_broker: BrokerFactory, unique: str) -> None:
     broker = await make_broker(max_message_bytes=2048)
     with pytest.raises(PayloadTooLarge, match="over the limit of 2048"):
@@ -272,6 +296,45 @@ async def test_lag_counts_waiting_and_in_flight_over_all_partitions(make_broker:
     assert await broker.lag(subject, "g") == 0
     assert await broker.lag(subject, "another-group") == 9
     await sub.close()
+
+
+async def test_a_stalled_commit_of_counts_pauses_one_batch_not_every_batch(
+    kafka_url: str, admin: AIOKafkaAdminClient, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = FleetSettings.model_validate({"broker_url": kafka_url, "kafka_partitions": 1, "ack_wait_s": 30.0})
+    broker = KafkaBroker(kafka_url, settings=settings, count_commit_wait_ms=500, **FAST)  # type: ignore[arg-type]
+    await broker.connect()
+    subject = f"fleet.req.k{unique}"
+    sub: KafkaSubscription | None = None
+    try:
+        await broker.ensure_model(f"k{unique}")
+        await publish_jobs(broker, subject, 2)
+        sub = await broker.subscribe(subject, "g")
+        real_commit = sub._consumer.commit
+
+        async def stalled_commit(offsets: Any = None) -> None:  # a group coordinator that answers after 2 s
+            await asyncio.sleep(2.0)
+            await real_commit(offsets)
+
+        sub._consumer.commit = stalled_commit  # type: ignore[method-assign]
+        started = time.monotonic()
+        first = await fetch_all(sub, 1)
+        assert len(first) == 1 and 0.45 < time.monotonic() - started < 1.5  # waited for the commit, not for ever
+        started = time.monotonic()
+        second = await fetch(sub, 1, timeout_s=5)
+        assert len(second) == 1 and time.monotonic() - started < 0.4  # the commit is still stuck: no new pause
+        assert caplog.text.count("delivery counts not committed within 0.5s") == 1
+
+        async def both_counts_committed() -> bool:  # as a next owner would read them
+            found = await admin.list_consumer_group_offsets("g", partitions=[TopicPartition(subject, 0)])
+            prior = decode_deliveries(found[TopicPartition(subject, 0)].metadata)
+            return prior is not None and [prior.count(offset) for offset in (0, 1)] == [1, 1]
+
+        await eventually(both_counts_committed, timeout_s=8, what="both batches' counts committed after the stall")
+    finally:
+        if sub is not None:
+            await sub.close()
+        await broker.close()
 
 
 # -- redelivery ---------------------------------------------------------------------------------------------------
@@ -408,6 +471,65 @@ async def test_consumer_that_dies_without_acking_hands_its_messages_over(
         await delivery.ack()
     assert await broker.lag(subject, "g") == 0
     await survivor.close()
+
+
+# -- cancellation -------------------------------------------------------------------------------------------------
+
+# Where to cancel a call: after 0-117 turns of the event loop (the first few milliseconds, where a first lag read
+# starts its offsets reader), then after 10-100 ms (where it waits for offsets).
+CANCEL_POINTS = [(turns, 0.0) for turns in range(0, 120, 3)] + [(0, ms / 1000) for ms in range(10, 101, 10)]
+
+
+async def cancel_after(call: Coroutine[Any, Any, object], turns: int, delay_s: float) -> None:
+    task = asyncio.ensure_future(call)
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    await asyncio.sleep(delay_s)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def resource_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+async def test_cancelled_lag_reads_leave_no_kafka_client_behind(kafka_url: str, unique: str) -> None:
+    """The gateway's lag monitor is cancelled wherever it is when the app stops; no aiokafka client may leak."""
+    settings = FleetSettings.model_validate({"broker_url": kafka_url})
+    subject = f"fleet.req.k{unique}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index, (turns, delay_s) in enumerate(CANCEL_POINTS):
+            broker = KafkaBroker(kafka_url, settings=settings, **FAST)  # type: ignore[arg-type]
+            await broker.connect()
+            await broker.ensure_model(f"k{unique}")
+            await cancel_after(broker.lag(subject, "g"), turns, delay_s)
+            await cancel_after(broker.lag(subject, "g"), turns // 2, delay_s / 2)
+            if index % 4 == 0:  # (a first full read takes 0.1 s)
+                assert await broker.lag(subject, "g") == 0  # still usable: a half-started reader was replaced
+            await broker.close()
+        del broker
+        gc.collect()
+    assert resource_warnings(caught) == []
+
+
+async def test_cancelled_connect_subscribe_and_listen_leave_no_kafka_client_behind(kafka_url: str, unique: str) -> None:
+    settings = FleetSettings.model_validate({"broker_url": kafka_url})
+    subject = f"fleet.req.k{unique}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index, (turns, delay_s) in enumerate(CANCEL_POINTS[::3]):
+            broker = KafkaBroker(kafka_url, settings=settings, **FAST)  # type: ignore[arg-type]
+            await cancel_after(broker.connect(), turns, delay_s)
+            await broker.connect()
+            await broker.ensure_model(f"k{unique}")
+            await cancel_after(broker.subscribe(subject, f"g{index}"), turns, delay_s)
+            await cancel_after(broker.listen(f"fleet.ctl.{unique}.*"), turns, delay_s)
+            await broker.close()
+        del broker
+        gc.collect()
+    assert resource_warnings(caught) == []
 
 
 # -- control events -----------------------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ def test_a_closed_kafka_port_fails_at_once_naming_the_url(command: str) -> None:
     url = "kafka://127.0.0.1:1"
     started = time.monotonic()
     if command == "worker":
-        result = run_fleet("worker", "--model", "echo", "--broker", url, "--store", "memory://", timeout_s=30)
+        result = run_fleet("worker", "--model", "echo", "--broker", url, "--store", "redis://127.0.0.1:1", timeout_s=30)
     else:
         result = run_fleet("publish", "--model", "echo", "--broker", url, "-", stdin='{"a": 1}\n', timeout_s=30)
     assert_clean_failure(result, f"cannot reach Kafka at {url}", "is the broker running")
@@ -261,7 +261,7 @@ def silent_port() -> Iterator[int]:
 def test_a_port_that_never_answers_fails_within_the_connect_timeout(silent_port: int) -> None:
     url = f"kafka://127.0.0.1:{silent_port}"
     started = time.monotonic()
-    result = run_fleet("worker", "--model", "echo", "--broker", url, "--store", "memory://", timeout_s=30)
+    result = run_fleet("worker", "--model", "echo", "--broker", url, "--store", "redis://127.0.0.1:1", timeout_s=30)
     assert_clean_failure(result, f"cannot reach Kafka at {url}", "no answer within")
     assert time.monotonic() - started < 20
 

@@ -3,7 +3,8 @@
 Names. A subject is its own topic name (``fleet.req.echo``; rules in ``kafka_names``). ``ensure_model`` creates
 the request topic with ``settings.kafka_partitions`` partitions and the dead-letter topic with one partition; any
 other topic Fleet publishes or subscribes to is created with one partition on first use. Creation needs
-``settings.kafka_auto_create`` (the default); with it off a missing topic is a ``ConfigError`` that names it.
+``settings.kafka_auto_create`` (the default); with it off a missing topic is a ``ConfigError`` that names it and
+the ``kafka-topics.sh`` command that creates it (``ensure_model`` names all of a model's missing topics at once).
 Control events (``emit``/``listen``) share the one-partition topic ``fleet.ctl`` with the subject as record key.
 A consumer group is the ``group`` given to ``subscribe`` (``fleet-<model>`` for workers).
 
@@ -15,12 +16,16 @@ Guarantees (the contract in ``fleet.brokers.base``, as Kafka can give it):
   broker object published within ``dedup_window_s`` is dropped before it is sent; a copy that still reaches the
   topic (published by another process) is dropped by the consumer that owns the partition when its record
   timestamp is within the window of the first copy's. Copies that escape both (after a partition hand-over) are
-  made harmless by the worker: a job already terminal in the store is acked without recomputing.
+  made harmless by the worker: a job already terminal in the store is acked without recomputing. Records are
+  placed by key with the Java client's murmur2 hash (aiokafka's default); a producer outside Fleet must hash the
+  same way for its copies to meet Fleet's (librdkafka and kcat: ``-X partitioner=murmur2_random``).
 * Delivery is at least once. Each partition belongs to one member of the group, so a member gets only the
   messages of its partitions (members beyond the partition count idle). ``nak`` and an expired ack wait
   redeliver to the same member; its partitions move to others when it leaves or its session times out.
-  ``delivery_count`` survives those hand-overs: it is stored in the metadata of the commit that ``fetch`` makes
-  before returning (see ``kafka_subscription``); only a batch whose commit failed in a rebalance restarts at 1.
+  ``delivery_count`` survives those hand-overs and crashes: it is stored in the metadata of the commit that
+  ``fetch`` makes before it hands a batch out, waiting for it at most ``count_commit_wait_ms``. Only a batch whose
+  commit failed (in a rebalance) or was still unanswered then, and whose counts no later commit carried before the
+  crash, restarts from the counts committed before it (see ``kafka_subscription``).
 * Order: first deliveries of a partition come in offset order; redeliveries come before new records; there is
   no order across partitions (records are spread by job id).
 * ``lag`` is, summed over the partitions, the end offset minus the group's committed offset (the log start when
@@ -43,7 +48,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from fleet import constants as c
 from fleet.brokers.kafka_events import EVENTS_TOPIC, KafkaEventStream
-from fleet.brokers.kafka_names import bootstrap_servers, topic_for
+from fleet.brokers.kafka_names import bootstrap_servers, start_client, stop_client, stopping_clients, topic_for
 from fleet.brokers.kafka_subscription import KafkaSubscription
 from fleet.brokers.subjects import check_group, check_subject
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
@@ -90,6 +95,8 @@ class KafkaBroker:
             the session timeout, a live member learns of a rebalance within a heartbeat.
         request_timeout_ms: for every Kafka request; ``connect_timeout_s`` bounds ``connect`` and ``ping``.
         replication_factor: of the topics Fleet creates; ``None`` takes min(3, brokers in the cluster).
+        count_commit_wait_ms: how long ``fetch`` waits for the commit of a batch's delivery counts before it hands
+            the batch out anyway (see ``kafka_subscription``).
     """
 
     scheme = "kafka"
@@ -104,6 +111,7 @@ class KafkaBroker:
         request_timeout_ms: int = 10_000,
         connect_timeout_s: float = 5.0,
         replication_factor: int | None = None,
+        count_commit_wait_ms: int = 1_000,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -113,9 +121,11 @@ class KafkaBroker:
         self._request_timeout_ms = request_timeout_ms
         self._connect_timeout_s = connect_timeout_s
         self._replication_factor = replication_factor
+        self._count_commit_wait_ms = count_commit_wait_ms
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._offsets: AIOKafkaConsumer | None = None  # group-less consumer for end/beginning offsets
+        self._offsets_lock = asyncio.Lock()
         self._topics: set[str] = set()
         self._recent = _RecentIds(settings.dedup_window_s)
         self._publishing: dict[str, asyncio.Future[None]] = {}
@@ -133,25 +143,30 @@ class KafkaBroker:
         """Connect the admin client and the idempotent producer; ``BrokerUnavailable`` naming the URL if not."""
         if self._producer is not None:
             return
-        admin = AIOKafkaAdminClient(**self._client_options("admin"))
-        producer = AIOKafkaProducer(
-            enable_idempotence=True,
-            acks="all",
-            max_request_size=self.settings.max_message_bytes + HEADROOM_BYTES,
-            **self._client_options("producer"),
-        )
         try:
-            await asyncio.wait_for(admin.start(), self._connect_timeout_s)
-            await asyncio.wait_for(producer.start(), self._connect_timeout_s)
+            self._admin, self._producer = await self._start_clients()
         except (KafkaError, OSError, TimeoutError) as exc:
-            await producer.stop()
-            await admin.close()
             reason = f"no answer within {self._connect_timeout_s}s" if isinstance(exc, TimeoutError) else str(exc)
             raise BrokerUnavailable(
                 f"cannot reach Kafka at {self.url} ({reason}): is the broker running and is the URL right?"
             ) from exc
-        self._admin, self._producer = admin, producer
         log.info("connected to Kafka at %s", self.url)
+
+    async def _start_clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaProducer]:
+        admin = AIOKafkaAdminClient(**self._client_options("admin"))
+        await start_client(admin.start, admin.close, timeout_s=self._connect_timeout_s)
+        try:
+            producer = AIOKafkaProducer(
+                enable_idempotence=True,
+                acks="all",
+                max_request_size=self.settings.max_message_bytes + HEADROOM_BYTES,
+                **self._client_options("producer"),
+            )
+            await start_client(producer.start, producer.stop, timeout_s=self._connect_timeout_s)
+        except BaseException:
+            await stop_client(admin.close)
+            raise
+        return admin, producer
 
     async def close(self) -> None:
         """Close subscriptions and event streams left open (with a warning), the producer and the admin client."""
@@ -160,14 +175,16 @@ class KafkaBroker:
             await sub.close()
         for stream in list(self._streams):
             await stream.close()
-        producer, admin, offsets = self._producer, self._admin, self._offsets
-        self._producer = self._admin = self._offsets = None
+        async with self._offsets_lock:  # a lag() starting the offsets reader finishes that first
+            producer, admin, offsets = self._producer, self._admin, self._offsets
+            self._producer = self._admin = self._offsets = None
         if producer is not None:
-            await producer.stop()
+            await stop_client(producer.stop)
         if offsets is not None:
-            await offsets.stop()
+            await stop_client(offsets.stop)
         if admin is not None:
-            await admin.close()
+            await stop_client(admin.close)
+        await stopping_clients()  # clean-ups of starts that timed out or were cancelled
 
     async def ping(self) -> None:
         """Raise ``BrokerUnavailable`` unless a metadata request answers within the connect timeout."""
@@ -347,6 +364,7 @@ class KafkaBroker:
             ack_wait_s=self.settings.ack_wait_s,
             dedup_window_s=self.settings.dedup_window_s,
             commit_timeout_s=self._request_timeout_ms / 1000,
+            count_commit_wait_s=self._count_commit_wait_ms / 1000,
             on_close=self._subscriptions.discard,
         )
         self._subscriptions.add(sub)
@@ -407,16 +425,16 @@ class KafkaBroker:
         return total
 
     async def _offsets_reader(self) -> AIOKafkaConsumer:
-        if self._offsets is None:
-            self._require_admin()
-            reader = AIOKafkaConsumer(enable_auto_commit=False, **self._client_options("offsets"))
-            try:
-                await reader.start()
-            except KafkaError as exc:
-                await reader.stop()
-                raise BrokerUnavailable(f"Kafka at {self.url} does not answer: {exc!r}") from exc
-            self._offsets = reader
-        return self._offsets
+        async with self._offsets_lock:  # one reader, even when lag() calls overlap
+            if self._offsets is None:
+                self._require_admin()
+                reader = AIOKafkaConsumer(enable_auto_commit=False, **self._client_options("offsets"))
+                try:
+                    await start_client(reader.start, reader.stop)  # stopped again on any error or cancellation
+                except KafkaError as exc:
+                    raise BrokerUnavailable(f"Kafka at {self.url} does not answer: {exc!r}") from exc
+                self._offsets = reader
+            return self._offsets
 
     # -- control events ---------------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 
 from fleet import constants as c
+from fleet.brokers.kafka_names import start_client, stop_client
 from fleet.brokers.subjects import subject_matches
 from fleet.errors import BrokerUnavailable
 
@@ -39,7 +40,7 @@ class KafkaEventStream:
         self._stopped = False
 
     async def start(self, partitions: int) -> None:
-        await self._consumer.start()
+        await start_client(self._consumer.start, self._consumer.stop)  # stopped again on any error or cancellation
         tps = [TopicPartition(EVENTS_TOPIC, p) for p in range(partitions)]
         self._consumer.assign(tps)
         await self._consumer.seek_to_end(*tps)
@@ -76,7 +77,7 @@ class KafkaEventStream:
         if not self._stopped:
             self._stopped = True
             self._on_close(self)
-            await self._consumer.stop()
+            await stop_client(self._consumer.stop)
 
     def __del__(self, _warnings: Any = warnings) -> None:
         if not getattr(self, "_stopped", True):

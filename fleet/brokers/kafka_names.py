@@ -1,4 +1,4 @@
-"""Pure helpers of the Kafka broker: URLs, subject-to-topic names and delivery-count records.
+"""Helpers of the Kafka broker: URLs, subject-to-topic names, delivery-count records, starting and stopping clients.
 
 Topic names: Kafka allows ``[a-zA-Z0-9._-]`` (at most 249 characters), and Fleet's subjects use only those
 characters (model names match ``[a-z0-9][a-z0-9_-]*``), so a subject is used verbatim as its topic name:
@@ -8,18 +8,27 @@ Delivery counts: Kafka keeps none, so the consumer stores them in the metadata s
 (``fleet1|<until>|<start>:<count>,...``): every offset from the committed one up to ``until`` was handed out, the
 runs say how many times. A consumer that takes a partition over (after a rebalance or a crash) reads the record
 and continues the counts, so a message redelivered to another process arrives with ``delivery_count >= 2``.
+
+Clients: aiokafka cannot take a cancellation half-way through ``start()`` (``AIOKafkaClient.bootstrap`` leaves its
+bootstrap connection open) and a client dropped without ``stop()`` warns at garbage collection. Every producer,
+consumer and admin client Fleet creates is started with ``start_client`` and stopped with ``stop_client``, so that
+an error, a timeout or a cancellation (a lag read cancelled by a shutting-down app) never leaves one behind.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from fleet.brokers.subjects import check_subject
 from fleet.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -113,3 +122,68 @@ def decode_deliveries(metadata: str | None) -> PriorDeliveries | None:
         return PriorDeliveries(int(until), tuple(r[0] for r in runs), tuple(r[1] for r in runs))
     except ValueError:
         return None
+
+
+# -- starting and stopping aiokafka clients ----------------------------------------------------------------------
+
+Step = Callable[[], Awaitable[None]]
+_STOPPING: set[asyncio.Future[None]] = set()  # clean-ups that may outlive their caller; held so they finish
+
+
+async def start_client(start: Step, stop: Step, *, timeout_s: float | None = None) -> None:
+    """Run ``start`` (an aiokafka client's ``start``); on any exit but success, ``stop`` the client and re-raise.
+
+    ``start`` runs in a task of its own that the caller's cancellation does not reach, and ``stop`` runs only once
+    it ended (stopping a client whose start is still running leaves behind what the start creates afterwards):
+
+    * the start fails: the client is stopped, then the start's error is raised;
+    * the caller is cancelled: it waits for the start to end and for ``stop``, then re-raises ``CancelledError``;
+    * ``timeout_s`` passes first: ``TimeoutError`` at once, the clean-up goes on in the background
+      (``await stopping_clients()`` waits for it).
+    """
+    starting = asyncio.ensure_future(start())
+    try:
+        done, _ = await asyncio.wait({starting}, timeout=timeout_s)
+    except BaseException:
+        await asyncio.shield(_keep(_stop_after(starting, stop)))
+        raise
+    if not done:
+        _keep(_stop_after(starting, stop))
+        raise TimeoutError(f"no answer within {timeout_s}s")
+    if starting.cancelled() or starting.exception() is not None:
+        await asyncio.shield(_keep(_stop_after(starting, stop)))
+    starting.result()  # the start's own error, if any
+
+
+async def stop_client(stop: Step) -> None:
+    """Run ``stop`` to the end even if the caller is cancelled meanwhile; a failure is logged (the client is gone)."""
+    await asyncio.shield(_keep(_stop_quietly(stop)))
+
+
+async def stopping_clients() -> None:
+    """Wait for the clean-ups that ``start_client`` and ``stop_client`` left running in this event loop."""
+    loop = asyncio.get_running_loop()
+    pending = [task for task in _STOPPING if task.get_loop() is loop]
+    if pending:
+        await asyncio.wait(pending)
+
+
+def _keep(step: Awaitable[None]) -> asyncio.Future[None]:
+    task = asyncio.ensure_future(step)
+    _STOPPING.add(task)
+    task.add_done_callback(_STOPPING.discard)
+    return task
+
+
+async def _stop_after(starting: asyncio.Future[None], stop: Step) -> None:
+    await asyncio.wait({starting})
+    if not starting.cancelled():
+        starting.exception()  # retrieved here: the caller raises it, or nobody waits for it any more
+    await _stop_quietly(stop)
+
+
+async def _stop_quietly(stop: Step) -> None:
+    try:
+        await stop()
+    except Exception as exc:
+        log.warning("stopping a Kafka client failed: %r", exc)

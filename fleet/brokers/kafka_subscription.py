@@ -7,8 +7,15 @@ Kafka has offsets, not per-message acks, so each assigned partition keeps a loca
   work; settled messages above that point are delivered again only if the partition changes hands.
 * **Redelivery.** ``nak`` and an expired ack wait put the message back on a local queue (the offset stays
   uncommitted) and the same consumer hands it out again, with ``delivery_count`` one higher, before new records.
-* **Delivery counts** live in the metadata of each commit (see ``kafka_names``); ``fetch`` commits that record
-  before it returns new messages, so a consumer that dies mid-batch leaves counts that the next owner continues.
+* **Delivery counts** live in the metadata of each commit (see ``kafka_names``). Before ``fetch`` hands a batch
+  out it commits the counts of its messages (together with the acks so far) and waits for that commit at most
+  ``count_commit_wait_s``. The guarantee: a message of a batch whose count commit succeeded reaches its next owner
+  (after a crash, a lost session or a hand-over) with a ``delivery_count`` higher than any it was handed out with,
+  so a message that keeps killing its worker reaches ``max_deliveries``. A batch whose count commit failed (the
+  group was rebalancing) or did not answer within the wait (a coordinator stall) is handed out anyway, with a
+  warning: its counts reach Kafka with the next commit that succeeds (the late one, the next fetch's or the next
+  ack's), and a crash before then makes its next owner start from the counts committed before it. While a
+  count commit is stuck past the wait, later batches go out without waiting (one pause per stall, not per batch).
 * **De-duplication.** Records keyed by the same job id land on the same partition; a record whose key was seen on
   that partition within ``dedup_window_s`` (by record timestamp) is settled without being handed out.
 * **Rebalances** (aiokafka's eager protocol revokes every partition): on revocation the consumer stops handing
@@ -36,13 +43,21 @@ from aiokafka.errors import CommitFailedError, ConsumerStoppedError, IllegalStat
 from aiokafka.structs import OffsetAndMetadata
 
 from fleet.brokers.base import Delivery
-from fleet.brokers.kafka_names import PriorDeliveries, decode_deliveries, encode_deliveries, runs_of
+from fleet.brokers.kafka_names import (
+    PriorDeliveries,
+    decode_deliveries,
+    encode_deliveries,
+    runs_of,
+    start_client,
+    stop_client,
+)
 from fleet.constants import HEADER_MSG_ID
 from fleet.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
 COMMIT_DELAY_S = 0.2
+COUNT_COMMIT_WAIT_S = 1.0
 MIN_POLL_S = 0.01
 ReadCommitted = Callable[[set[TopicPartition]], Any]  # async (tps) -> {tp: OffsetAndMetadata}
 
@@ -166,9 +181,13 @@ class KafkaSubscription:
         dedup_window_s: float,
         commit_timeout_s: float,
         on_close: Callable[[KafkaSubscription], None],
+        count_commit_wait_s: float = COUNT_COMMIT_WAIT_S,
     ) -> None:
         self.topic, self.group = topic, group
         self._commit_timeout_s = commit_timeout_s
+        self._count_commit_wait_s = min(count_commit_wait_s, commit_timeout_s)
+        self._count_commits: set[asyncio.Task[None]] = set()
+        self._stuck_commit: asyncio.Task[None] | None = None  # a count commit still running past its wait
         self._ack_wait_s = ack_wait_s
         self._dedup_window_ms = int(dedup_window_s * 1000)
         self._read_committed = read_committed
@@ -187,7 +206,7 @@ class KafkaSubscription:
 
     async def start(self, join_timeout_s: float) -> None:
         self._consumer.subscribe([self.topic], listener=_Listener(self))
-        await self._consumer.start()
+        await start_client(self._consumer.start, self._consumer.stop)  # stopped again on any error or cancellation
         self._started = True
         self._flusher = asyncio.create_task(self._flush_loop(), name=f"kafka-commit-{self.topic}")
         try:
@@ -208,11 +227,36 @@ class KafkaSubscription:
                 if len(out) < max_messages:
                     out += await self._poll(max_messages - len(out), self._wait_s(bool(out), now, deadline))
                 if out:
-                    await self.commit()  # persist the delivery counts before anyone works on these
+                    await self._commit_counts()  # before anyone works on these: see "Delivery counts" above
                     return out
                 if time.monotonic() >= deadline:
                     return []
         return []
+
+    async def _commit_counts(self) -> None:
+        stuck = self._stuck_commit
+        if stuck is not None and not stuck.done():
+            self._dirty.set()  # the ack committer takes these counts along once the stuck commit is over
+            return
+        commit = asyncio.create_task(self._commit_logged(), name=f"kafka-count-commit-{self.topic}")
+        self._count_commits.add(commit)
+        commit.add_done_callback(self._count_commits.discard)
+        done, _ = await asyncio.wait({commit}, timeout=self._count_commit_wait_s)  # a cancelled fetch leaves it running
+        if not done:
+            self._stuck_commit = commit
+            log.warning(
+                "group %r on %r: delivery counts not committed within %.1fs; handing the batch out anyway "
+                "(a crash before the commit lands restarts its counts)",
+                self.group,
+                self.topic,
+                self._count_commit_wait_s,
+            )
+
+    async def _commit_logged(self) -> None:
+        try:
+            await self.commit()
+        except Exception:
+            log.exception("group %r: commit of delivery counts failed", self.group)
 
     async def _poll(self, max_records: int, wait_s: float) -> list[Delivery]:
         try:
@@ -430,10 +474,15 @@ class KafkaSubscription:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
         try:
+            running = set(self._count_commits)
+            for commit in running:  # the last commit below covers what they were sending
+                commit.cancel()
+            if running:
+                await asyncio.wait(running)
             if self._started:
                 await self.commit()
         finally:
-            await self._consumer.stop()
+            await stop_client(self._consumer.stop)
             for ledger in [*self._ledgers.values(), *self._suspended.values()]:
                 self._drop(ledger)
 
