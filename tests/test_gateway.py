@@ -67,6 +67,9 @@ async def open_env(request: pytest.FixtureRequest, pair: str, unique: str, **ove
         yield Env(settings, broker, store, app, client, echo, sleep, embed)
 
 
+JSON = {"content-type": "application/json"}
+
+
 @pytest.fixture(params=PAIRS)
 async def env(request: pytest.FixtureRequest, unique: str) -> AsyncIterator[Env]:
     """The gateway over each broker/store pair."""
@@ -198,6 +201,26 @@ async def test_multiplexed_websocket_survives_bad_frames(env: Env, unique: str) 
     assert all(f["type"] == "result" and f["job"]["state"] == "succeeded" for f in frames)
     assert sorted(f["job"]["job_id"] for f in frames) == sorted(ids), "each result once"
     assert resent["job"]["job_id"] == ids[1]
+
+
+async def test_bad_input_gets_the_same_clear_errors_on_every_pair(env: Env) -> None:
+    """The validation cases below run on the in-memory pair in detail; here one of each kind per broker/store."""
+    cases = [
+        (await env.submit(model="gpt-9", input={}), 404, "unknown_model"),
+        (await env.submit(model=env.embed, input={"texts": ["ok", 7]}), 422, "invalid_input"),
+        (await env.client.post("/v1/jobs", content=b'{"model": ', headers=JSON), 400, "malformed_json"),
+        (
+            await env.client.post("/v1/jobs", content=b"x" * (env.settings.max_body_bytes + 1), headers=JSON),
+            413,
+            "payload_too_large",
+        ),
+        (await env.client.get("/v1/jobs/no-such-job"), 404, "job_not_found"),
+        (await env.client.get("/v1/jobs/no-such-job", params={"wait": "-1"}), 422, "invalid_request"),
+    ]
+    assert [(r.status_code, error_of(r)["type"]) for r, _, _ in cases] == [(s, t) for _, s, t in cases]
+    assert "input.texts.1" in error_of(cases[1][0])["message"]
+    healthy = await env.submit(model=env.echo, input={"still": "serving"})
+    assert healthy.status_code == 202
 
 
 # -- request validation (in-memory pair) ----------------------------------------------------------------------

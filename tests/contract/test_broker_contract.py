@@ -12,7 +12,7 @@ import pytest
 
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker, Delivery, EventStream, Subscription
-from fleet.constants import consumer_name, request_subject
+from fleet.constants import consumer_name, dlq_subject, request_subject
 from fleet.errors import BrokerError, BrokerUnavailable, PayloadTooLarge
 from tests.contract.conftest import (
     ACK_WAIT_S,
@@ -342,3 +342,25 @@ async def test_single_consumer_receives_a_subject_in_publish_order(broker: Broke
 
     assert [d.data for d in got] == [f"{i}".encode() for i in range(50)]
     await ack_all(got)
+
+
+async def test_dead_letters_wait_for_readers_that_come_later_and_keep_their_headers(broker: Broker, model: str) -> None:
+    """What a worker does after the last failed delivery: publish to the dead-letter subject, then terminate."""
+    subject, sub = await worker_queue(broker, model)
+    await broker.publish(subject, b"poison", msg_id=f"{model}-p")
+    [delivery] = await drain(sub, 1)
+    dlq = dlq_subject(model)
+    headers = {"fleet-error": "model_error", "fleet-job-id": f"{model}-p"}
+    await broker.publish(dlq, b"letter", msg_id=f"{model}-p.dlq", headers=headers)
+    await broker.publish(dlq, b"letter again", msg_id=f"{model}-p.dlq", headers=headers)  # a repeat is dropped
+    await delivery.term()
+
+    reader = await broker.subscribe(dlq, "ops-readers")  # the reader subscribes after the letter was written
+    try:
+        [letter] = await drain(reader, 1)
+        assert letter.data == b"letter" and letter.headers["fleet-error"] == "model_error"
+        await letter.ack()
+        assert await reader.fetch(5, timeout_s=0.5) == []
+    finally:
+        await reader.close()
+    assert await sub.fetch(1, timeout_s=ACK_WAIT_S + 0.5) == [], "a terminated request never comes back"
