@@ -29,7 +29,7 @@ import nats
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from benchmarks.common import Timer, best_of, percentiles_ms, services, show, write_results
+from benchmarks.common import Timer, best_of, percentiles_ms, pooled, services, show, write_results
 from consumers.handlers import with_name as renamed
 from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
@@ -61,11 +61,9 @@ async def raw_jetstream(nats_url: str, n: int, batch: int, concurrency: int) -> 
     await js.add_stream(name=stream, subjects=[subject])
     psub = await js.pull_subscribe(subject, durable=f"raw-{token}", stream=stream)
     payloads = [m.model_dump_json().encode() for m in requests_for("raw", n)]
-    slots = asyncio.Semaphore(concurrency)
 
     async def publish_one(i: int) -> None:
-        async with slots:
-            await js.publish(subject, payloads[i], headers={"Nats-Msg-Id": f"{token}-{i}"})
+        await js.publish(subject, payloads[i], headers={"Nats-Msg-Id": f"{token}-{i}"})
 
     async def consume() -> None:
         done = 0
@@ -79,7 +77,7 @@ async def raw_jetstream(nats_url: str, n: int, batch: int, concurrency: int) -> 
             done += len(msgs)
 
     with Timer() as t:
-        await asyncio.gather(consume(), *(publish_one(i) for i in range(n)))
+        await asyncio.gather(consume(), pooled(list(range(n)), concurrency, publish_one))
     await js.delete_stream(stream)
     await nc.close()
     return n / t.seconds
@@ -107,12 +105,13 @@ async def raw_kafka(kafka_url: str, n: int, batch: int, concurrency: int, partit
     while not consumer.assignment():  # join the group first, as a fleet worker does before taking work
         await consumer.getmany(timeout_ms=100)
     messages = requests_for("raw", n)
-    slots = asyncio.Semaphore(concurrency)
 
     async def produce_one(message: RequestMessage) -> None:
-        async with slots:
-            sent = await producer.send(topic, message.model_dump_json().encode(), key=message.job_id.encode())
-            await sent
+        # The same record Fleet writes: value, the job id as key, and the job id and model as headers.
+        headers = [(c.HEADER_JOB_ID, message.job_id.encode()), (c.HEADER_MODEL, message.model.encode())]
+        data = message.model_dump_json().encode()
+        sent = await producer.send(topic, data, key=message.job_id.encode(), headers=headers)
+        await sent
 
     async def consume() -> None:
         done = 0
@@ -125,7 +124,7 @@ async def raw_kafka(kafka_url: str, n: int, batch: int, concurrency: int, partit
 
     try:
         with Timer() as t:
-            await asyncio.gather(consume(), *(produce_one(m) for m in messages))
+            await asyncio.gather(consume(), pooled(messages, concurrency, produce_one))
     finally:
         await consumer.stop()
         await producer.stop()

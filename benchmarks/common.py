@@ -3,13 +3,14 @@ in one run; they are never timed tests."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,18 @@ def services(nats: bool = True, redis: bool = True, kafka: bool = False) -> Iter
         if kafka:
             urls["kafka"] = os.environ.get("FLEET_BENCH_KAFKA_URL") or stack.enter_context(kafka_server())
         yield urls
+
+
+async def pooled(items: list[Any], concurrency: int, send: Callable[[Any], Awaitable[None]]) -> None:
+    """Await ``send`` for every item with ``concurrency`` in flight: the pattern ``publish_all`` uses, so the raw
+    baselines and the fleet pay the same client-side cost for keeping publishes in flight."""
+    pending = iter(items)
+
+    async def worker() -> None:
+        for item in pending:
+            await send(item)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(items))))))
 
 
 def percentiles_ms(values_s: list[float]) -> dict[str, float]:

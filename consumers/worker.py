@@ -2,10 +2,11 @@
 
 Pipeline (one worker, one model, one device)::
 
-    fetch loop --(batch queue, depth 1)--> compute loop --(settle tasks)--> store.finish -> ack / nak / dead-letter
+    fetch loop (fetch, parse, start_many) --(queue, depth 1)--> compute loop --(settle tasks)--> finish_many -> ack
 
-The fetch loop fills the next batch while the model computes the current one in a thread, and results of batch N
-are written while batch N+1 computes. Heartbeats and ack-deadline extensions run in their own tasks, so a long
+The fetch loop fills and admits the next batch (invalid, duplicate and expired messages are settled there; the
+rest are moved to running) while the model computes the current one in a thread, and results of batch N are
+written while batch N+1 computes. Heartbeats and ack-deadline extensions run in their own tasks, so a long
 batch neither looks dead nor gets redelivered.
 """
 
@@ -89,7 +90,7 @@ class Worker:
         self.stats = WorkerStats()
         self.state = "starting"
         self._held: dict[int, Delivery] = {}
-        self._queue: asyncio.Queue[list[Delivery]] = asyncio.Queue(maxsize=1)
+        self._queue: asyncio.Queue[list[Job]] = asyncio.Queue(maxsize=1)
         self._settling: set[asyncio.Task[None]] = set()
         self._settle_slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
         self._sub: Subscription | None = None
@@ -98,6 +99,9 @@ class Worker:
         self._aux_tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._stopped = False
+        self._counters: dict[str, Any] = {}
+        self._taken = asyncio.Event()
+        self._in_flight = metrics.IN_FLIGHT.labels(self.model)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Worker:
@@ -170,8 +174,8 @@ class Worker:
 
     async def _release_queued(self) -> None:
         while not self._queue.empty():
-            for delivery in self._queue.get_nowait():
-                await self._nak_quietly(delivery)
+            for job in self._queue.get_nowait():
+                await self._nak_quietly(job.delivery)
         self._queue.put_nowait([])  # wakes the compute loop so it sees the stop
 
     async def _finish_in_flight(self, deadline_s: float) -> None:
@@ -213,22 +217,34 @@ class Worker:
                 continue
             for delivery in batch:
                 self._held[id(delivery)] = delivery
-            metrics.IN_FLIGHT.labels(self.model).set(len(self._held))
-            await self._queue.put(batch)
+            self._in_flight.set(len(self._held))
+            try:
+                # Parsing and moving jobs to running happen here, so they overlap the previous batch's compute.
+                jobs = await self._admit([parse_delivery(d, self.spec) for d in batch])
+            except Exception:
+                log.exception("worker %s: could not admit a batch; handing it back", self.worker_id)
+                await asyncio.gather(*(self._nak_quietly(d) for d in batch))
+                continue
+            if jobs:
+                # Hand over, then wait until the compute loop takes the batch: at most one batch is admitted
+                # ahead of the one computing, so a worker never hoards work its peers could be doing.
+                self._taken.clear()
+                await self._queue.put(jobs)
+                await self._taken.wait()
 
     async def _compute_loop(self) -> None:
         while True:
-            batch = await self._queue.get()
-            if not batch:
+            jobs = await self._queue.get()
+            self._taken.set()
+            if not jobs:
                 if self._stopping.is_set():
                     return
                 continue
             try:
-                await self._run_batch(batch)
+                await self._run_batch(jobs)
             except Exception:
                 log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
-                for delivery in batch:
-                    await self._nak_quietly(delivery)
+                await asyncio.gather(*(self._nak_quietly(job.delivery) for job in jobs))
 
     async def _keepalive_loop(self) -> None:
         interval_s = max(0.2, self.settings.ack_wait_s / 3)
@@ -265,25 +281,23 @@ class Worker:
             log.warning("worker %s: heartbeat not sent: %s", self.worker_id, exc)
 
     # -- one batch ------------------------------------------------------------------------------------------
-    async def _run_batch(self, batch: list[Delivery]) -> None:
-        jobs = [parse_delivery(d, self.spec) for d in batch]
-        runnable = await self._admit(jobs)
-        results: list[Any] = []
-        if runnable:
-            t0 = time.perf_counter()
-            results = await self._predict(runnable)
-            compute_ms = (time.perf_counter() - t0) * 1000
-            self.stats.record_batch(len(runnable), compute_ms)
-            metrics.BATCH_SIZE.labels(self.model).observe(len(runnable))
-            metrics.BATCH_SECONDS.labels(self.model).observe(compute_ms / 1000)
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        """Compute admitted (running) jobs, then hand their results to a settle task and return for the next."""
+        t0 = time.perf_counter()
+        results = await self._predict(jobs)
+        compute_ms = (time.perf_counter() - t0) * 1000
+        self.stats.record_batch(len(jobs), compute_ms)
+        metrics.BATCH_SIZE.labels(self.model).observe(len(jobs))
+        metrics.BATCH_SECONDS.labels(self.model).observe(compute_ms / 1000)
         await self._settle_slots.acquire()
-        task = asyncio.create_task(self._settle_all(runnable, results))
+        task = asyncio.create_task(self._settle_all(jobs, results))
         self._settling.add(task)
         task.add_done_callback(self._settled)
 
     def _settled(self, task: asyncio.Task[None]) -> None:
         self._settling.discard(task)
         self._settle_slots.release()
+        self._in_flight.set(len(self._held))
 
     async def _admit(self, jobs: list[Job]) -> list[Job]:
         """Settle what must not run (invalid, exhausted, already terminal, expired); return the rest, running."""
@@ -429,7 +443,7 @@ class Worker:
             delay_s,
         )
         self.stats.failures += 1
-        metrics.ITEMS.labels(self.model, "retried").inc()
+        self._count("retried")
         self._forget(job.delivery)
         try:
             await job.delivery.nak(delay_s)
@@ -478,7 +492,7 @@ class Worker:
             log.warning("job %s: dead letter not published (%s); handing the message back", job.job_id, exc)
             await self._nak_quietly(job.delivery)
             return
-        metrics.ITEMS.labels(self.model, "dead_lettered").inc()
+        self._count("dead_lettered")
 
     async def _ack(self, job: Job, outcome: str) -> None:
         """Settle a message whose result is stored. A lost ack only means a redelivery, acked as a duplicate."""
@@ -487,8 +501,13 @@ class Worker:
             await job.delivery.ack()
         except BrokerError as exc:
             log.warning("job %s: ack not confirmed (%s); a redelivery will be acked as a duplicate", job.job_id, exc)
-        metrics.ITEMS.labels(self.model, outcome).inc()
+        self._count(outcome)
 
     def _forget(self, delivery: Delivery) -> None:
         self._held.pop(id(delivery), None)
-        metrics.IN_FLIGHT.labels(self.model).set(len(self._held))
+
+    def _count(self, outcome: str) -> None:
+        counter = self._counters.get(outcome)
+        if counter is None:
+            counter = self._counters[outcome] = metrics.ITEMS.labels(self.model, outcome)
+        counter.inc()

@@ -84,22 +84,28 @@ async def publish_all(
 ) -> list[str]:
     """Publish every message to its model's subject with the job id as message id; return the job ids.
 
-    Up to ``concurrency`` publishes are awaiting their broker acknowledgement at once. Raises the first
-    ``BrokerError`` (already-acknowledged messages stay published; re-running is safe thanks to de-duplication
-    as long as the same job ids are used).
+    ``concurrency`` publishers share the list, so that many publishes await their broker acknowledgement at once
+    (a fixed pool rather than one task per message: a million-line file costs no million waiting tasks). Raises the
+    first ``BrokerError`` and stops the rest (already-acknowledged messages stay published; re-running is safe
+    thanks to de-duplication as long as the same job ids are used).
     """
-    slots = asyncio.Semaphore(concurrency)
+    pending = iter(messages)
 
-    async def one(message: RequestMessage) -> str:
-        async with slots:
+    async def publisher() -> None:
+        for message in pending:  # the shared iterator hands each message to exactly one publisher
             await broker.publish(
                 c.request_subject(message.model),
                 message.model_dump_json().encode(),
                 msg_id=message.job_id,
                 headers={c.HEADER_JOB_ID: message.job_id, c.HEADER_MODEL: message.model},
             )
-        if on_published is not None:
-            on_published()
-        return message.job_id
+            if on_published is not None:
+                on_published()
 
-    return list(await asyncio.gather(*(one(m) for m in messages)))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(max(1, min(concurrency, len(messages)))):
+                group.create_task(publisher())
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None  # the broker's own error, as from a single publish
+    return [message.job_id for message in messages]

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
+from consumers.requests import Job
 from consumers.worker import Worker
 from fleet.brokers.base import Broker, Delivery
 from fleet.settings import FleetSettings
@@ -59,10 +60,11 @@ class _RecordingWorker(Worker):
         self.seen = seen
         self.progress = progress
 
-    async def _run_batch(self, batch: list[Delivery]) -> None:
-        await super()._run_batch(batch)
-        self.seen.extend(batch)
+    async def _admit(self, jobs: list[Job]) -> list[Job]:
+        runnable = await super()._admit(jobs)
+        self.seen.extend(job.delivery for job in jobs)
         self.progress.set()
+        return runnable
 
 
 @dataclass
@@ -82,7 +84,7 @@ class FakeWorker:
         """Wait until the worker has taken ``count`` deliveries and settled them."""
         assert self._worker is not None
         async with asyncio.timeout(timeout_s):
-            while len(self.seen) < count or self._worker._settling:
+            while len(self.seen) < count or self._worker._held:
                 self._progress.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._progress.wait(), 0.05)

@@ -130,7 +130,10 @@ async def test_sigterm_drains_the_batch_in_flight(infra, urls, unique, tmp_path:
         running = [j for j in ids if (r := await store.get(j)) is not None and r.state is JobState.running]
         assert await asyncio.to_thread(stop, proc) == 0, log.read_text()[-2000:]
     after = {j: await store.get(j) for j in ids}
-    assert all(after[j].state is JobState.succeeded for j in running), "the batch in flight finishes before exit"
+    # "running" covers the batch computing and the one admitted behind it; the first must finish before exit.
+    finished = [j for j in running if after[j].state is JobState.succeeded]
+    assert len(finished) >= 4, "the batch in flight (max_batch=4) finishes before exit"
+    assert all(r.state is JobState.succeeded for r in after.values() if r is not None and r.terminal)
     assert any(r is None or not r.terminal for r in after.values()), "work not started is left for redelivery"
     assert "stopped after" in log.read_text()
     unfinished = sum(1 for r in after.values() if r is None or not r.terminal)

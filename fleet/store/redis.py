@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -47,24 +49,31 @@ if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[2]) end
 return {1}
 """
 
-# The same compare-and-set for a whole micro-batch in one command. KEYS: job keys; ARGV[1] ttl_s, then per key
-# (expected, new value, channel). Returns per key 1 when written, else the current value ('' when absent).
+# The same compare-and-set for a whole micro-batch in one command, comparing SHA-1 digests so that only the new
+# values cross the network. KEYS: job keys. ARGV: ttl_s, publish ('1' or '0'), key prefix length, channel prefix,
+# then per key (sha1 hex of the expected value or '' for absent, new value). Returns per key 1 when written, else
+# the current value ('' when absent). The completion channel of a key is the channel prefix plus the job id.
 CAS_MANY_LUA = """
 local out = {}
+local cut = tonumber(ARGV[3]) + 1
 for i = 1, #KEYS do
-  local at = 2 + (i - 1) * 3
+  local at = 5 + (i - 1) * 2
   local current = redis.call('GET', KEYS[i])
-  if not current then current = '' end
-  if current == ARGV[at] then
+  local digest = ''
+  if current then digest = redis.sha1hex(current) end
+  if digest == ARGV[at] then
     redis.call('SET', KEYS[i], ARGV[at + 1], 'EX', ARGV[1])
-    if ARGV[at + 2] ~= '' then redis.call('PUBLISH', ARGV[at + 2], ARGV[at + 1]) end
+    if ARGV[2] == '1' then redis.call('PUBLISH', ARGV[4] .. string.sub(KEYS[i], cut), ARGV[at + 1]) end
     out[i] = 1
-  else
+  elseif current then
     out[i] = current
+  else
+    out[i] = ''
   end
 end
 return out
 """
+KNOWN_RECORDS = 65_536  # records this store wrote last, by job id: a batch finish then needs no read first
 MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
 HINT = "is redis-server running and reachable?"
 
@@ -117,6 +126,7 @@ class RedisStore:
         self.redis: aioredis.Redis = client or _client(url, socket_timeout_s, connect_timeout_s, max_connections)
         self._cas = self.redis.register_script(CAS_LUA)
         self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
+        self._known: OrderedDict[str, tuple[str, JobRecord]] = OrderedDict()
         self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
         self._closed = False
 
@@ -242,56 +252,88 @@ class RedisStore:
         *,
         publish: bool,
     ) -> list[tuple[bool, JobRecord]]:
-        """Apply ``next_record`` (None: leave as is) to each job with compare-and-set, retrying lost races."""
+        """Apply ``next_record`` (None: leave as is) to each job with compare-and-set, retrying lost races.
+
+        The current records come from what this store last wrote (``_known``) or else one MGET; a stale guess only
+        costs a retry, because the script compares digests of what Redis really holds.
+        """
         if not job_ids:
             return []
         keys = [c.job_key(job_id) for job_id in job_ids]
-        with self._errors(f"read {len(keys)} jobs"):
-            raws: list[bytes | None] = [None if r is None else _as_bytes(r) for r in await self.redis.mget(keys)]
+        state = await self._current(job_ids, keys)
         results: list[tuple[bool, JobRecord] | None] = [None] * len(keys)
         pending = list(range(len(keys)))
         for _ in range(MAX_CAS_ATTEMPTS):
             writes: list[tuple[int, JobRecord]] = []
             for i in pending:
-                current = None if raws[i] is None else self._parse(job_ids[i], raws[i])  # type: ignore[arg-type]
+                current = state[i][1]
                 record = next_record(i, current)
                 if record is None:
                     assert current is not None
                     results[i] = (False, current)
                 else:
                     writes.append((i, record))
-            pending = await self._write_many(job_ids, keys, raws, writes, results, publish)
+            pending = await self._write_many(job_ids, keys, state, writes, results, publish)
             if not pending:
                 return [r for r in results if r is not None]
         raise self._contention(job_ids[pending[0]])
+
+    async def _current(self, job_ids: list[str], keys: list[str]) -> list[tuple[str, JobRecord | None]]:
+        """(digest, record) per job: remembered when this store wrote it last, else read with one MGET."""
+        state: list[tuple[str, JobRecord | None]] = [self._known.get(job_id, ("", None)) for job_id in job_ids]
+        unknown = [i for i, job_id in enumerate(job_ids) if job_id not in self._known]
+        if unknown:
+            with self._errors(f"read {len(unknown)} jobs"):
+                raws = await self.redis.mget([keys[i] for i in unknown])
+            for i, raw in zip(unknown, raws, strict=True):
+                state[i] = self._state_of(job_ids[i], raw)
+        return state
+
+    def _state_of(self, job_id: str, raw: bytes | str | None) -> tuple[str, JobRecord | None]:
+        if not raw:
+            return "", None
+        data = _as_bytes(raw)
+        return hashlib.sha1(data).hexdigest(), self._parse(job_id, data)
+
+    def _remember(self, job_id: str, raw: str, record: JobRecord) -> None:
+        if record.terminal:
+            self._known.pop(job_id, None)  # nothing follows a terminal state: free the room
+            return
+        self._known[job_id] = (hashlib.sha1(raw.encode()).hexdigest(), record)
+        self._known.move_to_end(job_id)
+        if len(self._known) > KNOWN_RECORDS:
+            self._known.popitem(last=False)
 
     async def _write_many(
         self,
         job_ids: list[str],
         keys: list[str],
-        raws: list[bytes | None],
+        state: list[tuple[str, JobRecord | None]],
         writes: list[tuple[int, JobRecord]],
         results: list[tuple[bool, JobRecord] | None],
         publish: bool,
     ) -> list[int]:
-        """One compare-and-set command for the whole round; returns the indexes that lost a race (``raws`` refreshed).
+        """One compare-and-set command for the whole round; returns the indexes that lost a race (``state`` refreshed).
 
         All keys go to one script, so on Redis Cluster they would need one hash slot: Fleet expects a single Redis
         (or a primary with replicas), as its pub/sub notifications do anyway.
         """
         if not writes:
             return []
-        args: list[bytes | str | int] = [self.job_ttl_s]
-        for i, record in writes:
-            args += [raws[i] or b"", record.model_dump_json(), c.done_channel(job_ids[i]) if publish else ""]
+        raws = [record.model_dump_json() for _, record in writes]
+        args: list[str | int] = [self.job_ttl_s, "1" if publish else "0", len(c.job_key("")), c.done_channel("")]
+        for (i, _), raw in zip(writes, raws, strict=True):
+            args += [state[i][0], raw]
         with self._errors(f"update {len(writes)} jobs"):
             out = await self._cas_many_script(keys=[keys[i] for i, _ in writes], args=args)
         lost = []
-        for (i, record), result in zip(writes, out, strict=True):
+        for (i, record), raw, result in zip(writes, raws, out, strict=True):
             if result == 1:
                 results[i] = (True, record)
+                self._remember(job_ids[i], raw, record)
             else:
-                raws[i] = _as_bytes(result) or None
+                state[i] = self._state_of(job_ids[i], result)
+                self._known.pop(job_ids[i], None)
                 lost.append(i)
         return lost
 
