@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet import constants as c
 from fleet.brokers.base import Delivery
+from fleet.brokers.events import QueuedEvents
 from fleet.brokers.subjects import check_group, check_subject, stream_for, subject_matches
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EVENT_QUEUE_SIZE = 10_000  # per listener; control events beyond this are dropped (best effort)
 
 _WAITING, _IN_FLIGHT, _DELAYED, _DONE = range(4)
 
@@ -321,46 +321,18 @@ class MemorySubscription:
             )
 
 
-class MemoryEventStream:
+class MemoryEventStream(QueuedEvents):
     """Control events matching one pattern, as an async iterator of ``(subject, data)``."""
 
     def __init__(self, pattern: str, broker: MemoryBroker) -> None:
-        self.pattern = pattern
+        super().__init__(pattern)
         self._broker = broker
-        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(EVENT_QUEUE_SIZE)
-        self._closed = False
-        self.dropped = 0
-
-    def push(self, subject: str, data: bytes) -> None:
-        try:
-            self._queue.put_nowait((subject, data))
-        except asyncio.QueueFull:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("listener on %s is not keeping up: %d control events dropped", self.pattern, self.dropped)
-
-    def __aiter__(self) -> MemoryEventStream:
-        return self
-
-    async def __anext__(self) -> tuple[str, bytes]:
-        if self._closed:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        return item
 
     async def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         self._broker.forget(self)
-        while True:  # make room for the end marker
-            try:
-                self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-        self._queue.put_nowait(None)
+        self._finish()
 
 
 class MemoryBroker:

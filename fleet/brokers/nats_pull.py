@@ -39,6 +39,7 @@ from nats.errors import StaleConnectionError
 
 from fleet import constants as c
 from fleet.brokers.base import Delivery
+from fleet.brokers.events import QueuedEvents
 from fleet.errors import BrokerUnavailable
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ API_PREFIX = "$JS.API"
 ACCOUNT_INFO_SUBJECT = f"{API_PREFIX}.INFO"  # answered by JetStream itself: the round trip of ping and listen
 REPLY_GRACE_S = 0.25  # how long past a request's expiry we wait for the server's answer
 MIN_LONG_POLL_S = 0.005  # below this, a long-poll is not worth a round trip
-EVENT_QUEUE_SIZE = 10_000  # per listener; control events beyond this are dropped (best effort)
 # A buffered message is handed out only within this share of its ack wait, leaving the worker time to extend it.
 BUFFERED_SHARE_OF_ACK_WAIT = 0.5
 _NO_MORE = ("404", "408")  # "no messages" (no_wait) and "request timeout" (expires) end a pull normally
@@ -310,21 +310,14 @@ class NatsSubscription:
             raise BrokerUnavailable(f"subscription to {self.subject!r} (group {self.group!r}) is closed")
 
 
-class NatsEventStream:
+class NatsEventStream(QueuedEvents):
     """Core NATS messages matching one pattern, as an async iterator of ``(subject, data)``."""
 
     def __init__(self, nc: NATS, pattern: str, *, timeout_s: float) -> None:
-        self.pattern = pattern
+        super().__init__(pattern)
         self._nc = nc
         self._timeout_s = timeout_s
-        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(EVENT_QUEUE_SIZE)
         self._sub: CoreSubscription | None = None
-        self._closed = False
-        self.dropped = 0
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     async def start(self) -> None:
         """Subscribe; return once the server knows the interest (a round trip), or raise ``BrokerUnavailable``."""
@@ -335,17 +328,6 @@ class NatsEventStream:
             await self.close()
             raise BrokerUnavailable(f"NATS did not confirm a listener on {self.pattern}: {exc!r}") from exc
 
-    def __aiter__(self) -> NatsEventStream:
-        return self
-
-    async def __anext__(self) -> tuple[str, bytes]:
-        if self._closed:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        return item
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -355,16 +337,7 @@ class NatsEventStream:
                 await self._sub.unsubscribe()
         except NatsError as exc:
             log.debug("closing listener on %s: %r", self.pattern, exc)
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(None)
+        self._finish()
 
     async def _on_msg(self, msg: Msg) -> None:
-        if self._closed:
-            return
-        try:
-            self._queue.put_nowait((msg.subject, msg.data))
-        except asyncio.QueueFull:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("listener on %s is not keeping up: %d control events dropped", self.pattern, self.dropped)
+        self.push(msg.subject, msg.data)

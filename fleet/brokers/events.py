@@ -1,0 +1,53 @@
+"""The queue half of an ``EventStream``, shared by the brokers whose events arrive by callback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger(__name__)
+
+EVENT_QUEUE_SIZE = 10_000  # per listener; control events beyond this are dropped (they are best effort)
+
+
+class QueuedEvents:
+    """An async iterator of ``(subject, data)`` fed by ``push``. A listener that falls behind loses the newest
+    events (counted in ``dropped``, logged now and then) rather than growing memory; ``_finish`` ends iteration."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(EVENT_QUEUE_SIZE)
+        self._closed = False
+        self.dropped = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, subject: str, data: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            self._queue.put_nowait((subject, data))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning("listener on %s is not keeping up: %d control events dropped", self.pattern, self.dropped)
+
+    def __aiter__(self) -> QueuedEvents:
+        return self
+
+    async def __anext__(self) -> tuple[str, bytes]:
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    def _finish(self) -> None:
+        """Stop: drop what is queued and wake the iterator with the end marker."""
+        self._closed = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)
