@@ -183,7 +183,14 @@ async def latency_at(settings: FleetSettings, rate_per_s: float, duration_s: flo
                 data = msg.model_dump_json().encode()
                 tasks.append(asyncio.create_task(broker.publish(c.request_subject(model), data, msg_id=msg.job_id)))
             await asyncio.gather(*tasks)
-            records = await asyncio.gather(*(store.wait(job_id, 30) for job_id in sent))
+            while await broker.lag(c.request_subject(model), c.consumer_name(model)) > 0:  # noqa: ASYNC110 - polled
+                await asyncio.sleep(0.05)
+            records: list[Any] = []
+
+            async def read(job_id: str) -> None:
+                records.append(await store.get(job_id))
+
+            await pooled(list(sent), 64, read)  # finished_at is stored with each result: read them back afterwards
     finally:
         await store.close()
         await broker.close()
