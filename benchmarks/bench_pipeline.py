@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from benchmarks.common import Timer, best_of, percentiles_ms, pooled, services, show, write_results
-from consumers.handlers import with_name as renamed
+from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
 from fleet import constants as c
@@ -145,7 +145,7 @@ async def fleet_echo(settings: FleetSettings, n: int, concurrency: int) -> tuple
     await broker.connect()
     await store.connect()
     model = f"echo-{uuid.uuid4().hex[:8]}"
-    handler = renamed(EchoHandler, model)()
+    handler = with_name(EchoHandler, model)()
     try:
         async with Worker(handler, broker, store, settings=settings):
             messages = requests_for(model, n)
@@ -171,7 +171,7 @@ async def latency_at(settings: FleetSettings, rate_per_s: float, duration_s: flo
     sent: dict[str, float] = {}
     tasks: list[asyncio.Task[None]] = []
     try:
-        async with Worker(renamed(EchoHandler, model)(), broker, store, settings=settings):
+        async with Worker(with_name(EchoHandler, model)(), broker, store, settings=settings):
             loop = asyncio.get_running_loop()
             start = loop.time()
             next_at = start

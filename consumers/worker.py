@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from consumers import metrics
 from consumers.acks import Action, decide, exhausted
@@ -31,9 +31,10 @@ from consumers.requests import Job, parse_delivery
 from consumers.stats import WorkerStats
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
-from fleet.errors import BrokerError, FleetError, ModelError, StoreError
+from fleet.errors import BrokerError, FleetError, StoreError
 from fleet.settings import FleetSettings
 from fleet.store.base import Finish, ResultStore, Start
+from fleet.tasks import cancel_and_wait
 from schemas.jobs import JobError, JobRecord, JobState
 from schemas.wire import DeadLetter, Heartbeat
 
@@ -101,6 +102,7 @@ class Worker:
         self._stopped = False
         self._counters: dict[str, Any] = {}
         self._taken = asyncio.Event()
+        self._aux_stop = asyncio.Event()  # heartbeats and keep-alives run through the drain, then stop
         self._in_flight = metrics.IN_FLIGHT.labels(self.model)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -122,9 +124,8 @@ class Worker:
             log.info("worker %s: %s ready in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
             self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
         except BaseException:
-            for task in self._aux_tasks:
-                task.cancel()
-            await asyncio.gather(*self._aux_tasks, return_exceptions=True)
+            self._aux_stop.set()
+            await cancel_and_wait(self._aux_tasks)
             self._aux_tasks.clear()
             self._stopped = True
             raise
@@ -132,9 +133,6 @@ class Worker:
         self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
         self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
         self._aux_tasks.append(asyncio.create_task(self._keepalive_loop(), name=f"{self.worker_id}-keepalive"))
-
-    async def wait_stopped(self) -> None:
-        await self._stopping.wait()
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Drain: stop pulling, finish in-flight work within the deadline, hand the rest back. Idempotent."""
@@ -157,9 +155,8 @@ class Worker:
             await asyncio.to_thread(self.handler.close)
         except Exception:
             log.exception("worker %s: model close failed", self.worker_id)
-        for task in self._aux_tasks:
-            task.cancel()
-        await asyncio.gather(*self._aux_tasks, return_exceptions=True)
+        self._aux_stop.set()
+        await cancel_and_wait(self._aux_tasks)
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
 
     async def _stop_fetching(self) -> None:
@@ -168,9 +165,7 @@ class Worker:
         # A fetch in progress returns within IDLE_FETCH_TIMEOUT_S; let it, so fetched messages are not orphaned.
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(self._fetch_task), IDLE_FETCH_TIMEOUT_S + 1)
-        self._fetch_task.cancel()
-        # Bounded: a client library that swallows the cancellation must not hang the shutdown.
-        await asyncio.wait({self._fetch_task}, timeout=2.0)
+        await cancel_and_wait([self._fetch_task], timeout_s=2.0)
 
     async def _release_queued(self) -> None:
         while not self._queue.empty():
@@ -248,7 +243,7 @@ class Worker:
 
     async def _keepalive_loop(self) -> None:
         interval_s = max(0.2, self.settings.ack_wait_s / 3)
-        while True:
+        while not self._aux_stop.is_set():
             await asyncio.sleep(interval_s)
             for delivery in list(self._held.values()):
                 try:
@@ -257,7 +252,7 @@ class Worker:
                     log.warning("worker %s: could not extend an ack deadline: %s", self.worker_id, exc)
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._aux_stop.is_set():
             await self._send_heartbeat()
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
@@ -368,9 +363,7 @@ class Worker:
         """Outputs (JSON-ready) or ``JobError`` per job; a failing batch is split until the bad item is alone."""
         inputs = [job.input for job in jobs]
         try:
-            outputs = await asyncio.to_thread(self.handler.run, inputs)
-            if len(outputs) != len(inputs):
-                raise ModelError(f"predict returned {len(outputs)} outputs for {len(inputs)} inputs", retriable=False)
+            outputs = await asyncio.to_thread(self.handler.run, inputs)  # run() checks count and types
         except Exception as exc:
             if len(jobs) == 1:
                 return [self._error_from(exc)]
@@ -379,14 +372,12 @@ class Worker:
             return await self._predict(jobs[:mid]) + await self._predict(jobs[mid:])
         return [self._to_json(out) for out in outputs]
 
-    def _to_json(self, output: Any) -> Any:
+    def _to_json(self, output: BaseModel | Exception) -> Any:
         if isinstance(output, Exception):
             return self._error_from(output)
         try:
-            if not isinstance(output, BaseModel):
-                output = self.spec.output_model.model_validate(output)
             return output.model_dump(mode="json")
-        except (ValidationError, TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # e.g. a value JSON cannot hold: the job fails, the worker goes on
             return JobError(type="invalid_output", message=f"the model's output does not serialise: {exc}")
 
     @staticmethod

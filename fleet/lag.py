@@ -15,6 +15,7 @@ from prometheus_client import Gauge
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class LagMonitor:
         self.interval_s = interval_s
         self.last: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def refresh(self) -> dict[str, int]:
         for model in self.models:
@@ -48,16 +50,16 @@ class LagMonitor:
         return dict(self.last)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stop.is_set():
             await self.refresh()
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.interval_s)
 
     async def __aenter__(self) -> LagMonitor:
         self._task = asyncio.create_task(self._run(), name="lag-monitor")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])

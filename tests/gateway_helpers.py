@@ -68,10 +68,9 @@ class _RecordingWorker(Worker):
 
 
 @dataclass
-class FakeWorker:
+class ObservedWorker:
     """The real ``consumers.worker.Worker`` serving the echo model under a per-test name. ``seen`` keeps each
-    delivery it took; ``handled(n)`` waits until n deliveries were taken and every result is stored and acked.
-    (The name is historical: this used to be a test double; the gateway tests now run the real worker.)"""
+    delivery it took; ``handled(n)`` waits until n deliveries were taken and every result is stored and acked."""
 
     broker: Broker
     store: ResultStore
@@ -89,7 +88,7 @@ class FakeWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._progress.wait(), 0.05)
 
-    async def __aenter__(self) -> FakeWorker:
+    async def __aenter__(self) -> ObservedWorker:
         handler = with_name(EchoHandler, self.model)()
         self._worker = _RecordingWorker(
             handler,

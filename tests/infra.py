@@ -8,7 +8,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from consumers.handlers import with_name
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker, Delivery
@@ -49,9 +48,6 @@ async def connected_pair(settings: FleetSettings) -> AsyncIterator[tuple[Broker,
     finally:
         await store.close()
         await broker.close()
-
-
-renamed = with_name
 
 
 def request_bytes(model: str, job_id: str, payload: dict[str, Any], **extra: Any) -> bytes:

@@ -21,7 +21,6 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
-import ctypes
 import fcntl
 import hashlib
 import logging
@@ -30,7 +29,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -38,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fleet.errors import ServiceUnavailable
-from tests.services import free_port, port_open
+from tests.services import free_port, port_open, require_binary, start_server, stop_server
 
 log = logging.getLogger(__name__)
 
@@ -101,22 +99,13 @@ def cache_dir() -> Path:
     return base / "fleet" / f"kafka-{kafka_version()}-{digest}"
 
 
-def _require(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise ServiceUnavailable(
-            "Apache Kafka", f"'{name}' is needed to run the test broker; install it with 'apt-get install {package}'"
-        )
-    return path
-
-
 def kafka_jars() -> Path:
     """The folder of broker jars, fetched by Maven on first use and cached (a lock guards parallel runs)."""
     root = cache_dir()
     jars, done = root / "jars", root / ".complete"
     if done.exists():
         return jars
-    mvn = _require("mvn", "maven")
+    mvn = require_binary("mvn", "maven", "Apache Kafka")
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -218,21 +207,6 @@ def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], logfile: Path) ->
     raise ServiceUnavailable("Apache Kafka", f"the test broker on {bootstrap} {status}. Its log ends:\n{tail}")
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: a test run that is killed outright takes its broker with it (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @contextlib.contextmanager
 def kafka_server() -> Iterator[str]:
     """Yield ``kafka://127.0.0.1:PORT`` of a single-node Kafka started for the session (or FLEET_TEST_KAFKA_URL)."""
@@ -240,7 +214,7 @@ def kafka_server() -> Iterator[str]:
     if url:
         yield url
         return
-    java = _require("java", "openjdk-17-jre-headless")
+    java = require_binary("java", "openjdk-17-jre-headless", "Apache Kafka")
     jars = kafka_jars()
     port, controller_port = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="fleet-kafka-") as tmp:
@@ -248,18 +222,13 @@ def kafka_server() -> Iterator[str]:
         config = write_config(workdir, port, controller_port)
         started = time.monotonic()
         format_storage(java, jars, workdir, config)
-        logfile = workdir / "server.log"
-        with logfile.open("wb") as out:
-            argv = [*_java_argv(java, jars, workdir, "kafka.Kafka"), str(config)]
-            proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, preexec_fn=_die_with_parent
-            )
+        proc, logfile = start_server([*_java_argv(java, jars, workdir, "kafka.Kafka"), str(config)], workdir)
         try:
             _wait_ready(f"127.0.0.1:{port}", proc, logfile)
             log.warning("Kafka %s ready on 127.0.0.1:%d in %.1fs", kafka_version(), port, time.monotonic() - started)
             yield f"kafka://127.0.0.1:{port}"
         finally:
-            _stop(proc)
+            stop_server(proc, STOP_TIMEOUT_S)
 
 
 if __name__ == "__main__":

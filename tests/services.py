@@ -8,10 +8,13 @@ the run with a message that says what to install: nothing is skipped for lack of
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -45,32 +48,48 @@ def wait_port(host: str, port: int, proc: subprocess.Popen[bytes], log: Path, ti
     raise ServiceUnavailable(what, f"it did not start listening on {host}:{port} within {timeout_s}s. Log:\n{tail}")
 
 
-def require_binary(name: str, package: str) -> str:
+def require_binary(name: str, package: str, service: str | None = None) -> str:
     path = shutil.which(name)
     if path is None:
         raise ServiceUnavailable(
-            name,
+            service or name,
             f"'{name}' is not installed. Install it with 'apt-get install {package}' "
             "(the README's test command, 'make test', does this for you).",
         )
     return path
 
 
-@contextlib.contextmanager
-def _server(argv: list[str], port: int, workdir: Path, what: str, timeout_s: float = 20) -> Iterator[None]:
+def die_with_parent() -> None:
+    """Runs in a server's child process before exec: a test run killed outright takes its servers with it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_server(argv: list[str], workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a server process logging to ``workdir/server.log``."""
     log = workdir / "server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, preexec_fn=die_with_parent)
+    return proc, log
+
+
+def stop_server(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _server(argv: list[str], port: int, workdir: Path, what: str, timeout_s: float = 20) -> Iterator[None]:
+    proc, log = start_server(argv, workdir)
     try:
         wait_port("127.0.0.1", port, proc, log, timeout_s, what)
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """The gateway over real brokers and stores: submit, poll, cancel, WebSocket push, errors, readiness, metrics.
 
-The worker is the real one (``FakeWorker`` in tests/gateway_helpers.py wraps it); broker and store are real too.
+The worker is the real one (``ObservedWorker`` in tests/gateway_helpers.py wraps it); broker and store are real too.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from producers.sdk import ws_url
 from schemas.jobs import JobState
 from tests.gateway_helpers import (
     WORKER_ID,
-    FakeWorker,
+    ObservedWorker,
     asgi_gateway,
     error_of,
     model_refs,
@@ -55,8 +55,8 @@ class Env:
     async def submit(self, **body: Any) -> httpx.Response:
         return await self.client.post("/v1/jobs", json=body)
 
-    def worker(self, model: str | None = None) -> FakeWorker:
-        return FakeWorker(self.broker, self.store, model or self.echo)
+    def worker(self, model: str | None = None) -> ObservedWorker:
+        return ObservedWorker(self.broker, self.store, model or self.echo)
 
 
 @contextlib.asynccontextmanager
@@ -369,7 +369,7 @@ async def test_multiplexed_websocket_limits_answer_with_error_frames(menv: Env) 
         await ws.send(json.dumps({"unsubscribe": [jobs[0]]}))
         await ws.send(json.dumps({"subscribe": ["sync"]}))  # its error frame proves the unsubscribe was read
         assert (await ws_json(ws))["job_id"] == "sync"
-        async with FakeWorker(menv.broker, menv.store, menv.echo) as worker:
+        async with ObservedWorker(menv.broker, menv.store, menv.echo) as worker:
             await worker.handled(4)
             results = [await ws_json(ws) for _ in range(2)]
             with pytest.raises(TimeoutError):

@@ -27,7 +27,7 @@ from producers.gateway import create_app
 from producers.sdk import FleetClient, GatewayError, GatewayUnreachable, JobFailed, error_from_response
 from schemas.jobs import JobState
 from tests import services
-from tests.gateway_helpers import FAST_LIMITS, FakeWorker, model_refs, served, urls_for
+from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import PAIRS, connected_pair, settings_for
 
 
@@ -42,8 +42,8 @@ class Gateway:
     def client(self, **kwargs: Any) -> FleetClient:
         return FleetClient(self.base_url, timeout_s=10, **kwargs)
 
-    def worker(self) -> FakeWorker:
-        return FakeWorker(self.broker, self.store, self.echo)
+    def worker(self) -> ObservedWorker:
+        return ObservedWorker(self.broker, self.store, self.echo)
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from consumers.handlers import with_name
 from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers.base import Broker
@@ -23,7 +24,6 @@ from tests.infra import (
     drain_subject,
     eventually,
     publish_requests,
-    renamed,
     request_bytes,
     settings_for,
     wait_terminal,
@@ -51,7 +51,7 @@ async def infra(settings: FleetSettings) -> AsyncIterator[tuple[Broker, ResultSt
 
 def make_worker(infra: tuple[Broker, ResultStore], settings: FleetSettings, name: str, **kw: Any) -> Worker:
     broker, store = infra
-    handler = renamed(Items, name)()
+    handler = with_name(Items, name)()
     return Worker(handler, broker, store, settings=settings, **kw)
 
 
