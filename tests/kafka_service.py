@@ -161,8 +161,20 @@ def _java_argv(java: str, jars: Path, workdir: Path, main: str) -> list[str]:
     ]
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id, as Kafka's own ``Uuid.randomUuid`` makes it.
+
+    The id is URL-safe base64, so one in 64 starts with ``-``, which the storage tool's argument parser reads as
+    an option; Kafka draws again in that case, and so do we.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def format_storage(java: str, jars: Path, workdir: Path, config: Path) -> None:
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     argv = _java_argv(java, jars, workdir, "kafka.tools.StorageTool")
     argv += ["format", "--cluster-id", cluster_id, "--config", str(config), "--ignore-formatted"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)

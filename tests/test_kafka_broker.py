@@ -36,6 +36,7 @@ from fleet.brokers.kafka_subscription import KafkaDelivery, KafkaSubscription
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge
 from fleet.settings import FleetSettings
 from tests.infra import eventually
+from tests.kafka_service import new_cluster_id
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -546,3 +547,10 @@ async def test_listen_gets_matching_events_emitted_after_it(make_broker: BrokerF
     got = [await asyncio.wait_for(events.__anext__(), 5) for _ in range(2)]
     assert got == [(f"fleet.ctl.{unique}.a", b"one"), (f"fleet.ctl.{unique}.b", b"two")]
     await stream.close()
+
+
+def test_kraft_cluster_ids_never_look_like_an_option() -> None:
+    # One random id in 64 starts with "-"; the storage tool would read it as a flag and refuse to format.
+    ids = {new_cluster_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    assert not any(cluster_id.startswith("-") for cluster_id in ids)
