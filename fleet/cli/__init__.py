@@ -195,6 +195,17 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _register_commands() -> None:
+    """Commands that live in their own modules (one per process role) add themselves to ``app`` here."""
+    from fleet.cli import autoscaler_cmd, dispatcher_cmd, sim_cmd
+
+    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd):
+        module.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     app(prog_name="fleet")
 

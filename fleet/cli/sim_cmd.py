@@ -1,0 +1,9 @@
+"""`fleet sim`: the discrete-event load-balancing simulator."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's command to ``app`` (not yet built)."""
