@@ -1,0 +1,222 @@
+"""Load-balancing policies: pure choices over a ``DispatcherState``, shared by the live dispatcher and ``fleet sim``.
+
+Every policy answers one question, ``choose(state, now, rng) -> Choice | None``: which live worker gets the next
+request (``None`` only when no worker is live). Policies do no I/O and read no clock; the caller records the
+assignment (``state.on_assign``) and later the completion (``state.on_complete``).
+
+JIQ policies also tell the *workers* where to announce themselves idle (``announce``): to a random dispatcher
+(JIQ-Random) or to the one with the shortest idle queue among ``d`` sampled (JIQ-SQ(d)); ``announce_to`` is that
+rule, used by the live worker and the simulated one alike.
+
+=================  =======================================================================================
+``random``         a uniformly random live worker
+``round-robin``    live workers in turn
+``power-of-d``     the fewest outstanding (this dispatcher's count) of ``d`` sampled
+``least-outstanding``  the fewest outstanding of all live workers
+``peak-ewma``      of ``d`` sampled, the lowest peak-latency EWMA x (outstanding + 1) (Finagle's P2C + peak EWMA)
+``jiq-random``     first valid idle token, else random; workers announce to a random dispatcher
+``jiq-sq``         first valid idle token, else random; workers announce to the shortest of ``d`` idle queues
+``jiq-amnesia``    first valid idle token, else the lowest-latency of ``d`` sampled from the amnesia list,
+                   passing over a worker chosen within its own latency (anti-herding), else random;
+                   workers announce to the shortest of ``d`` idle queues
+``pull``           not a dispatcher policy: workers compete on the broker (the baseline; simulated as one
+                   central FIFO queue)
+=================  =======================================================================================
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, Protocol, TypeVar
+
+from dispatcher.state import DispatcherState, WorkerView
+
+W = TypeVar("W", bound=Hashable)
+
+Route = Literal["idle", "amnesia", "fallback", "policy"]
+Announce = Literal["none", "random", "sq"]
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[W]):
+    """Where a request goes and why: ``token`` is the idle token used (``route == "idle"``), else ``None``."""
+
+    worker: W
+    route: Route
+    token: int | None = None
+
+
+class Policy(Protocol):
+    name: str
+    announce: Announce  # how workers pick the dispatcher to announce idle to ("none": they do not announce)
+    d: int
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None: ...
+
+
+def announce_to(idle_lengths: Sequence[int], rule: Announce, d: int, rng: random.Random) -> int:
+    """Index of the dispatcher a newly idle worker announces itself to (``rule`` is the policy's ``announce``)."""
+    n = len(idle_lengths)
+    if rule != "sq" or n <= 1:
+        return int(rng.random() * n)
+    best = -1
+    for _ in range(min(d, n)):
+        i = int(rng.random() * n)
+        if best < 0 or idle_lengths[i] < idle_lengths[best]:
+            best = i
+    return best
+
+
+def _random(state: DispatcherState, rng: random.Random) -> Choice | None:
+    return Choice(state.live.choice(rng), "fallback") if len(state.live) else None
+
+
+def _sample(state: DispatcherState, d: int, rng: random.Random) -> list[WorkerView]:
+    live, views = state.live, state.views
+    n = len(live)
+    if n <= d:
+        return [views[w] for w in live]
+    return [views[live.at(i)] for i in rng.sample(range(n), d)]
+
+
+@dataclass(slots=True)
+class RandomPolicy:
+    name: str = "random"
+    announce: Announce = "none"
+    d: int = 1
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        return Choice(state.live.choice(rng), "policy") if len(state.live) else None
+
+
+@dataclass(slots=True)
+class RoundRobinPolicy:
+    name: str = "round-robin"
+    announce: Announce = "none"
+    d: int = 1
+    _next: int = 0
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        n = len(state.live)
+        if not n:
+            return None
+        self._next = (self._next + 1) % n
+        return Choice(state.live.at(self._next), "policy")
+
+
+@dataclass(slots=True)
+class PowerOfDPolicy:
+    name: str = "power-of-d"
+    announce: Announce = "none"
+    d: int = 2
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        sampled = _sample(state, self.d, rng)
+        if not sampled:
+            return None
+        return Choice(min(sampled, key=lambda v: v.outstanding).worker, "policy")
+
+
+@dataclass(slots=True)
+class LeastOutstandingPolicy:
+    name: str = "least-outstanding"
+    announce: Announce = "none"
+    d: int = 1
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        live, views = state.live, state.views
+        n = len(live)
+        if not n:
+            return None
+        start = int(rng.random() * n)  # ties go to a random worker, not always the first
+        best = views[live.at(start)]
+        for i in range(n):
+            view = views[live.at((start + i) % n)]
+            if view.outstanding < best.outstanding:
+                best = view
+                if not view.outstanding:
+                    break
+        return Choice(best.worker, "policy")
+
+
+@dataclass(slots=True)
+class PeakEwmaPolicy:
+    name: str = "peak-ewma"
+    announce: Announce = "none"
+    d: int = 2
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        sampled = _sample(state, self.d, rng)
+        if not sampled:
+            return None
+        # A worker never measured costs 0, so new workers are tried at once.
+        return Choice(min(sampled, key=lambda v: v.peak_s * (v.outstanding + 1)).worker, "policy")
+
+
+@dataclass(slots=True)
+class JiqPolicy:
+    """Join-Idle-Queue (Lu et al. 2011): use an idle token when there is one, else fall back to random."""
+
+    name: str = "jiq-random"
+    announce: Announce = "random"
+    d: int = 2
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        token = state.pop_token()
+        if token is not None:
+            return Choice(token[0], "idle", token[1])
+        return self.fallback(state, now, rng)
+
+    def fallback(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        return _random(state, rng)
+
+
+@dataclass(slots=True)
+class JiqAmnesiaPolicy(JiqPolicy):
+    """JIQ whose fallback is the amnesia list: the lowest latency EWMA of ``d`` recently active workers, passing
+    over one this dispatcher chose less than its own latency ago (it is probably still busy with that job), so
+    that dispatchers falling back at the same moment do not all land on the single fastest worker."""
+
+    name: str = "jiq-amnesia"
+    announce: Announce = "sq"
+    d: int = 2
+
+    def fallback(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        sampled = state.sample_amnesia(self.d, now, rng)
+        if not sampled:
+            return _random(state, rng)
+        rested = [v for v in sampled if now - v.chosen_at >= v.ewma_s] or sampled
+        return Choice(min(rested, key=lambda v: (v.ewma_s, v.outstanding)).worker, "amnesia")
+
+
+POLICIES: dict[str, type[Policy]] = {  # type: ignore[dict-item]
+    "random": RandomPolicy,
+    "round-robin": RoundRobinPolicy,
+    "power-of-d": PowerOfDPolicy,
+    "least-outstanding": LeastOutstandingPolicy,
+    "peak-ewma": PeakEwmaPolicy,
+    "jiq-random": JiqPolicy,
+    "jiq-sq": JiqPolicy,
+    "jiq-amnesia": JiqAmnesiaPolicy,
+}
+PULL = "pull"
+POLICY_NAMES = (*POLICIES, PULL)
+
+
+def make_policy(name: str, d: int = 2) -> Policy:
+    """Build the policy called ``name`` (one of ``POLICIES``); ``pull`` is not a dispatcher policy.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name == "jiq-sq":
+        return JiqPolicy(name="jiq-sq", announce="sq", d=d)
+    cls = POLICIES.get(name)
+    if cls is None:
+        known = ", ".join(POLICY_NAMES)
+        raise ValueError(
+            f"unknown policy {name!r}; known: {known}" + (" (pull has no dispatcher)" if name == PULL else "")
+        )
+    return cls(d=d)  # type: ignore[call-arg]
