@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -27,6 +27,7 @@ from consumers import metrics
 from consumers.acks import Action, decide, exhausted
 from consumers.batcher import collect_batch
 from consumers.handlers.base import ModelHandler
+from consumers.idle import IdleAnnouncer
 from consumers.requests import Job, parse_delivery
 from consumers.stats import WorkerStats
 from fleet import constants as c
@@ -45,7 +46,18 @@ SETTLE_CONCURRENCY = 2  # batches whose results may be written while the next ba
 
 
 def new_worker_id(model: str) -> str:
-    return f"{model}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    host = socket.gethostname().replace(".", "_")  # the id becomes a subject token and a group name
+    return f"{model}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def count_prior_deliveries(batch: list[Delivery]) -> None:
+    """An inbox message carries how often its request was handed out before (by the broker to dispatchers, and by
+    dispatchers to workers that died): add it, so a request that kills every worker it reaches is still
+    dead-lettered after ``max_deliveries``."""
+    for delivery in batch:
+        prior = delivery.headers.get(c.HEADER_DELIVERIES, "")
+        if prior.isdigit():
+            delivery.delivery_count += int(prior)
 
 
 def _pick(explicit: Any, settings: FleetSettings, field: str, preferred: Any) -> Any:
@@ -63,6 +75,8 @@ class Worker:
         broker, store: connected seam implementations (the worker does not close them).
         settings: batch limits, ack wait, max deliveries, heartbeat interval, drain timeout.
         max_batch, max_wait_ms: override the settings and the model's preferences.
+        routing: override ``settings.routing`` for this model: ``pull`` competes on the request subject,
+            ``dispatch`` reads this worker's inbox and announces free slots to the dispatchers.
     """
 
     def __init__(
@@ -76,6 +90,7 @@ class Worker:
         max_batch: int | None = None,
         max_wait_ms: float | None = None,
         device: str = "cpu",
+        routing: Literal["pull", "dispatch"] | None = None,
     ) -> None:
         self.handler = handler
         self.spec = handler.spec
@@ -88,6 +103,7 @@ class Worker:
         self.max_batch: int = _pick(max_batch, settings, "max_batch", self.spec.max_batch)
         self.max_wait_ms: float = _pick(max_wait_ms, settings, "max_wait_ms", self.spec.max_wait_ms)
         self.max_deliveries = settings.max_deliveries
+        self.routing = routing or settings.routing_for(self.model)
         self.stats = WorkerStats()
         self.state = "starting"
         self._held: dict[int, Delivery] = {}
@@ -104,6 +120,7 @@ class Worker:
         self._taken = asyncio.Event()
         self._aux_stop = asyncio.Event()  # heartbeats and keep-alives run through the drain, then stop
         self._in_flight = metrics.IN_FLIGHT.labels(self.model)
+        self._announcer: IdleAnnouncer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Worker:
@@ -122,7 +139,7 @@ class Worker:
             await asyncio.to_thread(self.handler.load)
             await asyncio.to_thread(self.handler.warmup)
             log.info("worker %s: %s ready in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
-            self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+            self._sub = await self._subscribe()
         except BaseException:
             self._aux_stop.set()
             await cancel_and_wait(self._aux_tasks)
@@ -134,6 +151,22 @@ class Worker:
         self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
         self._aux_tasks.append(asyncio.create_task(self._keepalive_loop(), name=f"{self.worker_id}-keepalive"))
 
+    async def _subscribe(self) -> Subscription:
+        """Pull routing: compete with the model's other workers. Dispatch routing: read our own inbox, and
+        announce free slots to the dispatchers that fill it."""
+        if self.routing == "pull":
+            return await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+        sub = await self.broker.subscribe(c.inbox_subject(self.worker_id), c.inbox_group(self.worker_id))
+        self._announcer = IdleAnnouncer(
+            self.broker,
+            model=self.model,
+            worker_id=self.worker_id,
+            free_slots=lambda: 0 if self._stopping.is_set() else self.max_batch - len(self._held),
+            heartbeat_interval_s=self.settings.heartbeat_interval_s,
+        )
+        await self._announcer.start()
+        return sub
+
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Drain: stop pulling, finish in-flight work within the deadline, hand the rest back. Idempotent."""
         if self._stopped:
@@ -143,6 +176,8 @@ class Worker:
         self._stopping.set()
         deadline_s = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         await self._stop_fetching()
+        if self._announcer is not None:
+            await self._announcer.stop()
         await self._release_queued()
         await self._finish_in_flight(deadline_s)
         await self._release_held()
@@ -212,6 +247,9 @@ class Worker:
                 continue
             for delivery in batch:
                 self._held[id(delivery)] = delivery
+            if self._announcer is not None:
+                self._announcer.on_assigned(batch)
+                count_prior_deliveries(batch)
             self._in_flight.set(len(self._held))
             try:
                 # Parsing and moving jobs to running happen here, so they overlap the previous batch's compute.
@@ -265,6 +303,7 @@ class Worker:
             max_batch=self.max_batch,
             max_wait_ms=self.max_wait_ms,
             state=self.state,  # type: ignore[arg-type]
+            routing=self.routing,
             in_flight=len(self._held),
             **self.stats.snapshot(),  # type: ignore[arg-type]
         )
@@ -495,7 +534,8 @@ class Worker:
         self._count(outcome)
 
     def _forget(self, delivery: Delivery) -> None:
-        self._held.pop(id(delivery), None)
+        if self._held.pop(id(delivery), None) is not None and self._announcer is not None:
+            self._announcer.poke()
 
     def _count(self, outcome: str) -> None:
         counter = self._counters.get(outcome)

@@ -27,16 +27,17 @@ rule, used by the live worker and the simulated one alike.
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
 from dispatcher.state import DispatcherState, WorkerView
+from fleet import constants as c
+from fleet.routing import Announce, announce_to
 
 W = TypeVar("W", bound=Hashable)
 
 Route = Literal["idle", "amnesia", "fallback", "policy"]
-Announce = Literal["none", "random", "sq"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,19 +55,6 @@ class Policy(Protocol):
     d: int
 
     def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None: ...
-
-
-def announce_to(idle_lengths: Sequence[int], rule: Announce, d: int, rng: random.Random) -> int:
-    """Index of the dispatcher a newly idle worker announces itself to (``rule`` is the policy's ``announce``)."""
-    n = len(idle_lengths)
-    if rule != "sq" or n <= 1:
-        return int(rng.random() * n)
-    best = -1
-    for _ in range(min(d, n)):
-        i = int(rng.random() * n)
-        if best < 0 or idle_lengths[i] < idle_lengths[best]:
-            best = i
-    return best
 
 
 def _random(state: DispatcherState, rng: random.Random) -> Choice | None:
@@ -96,13 +84,15 @@ class RoundRobinPolicy:
     name: str = "round-robin"
     announce: Announce = "none"
     d: int = 1
-    _next: int = 0
+    _next: int = -1  # -1: not started
 
     def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
         n = len(state.live)
         if not n:
             return None
-        self._next = (self._next + 1) % n
+        # Each dispatcher starts at a random worker: started in step, m dispatchers would send their requests to
+        # the same few workers at the same time.
+        self._next = int(rng.random() * n) if self._next < 0 else (self._next + 1) % n
         return Choice(state.live.at(self._next), "policy")
 
 
@@ -132,12 +122,13 @@ class LeastOutstandingPolicy:
             return None
         start = int(rng.random() * n)  # ties go to a random worker, not always the first
         best = views[live.at(start)]
-        for i in range(n):
-            view = views[live.at((start + i) % n)]
-            if view.outstanding < best.outstanding:
-                best = view
-                if not view.outstanding:
-                    break
+        if best.outstanding:  # an idle worker cannot be beaten: stop scanning at the first one
+            for i in range(1, n):
+                view = views[live.at((start + i) % n)]
+                if view.outstanding < best.outstanding:
+                    best = view
+                    if not view.outstanding:
+                        break
         return Choice(best.worker, "policy")
 
 
@@ -203,6 +194,8 @@ POLICIES: dict[str, type[Policy]] = {  # type: ignore[dict-item]
 }
 PULL = "pull"
 POLICY_NAMES = (*POLICIES, PULL)
+assert tuple(POLICIES) == c.DISPATCH_POLICIES, "fleet.constants.DISPATCH_POLICIES is out of date"
+__all__ = ["POLICIES", "POLICY_NAMES", "PULL", "Choice", "Policy", "announce_to", "make_policy"]
 
 
 def make_policy(name: str, d: int = 2) -> Policy:

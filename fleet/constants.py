@@ -15,6 +15,7 @@ INBOX_PREFIX = f"{SUBJECT_PREFIX}.inbox"
 CTL_PREFIX = f"{SUBJECT_PREFIX}.ctl"
 HEARTBEAT_PREFIX = f"{CTL_PREFIX}.heartbeat"
 IDLE_PREFIX = f"{CTL_PREFIX}.idle"
+DISPATCHER_PREFIX = f"{CTL_PREFIX}.dispatcher"
 
 # JetStream streams: one for requests, one for dead letters.
 REQ_STREAM = "FLEET_REQ"
@@ -29,6 +30,8 @@ HEADER_JOB_ID = "fleet-job-id"
 HEADER_MODEL = "fleet-model"
 HEADER_ERROR = "fleet-error"
 HEADER_DELIVERIES = "fleet-deliveries"
+HEADER_DISPATCHER = "fleet-dispatcher"  # on an inbox message: the dispatcher that assigned it
+HEADER_TOKEN = "fleet-idle-token"  # on an inbox message: the worker's idle token it used, when it used one
 
 
 def request_subject(model: str) -> str:
@@ -45,6 +48,21 @@ def inbox_subject(worker_id: str) -> str:
 
 def heartbeat_subject(model: str) -> str:
     return f"{HEARTBEAT_PREFIX}.{model}"
+
+
+def idle_subject(model: str, dispatcher_id: str) -> str:
+    """Where a worker announces itself idle to one dispatcher (and retracts the announcement)."""
+    return f"{IDLE_PREFIX}.{model}.{dispatcher_id}"
+
+
+def dispatcher_subject(model: str) -> str:
+    """Dispatcher heartbeats: id, policy, idle-queue length; workers read them to pick where to announce."""
+    return f"{DISPATCHER_PREFIX}.{model}"
+
+
+def inbox_group(worker_id: str) -> str:
+    """The one group on a worker's inbox: the worker itself."""
+    return f"fleet-inbox-{worker_id}"
 
 
 def consumer_name(model: str) -> str:
@@ -70,8 +88,36 @@ def dag_key(run_id: str) -> str:
 
 
 def scale_key(model: str) -> str:
+    """The autoscaler's latest status of one model (JSON of ``schemas.scaling.ScalingStatus``)."""
     return f"{KEY_PREFIX}:scale:{model}"
 
+
+def scale_decisions_key(model: str) -> str:
+    """Recent scaling decisions of one model, newest first (a capped list)."""
+    return f"{scale_key(model)}:decisions"
+
+
+def scale_overrides_key(model: str) -> str:
+    """Operator overrides of one model's min/max replicas and pause (a hash set by ``PUT /v1/scaling/{model}``)."""
+    return f"{scale_key(model)}:overrides"
+
+
+# A leading underscore cannot start a model name (MODEL_NAME_RE), so these never collide with ``scale_key(model)``.
+SCALE_LOCK_KEY = f"{KEY_PREFIX}:scale:_lock"  # held by the one autoscaler that acts
+SCALE_MODELS_KEY = f"{KEY_PREFIX}:scale:_models"  # set of models with scaling state
+
+
+# Load-balancing policies of the dispatcher (``dispatcher.policies``); named here so settings can check them.
+DISPATCH_POLICIES = (
+    "random",
+    "round-robin",
+    "power-of-d",
+    "least-outstanding",
+    "peak-ewma",
+    "jiq-random",
+    "jiq-sq",
+    "jiq-amnesia",
+)
 
 # -- defaults -------------------------------------------------------------------------------------------------
 DEFAULT_MAX_BATCH = 32
@@ -85,3 +131,5 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_LONG_POLL_S = 60.0
+DEFAULT_AUTOSCALER_INTERVAL_S = 2.0
+DEFAULT_SCALING_DECISIONS_KEPT = 50

@@ -6,6 +6,7 @@ Every field can be set by an environment variable with the ``FLEET_`` prefix (``
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -61,6 +62,19 @@ class FleetSettings(BaseSettings):
     kafka_partitions: int = Field(4, ge=1, le=1024, description="partitions of a request topic Fleet creates")
     kafka_auto_create: bool = Field(True, description="create missing request topics at start-up")
 
+    # direct assignment (dispatcher)
+    routing: Annotated[dict[str, Literal["pull", "dispatch"]], NoDecode] = Field(
+        default_factory=dict,
+        description="per model: 'pull' (workers compete on the request subject, the default) or 'dispatch' "
+        "(dispatchers assign requests to worker inboxes); e.g. 'sleep=dispatch,embed=pull' or a JSON object",
+    )
+    dispatch_policy: str = Field("jiq-amnesia", description="the dispatcher's load-balancing policy")
+    dispatch_d: int = Field(2, ge=1, le=64, description="sample size d of power-of-d, peak-ewma, SQ(d), amnesia")
+    amnesia_window_s: float = Field(10.0, gt=0, description="how long a recently active worker stays on the list")
+    dispatch_max_outstanding: int = Field(
+        1024, ge=1, description="requests one dispatcher holds (assigned, awaiting their result) at most"
+    )
+
     # store
     job_ttl_s: int = Field(c.DEFAULT_JOB_TTL_S, ge=1, description="how long job records live")
 
@@ -71,6 +85,14 @@ class FleetSettings(BaseSettings):
     max_long_poll_s: float = Field(c.DEFAULT_MAX_LONG_POLL_S, gt=0)
     lag_interval_s: float = Field(5.0, gt=0, description="how often the gateway refreshes the fleet_queue_lag gauge")
 
+    # autoscaler (`fleet up` and `fleet autoscaler`)
+    autoscale: bool = Field(True, description="fleet up: scale workers on lag (false: one worker per model)")
+    autoscale_interval_s: float = Field(
+        c.DEFAULT_AUTOSCALER_INTERVAL_S, gt=0, description="how often the autoscaler reads signals and decides"
+    )
+    autoscale_min_replicas: int = Field(1, ge=0, description="fewest workers per model (0 allows scale to zero)")
+    autoscale_max_replicas: int = Field(4, ge=1, description="most workers per model")
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("models", mode="before")
@@ -79,6 +101,29 @@ class FleetSettings(BaseSettings):
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
+
+    @field_validator("routing", mode="before")
+    @classmethod
+    def _parse_routing(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"routing {value!r}: write MODEL=pull|dispatch pairs separated by commas")
+        return {model.strip(): mode.strip() for model, mode in pairs}
+
+    @field_validator("dispatch_policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in c.DISPATCH_POLICIES:
+            raise ValueError(f"unknown dispatch policy {value!r}; known: {', '.join(c.DISPATCH_POLICIES)}")
+        return value
+
+    def routing_for(self, model: str) -> Literal["pull", "dispatch"]:
+        return self.routing.get(model, "pull")
 
     @field_validator("broker_url")
     @classmethod

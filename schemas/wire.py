@@ -45,6 +45,7 @@ class Heartbeat(BaseModel):
     max_batch: int
     max_wait_ms: float
     state: Literal["starting", "ready", "draining", "stopped"]
+    routing: Literal["pull", "dispatch"] = Field("pull", description="dispatch: the worker reads its own inbox")
     in_flight: int = 0
     batches: int = 0
     items: int = 0
@@ -68,3 +69,37 @@ class DeadLetter(BaseModel):
     failed_at: float = Field(default_factory=time.time)
     request: dict[str, Any] | None = None
     raw: str | None = Field(None, description="the message body, when it was not a valid request")
+
+
+class IdleAnnouncement(BaseModel):
+    """A worker with a free slot tells one dispatcher (on ``fleet.ctl.idle.<model>.<dispatcher>``) it is idle.
+
+    The dispatcher queues the token; a token is used once. ``free_slots == 0`` retracts token ``seq``: the worker
+    took work from elsewhere. A worker repeats its current token now and then (same ``seq``), so that a lost
+    announcement heals; the dispatcher ignores the repeat.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    model: str
+    seq: int = Field(ge=0, description="the worker's token number; a newer token replaces an older one")
+    free_slots: int = Field(ge=0, description="0 retracts the token")
+    sent_at: float = Field(default_factory=time.time)
+
+
+class DispatcherBeat(BaseModel):
+    """A dispatcher's heartbeat on ``fleet.ctl.dispatcher.<model>``: workers read it to choose where to announce."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    dispatcher_id: str
+    model: str
+    policy: str
+    announce: Literal["none", "random", "sq"] = Field(description="how workers pick a dispatcher to announce to")
+    d: int = Field(2, ge=1, description="sample size of the SQ(d) announcement rule")
+    idle_length: int = Field(0, ge=0, description="valid idle tokens queued")
+    live_workers: int = 0
+    outstanding: int = 0
+    state: Literal["ready", "stopped"] = "ready"
+    sent_at: float = Field(default_factory=time.time)

@@ -69,7 +69,7 @@ class _Entry:
 class MemoryDelivery:
     """A message handed out by ``MemorySubscription.fetch``."""
 
-    __slots__ = ("_entry", "_settled", "data", "delivery_count", "headers", "msg_id", "subject")
+    __slots__ = ("_attempt", "_entry", "_settled", "data", "delivery_count", "headers", "msg_id", "subject")
 
     def __init__(self, entry: _Entry) -> None:
         message = entry.message
@@ -78,13 +78,14 @@ class MemoryDelivery:
         self.headers = dict(message.headers) if message.headers else {}
         self.msg_id = message.msg_id
         self.delivery_count = entry.deliveries
+        self._attempt = entry.deliveries  # which hand-out this is; callers may adjust delivery_count
         self._entry = entry
         self._settled = False
 
     def _current(self) -> _Entry | None:
         """The entry, when this delivery is still its current one (not settled, not timed out and handed out again)."""
         entry = self._entry
-        if self._settled or entry.state != _IN_FLIGHT or entry.deliveries != self.delivery_count:
+        if self._settled or entry.state != _IN_FLIGHT or entry.deliveries != self._attempt:
             return None
         return entry
 

@@ -95,6 +95,13 @@ def worker(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (env FLEET_DEVICE)")] = None,
     slowness: Annotated[float | None, typer.Option(help="service-time factor of the sleep model")] = None,
     worker_id: Annotated[str | None, typer.Option(help="stable id for heartbeats and logs")] = None,
+    routing: Annotated[
+        str | None,
+        typer.Option(
+            help="pull: compete on the model's request subject (default); dispatch: read this worker's inbox, "
+            "filled by `fleet dispatcher` (env FLEET_ROUTING)"
+        ),
+    ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port (/metrics)")
     ] = None,
@@ -122,7 +129,9 @@ def worker(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port)
-    run(run_worker(settings, model, worker_id=worker_id), settings)
+    if routing not in (None, "pull", "dispatch"):
+        raise fail(f"--routing must be 'pull' or 'dispatch', not {routing!r}")
+    run(run_worker(settings, model, worker_id=worker_id, routing=routing), settings)
 
 
 @app.command()
