@@ -1,7 +1,7 @@
 """`fleet dispatcher`: direct assignment of requests to workers (JIQ and other policies)."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: typer evaluates the command's annotations, and the option aliases
+# (Broker, Store, LogLevel) are locals of ``register``.
 import asyncio
 from typing import Annotated
 
