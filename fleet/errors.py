@@ -12,6 +12,7 @@ FleetError
  +-- JobNotFound(job_id)
  +-- ModelError(message)         the model raised while computing; retriable unless it says otherwise
  +-- ServiceUnavailable(service, hint)  a test or start-up dependency that is not running
+ +-- ScalerError(backend, target)  a scaler backend could not read or set replicas; retriable unless it says otherwise
 """
 
 from __future__ import annotations
@@ -87,3 +88,15 @@ class ServiceUnavailable(FleetError):
         super().__init__(f"{service} is not available: {hint}")
         self.service = service
         self.hint = hint
+
+
+class ScalerError(FleetError):
+    """A scaler backend could not read or change a model's replicas (e.g. a Deployment that is missing or forbidden)."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, backend: str, target: str, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.target = target
+        self.retriable = retriable

@@ -19,9 +19,4 @@ def announce_to(idle_lengths: Sequence[int], rule: Announce, d: int, rng: random
     n = len(idle_lengths)
     if rule != "sq" or n <= 1:
         return int(rng.random() * n)
-    best = -1
-    for _ in range(min(d, n)):
-        i = int(rng.random() * n)
-        if best < 0 or idle_lengths[i] < idle_lengths[best]:
-            best = i
-    return best
+    return min(rng.sample(range(n), min(d, n)), key=idle_lengths.__getitem__)  # d distinct dispatchers

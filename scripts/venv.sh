@@ -13,6 +13,6 @@ fi
 stamp=.venv/.fleet-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Fleet and its dependencies into .venv (first run downloads torch: a few minutes)" >&2
-  VIRTUAL_ENV=$PWD/.venv .venv/bin/uv pip install -q -e ".[test]"
+  VIRTUAL_ENV=$PWD/.venv .venv/bin/uv pip install -q -e ".[test,bench]"
   touch "$stamp"
 fi

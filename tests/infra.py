@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+import redis.asyncio as aioredis
 
 from fleet import constants as c
 from fleet.brokers import make_broker
@@ -96,3 +99,18 @@ async def drain_subject(broker: Broker, subject: str, group: str, timeout_s: flo
     finally:
         await sub.close()
     return got
+
+
+async def count_completions(redis_url: str, ready: asyncio.Event, counts: collections.Counter[str]) -> None:
+    """Count every completion notification per job id (to prove exactly one terminal result per job)."""
+    client = aioredis.from_url(redis_url)
+    pubsub = client.pubsub()
+    await pubsub.psubscribe(c.done_channel("*"))
+    ready.set()
+    try:
+        async for message in pubsub.listen():
+            if message["type"] == "pmessage":
+                counts[message["channel"].decode().rsplit(":", 1)[-1]] += 1
+    finally:
+        await pubsub.aclose()
+        await client.aclose()

@@ -14,9 +14,9 @@ import pytest
 from fleet import constants as c
 from fleet.store.base import ResultStore
 from schemas.jobs import JobState
-from tests.infra import eventually, publish_requests, wait_terminal
+from tests.infra import count_completions, eventually, publish_requests, wait_terminal
 from tests.processes import fleet_process, run_fleet
-from tests.test_processes import WORKER, count_completions, infra, urls, worker_env  # noqa: F401 (fixtures)
+from tests.test_processes import WORKER, infra, urls, worker_env  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -12,13 +12,12 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-import redis.asyncio as aioredis
 
 from fleet import constants as c
 from fleet.brokers.nats import durable_name
 from fleet.store.base import ResultStore
 from schemas.jobs import JobState
-from tests.infra import connected_pair, eventually, publish_requests, settings_for, wait_terminal
+from tests.infra import connected_pair, count_completions, eventually, publish_requests, settings_for, wait_terminal
 from tests.processes import fleet_process, run_fleet, stop
 from tests.services import free_port
 
@@ -68,20 +67,6 @@ def worker_env(urls: dict[str, str], model: str, **extra: str) -> dict[str, str]
         "FLEET_HEARTBEAT_INTERVAL_S": "0.5",
         **extra,
     }
-
-
-async def count_completions(redis_url: str, ready: asyncio.Event, counts: collections.Counter[str]) -> None:
-    client = aioredis.from_url(redis_url)
-    pubsub = client.pubsub()
-    await pubsub.psubscribe(c.done_channel("*"))
-    ready.set()
-    try:
-        async for message in pubsub.listen():
-            if message["type"] == "pmessage":
-                counts[message["channel"].decode().rsplit(":", 1)[-1]] += 1
-    finally:
-        await pubsub.aclose()
-        await client.aclose()
 
 
 async def _any_running(store: ResultStore, ids: list[str]) -> bool:

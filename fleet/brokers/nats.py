@@ -352,6 +352,8 @@ class NatsBroker:
 
     async def _create_group(self, js: JetStreamContext, stream: str, durable: str, subject: str) -> None:
         owners = await self._durables_on(js, stream, subject)
+        if durable in owners:  # another process created this very group since we looked: nothing to do
+            return
         if owners and stream in WORK_QUEUE_STREAMS:
             raise self._one_group_only(subject, durable, owners[0])
         config = ConsumerConfig(

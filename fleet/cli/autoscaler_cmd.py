@@ -1,9 +1,240 @@
-"""`fleet autoscaler`: scales workers on queue lag."""
+"""`fleet autoscaler`: scales workers on queue lag.
 
-from __future__ import annotations
+The flags build one ``ScalingConfig`` that applies to every model served (``--model``, repeatable, or
+``FLEET_MODELS``); operators change min, max and pause per model later through ``PUT /v1/scaling/{model}``.
+"""
+
+# No ``from __future__ import annotations`` here: typer evaluates the command's annotations, and the option aliases
+# (Broker, Store, LogLevel) are locals of ``register``. Annotations of names imported for type checking are quoted.
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from autoscaler.backends.base import ScalerBackend
+    from autoscaler.config import ScalingConfig
+    from fleet.brokers.base import Broker as BrokerClient
+    from fleet.scaling import ScalingStore
+    from fleet.settings import FleetSettings
+
+log = logging.getLogger(__name__)
+
+
+class BackendName(StrEnum):
+    process = "process"
+    kubernetes = "kubernetes"
+    dry_run = "dry-run"
+
+
+class Mode(StrEnum):
+    rate = "rate"
+    keda = "keda"
+
+
+def scaling_configs(models: list[str], flags: dict[str, Any]) -> "dict[str, ScalingConfig]":
+    """One validated ``ScalingConfig`` per model name from the flags that were given.
+
+    Raises:
+        ValueError: a bad value or two conflicting settings (the message names both).
+    """
+    from autoscaler.config import ScalingConfig
+
+    config = ScalingConfig.model_validate({k: v for k, v in flags.items() if v is not None})
+    return dict.fromkeys(models, config)
+
+
+def describe_config_error(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}" if where else f"  {message}")
+    return "invalid scaling configuration:\n" + "\n".join(lines)
+
+
+def partitions_of(settings: "FleetSettings") -> int | None:
+    """Kafka: the partition count Fleet creates request topics with (the broker seam cannot report it)."""
+    return settings.kafka_partitions if settings.broker_scheme == "kafka" else None
+
+
+@contextlib.asynccontextmanager
+async def broker_and_scaling_store(settings: "FleetSettings") -> "AsyncIterator[tuple[BrokerClient, ScalingStore]]":
+    from fleet.brokers import make_broker
+    from fleet.scaling import make_scaling_store
+
+    broker = make_broker(settings)
+    scaling = make_scaling_store(settings)
+    await broker.connect()
+    try:
+        await scaling.connect()
+        try:
+            yield broker, scaling
+        finally:
+            await scaling.close()
+    finally:
+        await broker.close()
+
+
+async def run_autoscaler(
+    settings: "FleetSettings",
+    configs: "dict[str, ScalingConfig]",
+    backend: "ScalerBackend",
+    interval_s: float,
+) -> None:
+    """Run the autoscaler until SIGINT/SIGTERM; then release the lock and close the backend (workers drain)."""
+    from autoscaler.service import Autoscaler
+    from fleet.cli.compose import stop_on_signals
+
+    stop = asyncio.Event()
+    restore = stop_on_signals(stop)
+    try:
+        async with broker_and_scaling_store(settings) as (broker, scaling):
+            autoscaler = Autoscaler(
+                broker,
+                scaling,
+                backend,
+                configs,
+                interval_s,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
+                partitions=partitions_of(settings),
+            )
+            async with autoscaler:
+                await stop.wait()
+    finally:
+        restore()
+
+
+def _backend_kwargs(name: str, namespace: str | None, template: str | None, log_dir: Path | None) -> dict[str, Any]:
+    if name == "kubernetes":
+        kwargs: dict[str, Any] = {"namespace": namespace or "default"}
+        if template:
+            kwargs["deployment_name_template"] = template
+        return kwargs
+    if name == "process" and log_dir is not None:
+        return {"log_dir": log_dir}
+    return {}
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's command to ``app`` (not yet built)."""
+    """Add ``fleet autoscaler`` to ``app``."""
+    from fleet.cli import Broker, LogLevel, Store, fail, run, settings_from
+
+    @app.command()
+    def autoscaler(
+        backend: Annotated[
+            BackendName,
+            typer.Option(
+                help="process: fleet worker processes on this machine; kubernetes: the scale of each model's "
+                "Deployment; dry-run: decide and record only",
+            ),
+        ] = BackendName.process,
+        model: Annotated[
+            list[str] | None,
+            typer.Option("--model", "-m", help="model to scale (repeat for several; default: env FLEET_MODELS)"),
+        ] = None,
+        min_replicas: Annotated[
+            int | None, typer.Option(help="fewest workers per model; 0 allows scale to zero (default 1)")
+        ] = None,
+        max_replicas: Annotated[int | None, typer.Option(help="most workers per model (default 4)")] = None,
+        mode: Annotated[
+            Mode | None,
+            typer.Option(
+                help="rate: (arrival + lag / target-drain-s) / throughput per worker (default); "
+                "keda: lag / lag-per-replica",
+            ),
+        ] = None,
+        target_drain_s: Annotated[float | None, typer.Option(help="rate mode: drain the backlog within this")] = None,
+        lag_per_replica: Annotated[int | None, typer.Option(help="keda mode: backlog one worker handles")] = None,
+        activation_lag: Annotated[int | None, typer.Option(help="scale from zero only above this lag")] = None,
+        scale_up_step: Annotated[int | None, typer.Option(help="add at most this many workers per interval")] = None,
+        scale_up_interval_s: Annotated[float | None, typer.Option(help="window of --scale-up-step")] = None,
+        scale_down_stabilization_s: Annotated[
+            float | None, typer.Option(help="scale in only after the load stayed low this long")
+        ] = None,
+        stale_after_s: Annotated[
+            float | None, typer.Option(help="hold the replicas on signals older than this")
+        ] = None,
+        predictive_horizon_s: Annotated[
+            float | None, typer.Option(help="rate mode: add workers for the arrival trend this far ahead")
+        ] = None,
+        default_throughput: Annotated[
+            float | None, typer.Option(help="rate mode: jobs/s per worker assumed until heartbeats tell")
+        ] = None,
+        interval_s: Annotated[float | None, typer.Option(help="seconds between decisions (default 2)")] = None,
+        metrics_port: Annotated[
+            int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port (/metrics)")
+        ] = None,
+        namespace: Annotated[str | None, typer.Option(help="kubernetes: namespace of the worker Deployments")] = None,
+        deployment_template: Annotated[
+            str | None, typer.Option(help="kubernetes: Deployment name of a model, e.g. 'fleet-worker-{model}'")
+        ] = None,
+        worker_log_dir: Annotated[Path | None, typer.Option(help="process: write each worker's output here")] = None,
+        broker: Broker = None,
+        store: Store = None,
+        log_level: LogLevel = None,
+    ) -> None:
+        """Scale each model's workers on its queue lag, arrival rate and per-worker throughput.
+
+        Only one autoscaler acts at a time (a lock in Redis); others wait on standby. Scale-in is graceful: a
+        stopped worker finishes its batch and hands the rest back. Needs a real broker and Redis.
+        """
+        settings = settings_from(
+            broker_url=broker,
+            store_url=store,
+            models=",".join(model) if model else None,
+            autoscale_interval_s=interval_s,
+            log_level=log_level,
+        )
+        if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
+            raise fail(
+                "the autoscaler needs a real broker and store: pass --broker nats://... or kafka://... and "
+                "--store redis://... ('fleet up' runs an embedded autoscaler)"
+            )
+        flags = {
+            "min_replicas": settings.autoscale_min_replicas if min_replicas is None else min_replicas,
+            "max_replicas": settings.autoscale_max_replicas if max_replicas is None else max_replicas,
+            "mode": mode.value if mode is not None else None,
+            "target_drain_s": target_drain_s,
+            "lag_per_replica": lag_per_replica,
+            "activation_lag": activation_lag,
+            "scale_up_step": scale_up_step,
+            "scale_up_interval_s": scale_up_interval_s,
+            "scale_down_stabilization_s": scale_down_stabilization_s,
+            "stale_after_s": stale_after_s,
+            "predictive_horizon_s": predictive_horizon_s,
+            "default_throughput_per_replica": default_throughput,
+        }
+        configs, scaler = _build(
+            settings,
+            flags,
+            backend.value,
+            _backend_kwargs(backend.value, namespace, deployment_template, worker_log_dir),
+        )
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(metrics_port)
+        run(run_autoscaler(settings, configs, scaler, settings.autoscale_interval_s), settings)
+
+    def _build(
+        settings: "FleetSettings", flags: dict[str, Any], backend: str, kwargs: dict[str, Any]
+    ) -> "tuple[dict[str, ScalingConfig], ScalerBackend]":
+        from autoscaler.backends import make_backend
+        from fleet.errors import FleetError
+        from fleet.models import resolve_specs
+
+        try:
+            names = list(resolve_specs(settings.models))
+            configs = scaling_configs(names, flags)
+            return configs, make_backend(backend, settings, **kwargs)
+        except ValidationError as exc:
+            raise fail(describe_config_error(exc)) from None
+        except FleetError as exc:
+            raise fail(exc.message) from None

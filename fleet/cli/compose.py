@@ -13,11 +13,16 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import uvicorn
 
+from autoscaler.backends import default_backend_name, make_backend
+from autoscaler.config import ScalingConfig
+from autoscaler.service import Autoscaler
 from consumers.device import resolve_device
 from consumers.handlers import resolve_handler
 from consumers.worker import Worker
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
+from fleet.models import resolve_specs
+from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
@@ -85,8 +90,10 @@ async def run_workers(workers: list[Worker], stop: asyncio.Event) -> None:
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
 
 
-def _server(settings: FleetSettings, broker: Broker | None, store: ResultStore | None) -> _Server:
-    app = create_app(settings, broker=broker, store=store)
+def _server(
+    settings: FleetSettings, broker: Broker | None, store: ResultStore | None, scaling: ScalingStore | None = None
+) -> _Server:
+    app = create_app(settings, broker=broker, store=store, scaling=scaling)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
     return _Server(config)
 
@@ -103,17 +110,61 @@ async def serve_gateway(server: _Server, stop: asyncio.Event) -> None:
         raise SystemExit(f"the gateway could not start on {server.config.host}:{server.config.port}")
 
 
+def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, scaling: ScalingStore) -> Autoscaler:
+    """The autoscaler of ``fleet up``: workers in this process on the embedded broker or store (``inprocess``),
+    ``fleet worker`` processes on real infrastructure (``process``); from ``autoscale_min_replicas`` (1 by default,
+    so every model is served at once) up to ``autoscale_max_replicas`` per model."""
+    refs = {name: ref for ref, name in zip(settings.models, resolve_specs(settings.models), strict=True)}
+
+    async def start_worker(model: str) -> Worker:
+        worker = build_worker(refs[model], broker, store, settings)
+        await worker.start()
+        return worker
+
+    name = default_backend_name(settings)
+    backend = (
+        make_backend(name, settings, start_worker=start_worker) if name == "inprocess" else make_backend(name, settings)
+    )
+    config = ScalingConfig(min_replicas=settings.autoscale_min_replicas, max_replicas=settings.autoscale_max_replicas)
+    return Autoscaler(
+        broker,
+        scaling,
+        backend,
+        dict.fromkeys(refs, config),
+        settings.autoscale_interval_s,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        partitions=settings.kafka_partitions if settings.broker_scheme == "kafka" else None,
+    )
+
+
+async def run_autoscaled(autoscaler: Autoscaler, stop: asyncio.Event) -> None:
+    """Run ``autoscaler`` until ``stop``; its stop drains the workers it started."""
+    async with autoscaler:
+        await stop.wait()
+
+
 async def run_up(settings: FleetSettings) -> None:
-    """Gateway and one worker per model in one process, sharing one broker and one store."""
+    """Gateway, autoscaler and workers in one process, sharing one broker, one store and one scaling store.
+
+    With ``autoscale`` off, one worker per model runs for the whole session instead.
+    """
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
         async with connected(settings) as (broker, store):
-            workers = [build_worker(ref, broker, store, settings) for ref in settings.models]
-            server = _server(settings, broker, store)
-            worker_task = asyncio.create_task(run_workers(workers, stop))
-            await serve_gateway(server, stop)
-            await worker_task
+            scaling = make_scaling_store(settings)
+            await scaling.connect()
+            try:
+                if settings.autoscale:
+                    task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
+                else:
+                    workers = [build_worker(ref, broker, store, settings) for ref in settings.models]
+                    task = asyncio.create_task(run_workers(workers, stop))
+                task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
+                await serve_gateway(_server(settings, broker, store, scaling), stop)
+                await task
+            finally:
+                await scaling.close()
     finally:
         restore()
 

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fleet.brokers.base import Broker
 from fleet.lag import LagMonitor
 from fleet.models import resolve_specs
+from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from producers.gateway.errors import install_error_handlers
@@ -31,6 +32,7 @@ OPENAPI_TAGS = [
     {"name": "push", "description": "WebSockets that push terminal job records."},
     {"name": "models", "description": "The models this gateway accepts, with their input and output schemas."},
     {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
+    {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
 ]
 
 
@@ -80,14 +82,28 @@ async def _open_clients(
     return broker, store
 
 
+async def _open_scaling(stack: AsyncExitStack, settings: FleetSettings, scaling: ScalingStore | None) -> ScalingStore:
+    """Adopt the given scaling store, or build and connect one next to the result store (closed at shutdown)."""
+    if scaling is None:
+        scaling = make_scaling_store(settings)
+        await scaling.connect()
+        stack.push_async_callback(scaling.close)
+    return scaling
+
+
 def _lifespan(
-    settings: FleetSettings, broker: Broker | None, store: ResultStore | None, limits: GatewayLimits
+    settings: FleetSettings,
+    broker: Broker | None,
+    store: ResultStore | None,
+    limits: GatewayLimits,
+    scaling: ScalingStore | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = resolve_specs(settings.models)
         async with AsyncExitStack() as stack:
             b, s = await _open_clients(stack, settings, broker, store)
+            app.state.scaling = await _open_scaling(stack, settings, scaling)
             for name in specs:
                 await b.ensure_model(name)
             await stack.enter_async_context(LagMonitor(b, specs, settings.lag_interval_s))
@@ -105,6 +121,7 @@ def create_app(
     broker: Broker | None = None,
     store: ResultStore | None = None,
     limits: GatewayLimits | None = None,
+    scaling: ScalingStore | None = None,
 ) -> FastAPI:
     """Build the gateway application.
 
@@ -114,23 +131,26 @@ def create_app(
             When None, the lifespan builds one from ``settings.broker_url``, connects it and closes it at shutdown.
         store: the same for the result store.
         limits: timeouts and WebSocket limits; the defaults suit production.
+        scaling: the autoscaler's state (``fleet up`` shares its embedded one); when None, one is built next to
+            the result store (``fleet.scaling.make_scaling_store``), connected and closed at shutdown.
 
     Raises (at start-up, from the lifespan):
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
         BrokerUnavailable / StoreError: a client the app builds itself cannot connect.
     """
-    from producers.gateway import routes_jobs, routes_ops, ws
+    from producers.gateway import routes_jobs, routes_ops, routes_scaling, ws
 
     app = FastAPI(
         title="Fleet gateway",
         version="1",
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
-        lifespan=_lifespan(settings, broker, store, limits or GatewayLimits()),
+        lifespan=_lifespan(settings, broker, store, limits or GatewayLimits(), scaling),
     )
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
     app.include_router(ws.router)
     app.include_router(routes_ops.router)
+    app.include_router(routes_scaling.router)
     return app

@@ -1,0 +1,132 @@
+"""``/v1/scaling``: what the autoscaler is doing per model, and the operator's min, max and pause.
+
+The autoscaler stores each model's status and decisions in the scaling store; this router reads them and writes
+overrides the autoscaler applies at its next tick. ``GET`` shows the overrides at once (on top of the last status),
+so a ``PUT`` is reflected immediately. A served model the autoscaler has not reported on yet shows zero replicas,
+unknown lag and rates, and the fleet's default limits (``autoscale_min_replicas``, ``autoscale_max_replicas``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from fleet.errors import UnknownModel
+from fleet.scaling import ScalingStore
+from producers.gateway.app import GatewayState, gateway_state
+from producers.gateway.errors import ApiError
+from schemas.api import ErrorResponse
+from schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
+
+router = APIRouter(prefix="/v1/scaling", tags=["scaling"])
+
+DEFAULT_DECISIONS = 20
+
+
+def scaling_store(request: Request) -> ScalingStore:
+    """FastAPI dependency: the scaling store the lifespan opened (``app.state.scaling``)."""
+    store: ScalingStore = request.app.state.scaling
+    return store
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+def _unreported(model: str, state: GatewayState) -> ScalingStatus:
+    settings = state.settings
+    return ScalingStatus(
+        model=model,
+        current_replicas=0,
+        desired_replicas=0,
+        lag=None,
+        arrival_rate=None,
+        min_replicas=settings.autoscale_min_replicas,
+        max_replicas=settings.autoscale_max_replicas,
+        paused=False,
+    )
+
+
+def _configured(status: ScalingStatus) -> ScalingOverrides:
+    """The autoscaler's own limits (before overrides); the status's values when it did not say."""
+    own = status.configured or ScalingOverrides()
+    return ScalingOverrides(
+        min_replicas=own.min_replicas if own.min_replicas is not None else status.min_replicas,
+        max_replicas=own.max_replicas if own.max_replicas is not None else status.max_replicas,
+        paused=own.paused if own.paused is not None else status.paused,
+    )
+
+
+def _view(status: ScalingStatus, overrides: ScalingOverrides, decisions: int) -> ScalingStatus:
+    base = status.model_copy(update=_configured(status).model_dump())
+    shown = base.with_overrides(overrides)
+    shown.decisions = shown.decisions[:decisions]
+    return shown
+
+
+async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> ScalingStatus:
+    stored = {s.model: s for s in await scaling.statuses()}
+    return stored.get(model) or _unreported(model, state)
+
+
+@router.get(
+    "",
+    summary="Scaling state of every model",
+    response_model=list[ScalingStatus],
+    responses=_errors(503),
+)
+async def list_scaling(
+    decisions: int = Query(DEFAULT_DECISIONS, ge=0, le=1000, description="recent decisions per model, newest first"),
+    state: GatewayState = Depends(gateway_state),
+    scaling: ScalingStore = Depends(scaling_store),
+) -> list[ScalingStatus]:
+    """Per served model: replicas running and desired, lag, arrival rate, min, max, paused and recent decisions."""
+    stored = {s.model: s for s in await scaling.statuses()}
+    out = []
+    for model in state.specs:
+        status = stored.get(model) or _unreported(model, state)
+        out.append(_view(status, await scaling.get_overrides(model), decisions))
+    return out
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
+
+
+def _check_update(model: str, configured: ScalingOverrides, overrides: ScalingOverrides) -> None:
+    """422 naming both limits when the overrides would put min above max (with the configured values filled in)."""
+    min_replicas = _first(overrides.min_replicas, configured.min_replicas)
+    max_replicas = _first(overrides.max_replicas, configured.max_replicas)
+    try:
+        check_limits(min_replicas, max_replicas)
+    except ValueError as exc:
+        details = [
+            {"loc": "body.min_replicas", "msg": str(exc), "type": "value_error"},
+            {"loc": "body.max_replicas", "msg": str(exc), "type": "value_error"},
+        ]
+        raise ApiError(422, "invalid_request", f"invalid scaling limits for model {model!r}: {exc}", details) from None
+
+
+@router.put(
+    "/{model}",
+    summary="Set a model's min, max or pause",
+    response_model=ScalingStatus,
+    responses=_errors(404, 422, 503),
+)
+async def update_scaling(
+    model: str,
+    update: ScalingUpdate,
+    state: GatewayState = Depends(gateway_state),
+    scaling: ScalingStore = Depends(scaling_store),
+) -> ScalingStatus:
+    """Override ``min_replicas``, ``max_replicas`` or ``paused`` of one model; the autoscaler applies it at its next
+    tick. Fields left out keep their value; an explicit ``null`` removes the override. ``min_replicas`` may not end
+    up above ``max_replicas`` (422 naming both)."""
+    if model not in state.specs:
+        raise UnknownModel(model, list(state.specs))
+    status = await _status_of(model, state, scaling)
+    overrides = update.apply(await scaling.get_overrides(model))
+    _check_update(model, _configured(status), overrides)
+    await scaling.set_overrides(model, overrides)
+    return _view(status, overrides, DEFAULT_DECISIONS)

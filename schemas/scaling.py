@@ -1,0 +1,93 @@
+"""Autoscaler state as stored in Redis and served by ``GET/PUT /v1/scaling``.
+
+``DecisionRecord`` is one decision with its inputs and reason; ``ScalingStatus`` is a model's latest state with its
+recent decisions; ``ScalingOverrides`` are what an operator set through the API on top of the autoscaler's own
+configuration; ``ScalingUpdate`` is the ``PUT`` body.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ScalingOverrides(BaseModel):
+    """Operator overrides of one model's scaling; ``None`` leaves the autoscaler's configured value."""
+
+    min_replicas: int | None = Field(None, ge=0)
+    max_replicas: int | None = Field(None, ge=1)
+    paused: bool | None = None
+
+    def is_empty(self) -> bool:
+        return self.min_replicas is None and self.max_replicas is None and self.paused is None
+
+
+class DecisionRecord(BaseModel):
+    """One decision of the autoscaler, with the signals it was made from."""
+
+    at: float = Field(description="unix seconds")
+    model: str
+    current_replicas: int = Field(description="replicas the backend ran before the decision")
+    desired_replicas: int = Field(description="the policy's raw recommendation, before min/max and smoothing")
+    replicas: int = Field(description="what the autoscaler scaled to")
+    lag: int | None = Field(description="requests not yet finished (waiting + in flight); null when unknown")
+    arrival_rate: float | None = Field(description="requests per second arriving; null when unknown")
+    throughput_per_replica: float | None = Field(description="requests per second one busy worker finishes")
+    reason: str = Field(description="why, in words")
+    changed: bool = Field(False, description="whether the replica count changed")
+    owner: str | None = Field(None, description="id of the autoscaler that decided")
+
+
+class ScalingStatus(BaseModel):
+    """A model's latest scaling state and its recent decisions, newest first."""
+
+    model: str
+    current_replicas: int = Field(description="replicas running now, as the backend reports them")
+    desired_replicas: int = Field(
+        description="replicas the signals ask for, within min/max; the fleet heads there as fast as the "
+        "scale-up rate limit and the scale-down stabilization window allow"
+    )
+    lag: int | None = Field(description="requests not yet finished (waiting + in flight); null when unknown")
+    arrival_rate: float | None = Field(description="requests per second arriving; null when unknown")
+    min_replicas: int
+    max_replicas: int
+    paused: bool
+    backend: str | None = Field(None, description="process, inprocess, kubernetes or dry-run; null: no autoscaler")
+    updated_at: float | None = Field(None, description="unix seconds of the last update; null: never")
+    throughput_per_replica: float | None = None
+    completion_rate: float | None = Field(None, description="requests per second finished by all workers")
+    live_workers: int | None = Field(None, description="workers whose heartbeats are current")
+    reason: str | None = Field(None, description="the reason of the last decision")
+    configured: ScalingOverrides | None = Field(
+        None, description="the autoscaler's own min, max and pause, before the operator's overrides"
+    )
+    decisions: list[DecisionRecord] = Field(default_factory=list, description="recent decisions, newest first")
+
+    def with_overrides(self, overrides: ScalingOverrides) -> ScalingStatus:
+        """This status with ``overrides`` in place of the configured min, max and pause."""
+        changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
+        return self.model_copy(update=changes)
+
+
+class ScalingUpdate(BaseModel):
+    """``PUT /v1/scaling/{model}``: fields left out keep their value; an explicit ``null`` removes the override,
+    so the autoscaler's configured value applies again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int | None = Field(None, ge=0, description="fewest replicas (0 allows scale to zero)")
+    max_replicas: int | None = Field(None, ge=1, description="most replicas")
+    paused: bool | None = Field(None, description="true: keep the replica count whatever the signals say")
+
+    def apply(self, overrides: ScalingOverrides) -> ScalingOverrides:
+        """The overrides after this update (not yet checked against the configured values)."""
+        changes = {name: getattr(self, name) for name in self.model_fields_set}
+        return overrides.model_copy(update=changes)
+
+
+def check_limits(min_replicas: int, max_replicas: int) -> None:
+    """Raises ValueError naming both settings when ``min_replicas`` is above ``max_replicas``."""
+    if min_replicas > max_replicas:
+        raise ValueError(
+            f"min_replicas ({min_replicas}) is above max_replicas ({max_replicas}); "
+            "lower min_replicas or raise max_replicas"
+        )

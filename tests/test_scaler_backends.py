@@ -1,0 +1,416 @@
+"""Scaler backends: real ``fleet worker`` processes on NATS + Redis, in-process workers on the memory broker, and
+the kubernetes backend through the official client against ``tests.k8s_api`` (an in-test API server for the
+apps/v1 Deployment scale subresource: a real kube-apiserver cannot be obtained here)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from autoscaler.backends import BACKENDS, ScalerBackend, default_backend_name, make_backend
+from autoscaler.backends.dry_run import DryRunBackend
+from autoscaler.backends.inprocess import InProcessBackend
+from autoscaler.backends.kubernetes import KubernetesBackend
+from autoscaler.backends.process import ProcessBackend, settings_env
+from consumers.handlers import with_name
+from consumers.worker import Worker
+from fleet import constants as c
+from fleet.brokers.base import Broker
+from fleet.errors import ConfigError, ScalerError
+from fleet.store.base import ResultStore
+from schemas.jobs import JobState
+from schemas.wire import Heartbeat
+from tests.handlers_for_tests import Items
+from tests.infra import connected_pair, count_completions, eventually, publish_requests, settings_for, wait_terminal
+from tests.k8s_api import FakeKubeApi, serve
+from tests.processes import ROOT
+
+WORKER = "tests.handlers_for_tests:Items"
+NS = "fleet"
+TOKEN = "scaler-token"
+
+
+# -- make_backend and dry-run ------------------------------------------------------------------------------------
+def test_an_unknown_backend_name_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        make_backend("docker", settings_for("memory", {}))
+    assert "'docker'" in info.value.message
+    assert all(name in info.value.message for name in BACKENDS)
+
+
+def test_the_process_backend_refuses_the_memory_broker_and_points_to_inprocess() -> None:
+    settings = settings_for("memory", {})
+    assert default_backend_name(settings) == "inprocess"
+    with pytest.raises(ConfigError, match="inprocess"):
+        make_backend("process", settings)
+
+
+def test_missing_backend_arguments_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="namespace"):
+        make_backend("kubernetes", settings_for("memory", {}))
+
+
+async def test_dry_run_records_every_call_and_reports_the_last(unique: str) -> None:
+    backend = make_backend("dry-run", settings_for("memory", {}), initial={"b": 2})
+    assert isinstance(backend, DryRunBackend) and isinstance(backend, ScalerBackend)
+    assert (await backend.current_replicas("a"), await backend.current_replicas("b")) == (0, 2)
+    for replicas in (3, 1, 0):
+        await backend.set_replicas("a", replicas)
+    assert [(call.model, call.replicas) for call in backend.calls] == [("a", 3), ("a", 1), ("a", 0)]
+    assert backend.calls[0].at <= backend.calls[-1].at
+    assert await backend.current_replicas("a") == 0
+    with pytest.raises(ValueError, match="replicas for model 'a'"):
+        await backend.set_replicas("a", -1)
+    await backend.close()
+    await backend.close()
+
+
+def test_workers_get_the_broker_store_and_only_the_settings_that_were_set(nats_url: str, redis_url: str) -> None:
+    settings = settings_for("nats+redis", {"nats": nats_url, "redis": redis_url}, max_batch=4, port=9999)
+    env = settings_env(settings)
+    assert env["FLEET_BROKER_URL"] == nats_url and env["FLEET_STORE_URL"] == redis_url
+    assert env["FLEET_MAX_BATCH"] == "4" and env["FLEET_ACK_WAIT_S"] == "2.0"
+    assert "FLEET_PORT" not in env and "FLEET_MODELS" not in env
+    assert "FLEET_MAX_MESSAGE_BYTES" not in env, "a default stays a default (the model's preferences apply)"
+
+
+# -- process: real `fleet worker` processes ------------------------------------------------------------------------
+
+
+async def watch_heartbeats(broker: Broker, model: str, states: dict[int, str]) -> None:
+    """The latest state each worker process (by pid) announced."""
+    stream = await broker.listen(c.heartbeat_subject(model))
+    try:
+        async for _, data in stream:
+            beat = Heartbeat.model_validate_json(data)
+            states[beat.pid] = beat.state
+    finally:
+        await stream.close()
+
+
+@contextlib.asynccontextmanager
+async def background(*coros: Any) -> AsyncIterator[None]:
+    tasks = [asyncio.create_task(coro) for coro in coros]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def succeeded(records: dict[str, Any]) -> int:
+    return sum(1 for r in records.values() if r is not None and r.state is JobState.succeeded)
+
+
+@pytest.mark.slow
+async def test_process_backend_scales_real_workers_and_scale_in_loses_no_job(
+    nats_url: str, redis_url: str, unique: str, tmp_path: Path
+) -> None:
+    model = f"scale-{unique}"
+    settings = settings_for(
+        "nats+redis", {"nats": nats_url, "redis": redis_url}, max_batch=4, max_wait_ms=20, drain_timeout_s=20
+    )
+    env = {"FLEET_TEST_MODEL_NAME": model, "PYTHONPATH": str(ROOT)}
+    backend = make_backend("process", settings, refs={model: WORKER}, env=env, log_dir=tmp_path)
+    assert isinstance(backend, ProcessBackend)
+    counts: collections.Counter[str] = collections.Counter()
+    states: dict[int, str] = {}
+    ready = asyncio.Event()
+    async with connected_pair(settings) as (broker, store):
+        async with background(count_completions(redis_url, ready, counts), watch_heartbeats(broker, model, states)):
+            await ready.wait()
+            try:
+                await _scale_through_a_burst(backend, broker, store, model, unique, counts, states)
+                await _a_crashed_worker_is_noticed_and_replaced(backend, model)
+            finally:
+                survivors = backend.workers(model)
+                await backend.close()
+            assert all(w.process.returncode is not None for w in survivors), "close() stops every worker"
+            assert await backend.current_replicas(model) == 0 and not backend.draining(model)
+            with pytest.raises(ScalerError, match="closed"):
+                await backend.set_replicas(model, 1)
+
+
+async def _scale_through_a_burst(
+    backend: ProcessBackend,
+    broker: Broker,
+    store: ResultStore,
+    model: str,
+    unique: str,
+    counts: collections.Counter[str],
+    states: dict[int, str],
+) -> None:
+    assert await backend.current_replicas(model) == 0
+    await backend.set_replicas(model, 2)
+    assert await backend.current_replicas(model) == 2
+    pids = [w.pid for w in backend.workers(model)]
+
+    async def all_ready() -> bool:
+        return all(states.get(pid) == "ready" for pid in pids)
+
+    try:
+        await eventually(all_ready, timeout_s=60, what="both worker processes ready (heartbeats)")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{worker_logs(backend, model)}") from None
+    ids = await publish_requests(broker, model, [{"value": i, "sleep_ms": 100} for i in range(40)], unique)
+
+    async def mid_burst() -> bool:
+        return succeeded({j: await store.get(j) for j in ids}) >= 8
+
+    await eventually(mid_burst, timeout_s=30, what="the burst under way")
+    victim = backend.workers(model)[-1]
+    await backend.set_replicas(model, 1)
+    assert await backend.current_replicas(model) == 1
+    assert backend.draining(model) == [victim], "scale-in stops the newest worker"
+
+    records = await wait_terminal(store, ids, timeout_s=60)
+    assert [records[j].output["value"] for j in ids] == [2 * i for i in range(40)]
+    assert {r.state for r in records.values()} == {JobState.succeeded}
+    assert len({r.worker_id for r in records.values()}) == 2, "both processes served the burst"
+    await eventually(lambda: _is_reaped(backend, model), timeout_s=30, what="the drained worker reaped")
+    assert victim.process.returncode == 0 and states[victim.pid] == "stopped", "drained, not killed"
+    await asyncio.sleep(0.5)  # let a duplicate completion, if any, arrive before counting
+    assert {j: counts[j] for j in ids} == dict.fromkeys(ids, 1), "exactly one terminal result per job"
+    lag = await broker.lag(c.request_subject(model), c.consumer_name(model))
+    assert lag == 0, "every message was acked"
+
+
+def worker_logs(backend: ProcessBackend, model: str) -> str:
+    paths = sorted(backend.log_dir.glob(f"{model}-*.log")) if backend.log_dir is not None else []
+    return "\n".join(f"--- {p.name}:\n{p.read_text()[-2000:]}" for p in paths)
+
+
+async def _is_reaped(backend: ProcessBackend, model: str) -> bool:
+    return not backend.draining(model)
+
+
+async def _a_crashed_worker_is_noticed_and_replaced(backend: ProcessBackend, model: str) -> None:
+    (survivor,) = backend.workers(model)
+    os.kill(survivor.pid, signal.SIGKILL)
+
+    async def noticed() -> bool:
+        return await backend.current_replicas(model) == 0
+
+    await eventually(noticed, timeout_s=10, what="the crashed worker no longer counted")
+    await backend.set_replicas(model, 1)
+    (replacement,) = backend.workers(model)
+    assert replacement.pid != survivor.pid and replacement.alive
+
+
+# -- inprocess: Worker objects on the embedded memory broker -------------------------------------------------------
+async def test_inprocess_backend_drains_workers_without_losing_a_job(unique: str) -> None:
+    settings = settings_for("memory", {})
+    model = f"inproc-{unique}"
+    async with connected_pair(settings) as (broker, store):
+        started: list[Worker] = []
+
+        async def start_worker(name: str) -> Worker:
+            worker = Worker(with_name(Items, name)(), broker, store, settings=settings, max_batch=4, max_wait_ms=10)
+            await worker.start()
+            started.append(worker)
+            return worker
+
+        backend = make_backend("inprocess", settings, start_worker=start_worker)
+        assert isinstance(backend, InProcessBackend)
+        await backend.set_replicas(model, 3)
+        assert await backend.current_replicas(model) == 3 and len(started) == 3
+        ids = await publish_requests(broker, model, [{"value": i, "sleep_ms": 50} for i in range(30)], unique)
+
+        async def mid_burst() -> bool:
+            return succeeded({j: await store.get(j) for j in ids}) >= 6
+
+        await eventually(mid_burst, timeout_s=20, what="the burst under way")
+        await backend.set_replicas(model, 1)
+        assert await backend.current_replicas(model) == 1
+        records = await wait_terminal(store, ids, timeout_s=30)
+        await eventually(_async(lambda: backend.draining() == 0), what="the drained workers stopped")
+        assert [w.state for w in started] == ["ready", "stopped", "stopped"], "the newest workers were stopped"
+        assert {r.state for r in records.values()} == {JobState.succeeded}
+        computed = sorted(v for w in started for v in w.handler.predicted)  # type: ignore[attr-defined]
+        assert computed == list(range(30)), "every job computed once: none lost, none repeated"
+        await backend.close()
+        await backend.close()
+        assert [w.state for w in started] == ["stopped"] * 3
+
+
+async def test_inprocess_backend_keeps_the_workers_that_started_when_one_fails(unique: str) -> None:
+    stopped: list[int] = []
+
+    class Fake:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        async def stop(self) -> None:
+            stopped.append(self.n)
+
+    attempts = iter(range(10))
+
+    async def start_worker(model: str) -> Fake:
+        n = next(attempts)
+        if n == 1:
+            raise RuntimeError("no device left")
+        return Fake(n)
+
+    backend = InProcessBackend(start_worker)
+    with pytest.raises(ScalerError, match="1 of 3 workers for model 'm' failed to start") as info:
+        await backend.set_replicas("m", 3)
+    assert info.value.retriable
+    assert await backend.current_replicas("m") == 2
+    await backend.close()
+    assert sorted(stopped) == [0, 2]
+
+
+def _async(check: Any) -> Any:
+    async def wrapped() -> bool:
+        return bool(check())
+
+    return wrapped
+
+
+# -- kubernetes: the official client against the in-test API server -----------------------------------------------
+@pytest.fixture
+def kube() -> Iterator[tuple[FakeKubeApi, str]]:
+    api = FakeKubeApi()
+    api.grant(TOKEN, {"get", "patch"})
+    api.grant("read-only", {"get"}, user="system:serviceaccount:fleet:viewer")
+    with serve(api) as url:
+        yield api, url
+
+
+def api_client(url: str, token: str = TOKEN) -> client.ApiClient:
+    configuration = client.Configuration(
+        host=url, api_key={"authorization": token}, api_key_prefix={"authorization": "Bearer"}
+    )
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+async def k8s_backend(kube: tuple[FakeKubeApi, str]) -> AsyncIterator[KubernetesBackend]:
+    with api_client(kube[1]) as api:
+        backend = make_backend("kubernetes", settings_for("memory", {}), namespace=NS, api_client=api)
+        assert isinstance(backend, KubernetesBackend)
+        yield backend
+        await backend.close()
+
+
+async def test_kubernetes_backend_reads_and_patches_only_the_scale_subresource(kube, k8s_backend) -> None:
+    api, _ = kube
+    deployment = api.add_deployment(NS, "fleet-worker-embed_v2".replace("_", "-"), replicas=1)
+    version = deployment.resource_version
+    assert await k8s_backend.current_replicas("embed_v2") == 1
+    await k8s_backend.set_replicas("embed_v2", 4)
+    assert api.replicas(NS, "fleet-worker-embed-v2") == 4
+    assert await k8s_backend.current_replicas("embed_v2") == 4
+    assert deployment.resource_version > version
+    changed = deployment.resource_version
+    await k8s_backend.set_replicas("embed_v2", 4)
+    assert deployment.resource_version == changed, "a patch that changes nothing keeps the resourceVersion"
+    await k8s_backend.set_replicas("embed_v2", 0)
+    assert api.replicas(NS, "fleet-worker-embed-v2") == 0, "scale to zero"
+    scale_path = f"/apis/apps/v1/namespaces/{NS}/deployments/fleet-worker-embed-v2/scale"
+    assert {(r.method, r.path) for r in api.requests} == {("GET", scale_path), ("PATCH", scale_path)}
+    assert {r.body for r in api.requests if r.method == "PATCH"} == {
+        '{"spec": {"replicas": 4}}',
+        '{"spec": {"replicas": 0}}',
+    }
+
+
+async def test_kubernetes_backend_names_a_missing_deployment(kube, k8s_backend) -> None:
+    with pytest.raises(ScalerError) as info:
+        await k8s_backend.current_replicas("sleep")
+    assert "fleet/fleet-worker-sleep not found" in info.value.message and not info.value.retriable
+    with pytest.raises(ScalerError, match="fleet/fleet-worker-sleep not found"):
+        await k8s_backend.set_replicas("sleep", 2)
+
+
+async def test_kubernetes_backend_explains_a_forbidden_patch(kube) -> None:
+    api, url = kube
+    api.add_deployment(NS, "fleet-worker-sleep", replicas=2)
+    with api_client(url, token="read-only") as read_only:
+        backend = KubernetesBackend(NS, api_client=read_only)
+        assert await backend.current_replicas("sleep") == 2
+        with pytest.raises(ScalerError) as info:
+            await backend.set_replicas("sleep", 3)
+    assert "not allowed to patch the scale of deployment fleet/fleet-worker-sleep (403" in info.value.message
+    assert "deployments/scale" in info.value.message and not info.value.retriable
+    assert api.replicas(NS, "fleet-worker-sleep") == 2
+
+
+async def test_kubernetes_backend_loads_a_kubeconfig_file(kube, tmp_path: Path) -> None:
+    api, url = kube
+    api.add_deployment("team-a", "workers-echo", replicas=1)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+        f"clusters: [{{name: test, cluster: {{server: '{url}'}}}}]\n"
+        f"users: [{{name: scaler, user: {{token: {TOKEN}}}}}]\n"
+        "contexts: [{name: test, context: {cluster: test, user: scaler}}]\n"
+    )
+    backend = KubernetesBackend("team-a", "workers-{model}", kubeconfig=str(kubeconfig))
+    await backend.set_replicas("echo", 3)
+    assert await backend.current_replicas("echo") == 3
+    await backend.close()
+    await backend.close()
+    with pytest.raises(ConfigError, match="no cluster credentials"):
+        KubernetesBackend(NS, kubeconfig=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"must contain '\{model\}'"):
+        KubernetesBackend(NS, "workers", kubeconfig=str(kubeconfig))
+
+
+async def test_an_unreachable_api_server_is_a_retriable_error() -> None:
+    with serve(FakeKubeApi()) as gone:
+        pass
+    configuration = client.Configuration(host=gone, api_key={"authorization": TOKEN})
+    configuration.retries = 0
+    with client.ApiClient(configuration) as api:
+        backend = KubernetesBackend(NS, api_client=api, request_timeout_s=2)
+        with pytest.raises(ScalerError, match="unreachable") as info:
+            await backend.current_replicas("sleep")
+    assert info.value.retriable
+
+
+def test_the_in_test_api_server_applies_patches_as_kube_apiserver_does(kube) -> None:
+    """The fidelity the backend tests rely on: patch types, validation, optimistic concurrency, auth."""
+    api, url = kube
+    api.add_deployment(NS, "d", replicas=1)
+    with api_client(url) as raw:
+        apps = client.AppsV1Api(raw)
+        merged = raw.sanitize_for_serialization(
+            apps.patch_namespaced_deployment_scale(
+                "d", NS, {"spec": {"replicas": 2}}, _content_type="application/merge-patch+json"
+            )
+        )
+        assert (merged["kind"], merged["apiVersion"], merged["spec"], merged["status"]) == (
+            "Scale",
+            "autoscaling/v1",
+            {"replicas": 2},
+            {"replicas": 2, "selector": "app.kubernetes.io/name=d"},
+        )
+        assert {"name", "namespace", "uid", "resourceVersion", "creationTimestamp"} <= set(merged["metadata"])
+        patched = raw.sanitize_for_serialization(
+            apps.patch_namespaced_deployment_scale("d", NS, [{"op": "replace", "path": "/spec/replicas", "value": 5}])
+        )
+        assert patched["spec"] == {"replicas": 5}
+        assert int(patched["metadata"]["resourceVersion"]) > int(merged["metadata"]["resourceVersion"])
+        stale = {"metadata": {"resourceVersion": merged["metadata"]["resourceVersion"]}, "spec": {"replicas": 1}}
+        for body, status in (({"spec": {"replicas": -1}}, 422), (stale, 409)):
+            with pytest.raises(client.ApiException) as info:
+                apps.patch_namespaced_deployment_scale("d", NS, body)
+            assert info.value.status == status
+        with pytest.raises(client.ApiException) as info:
+            apps.read_namespaced_deployment("d", NS)
+        assert info.value.status == 403, "the least-privilege Role grants only deployments/scale"
+    with api_client(url, token="stolen") as stranger, pytest.raises(client.ApiException) as info:
+        client.AppsV1Api(stranger).read_namespaced_deployment_scale("d", NS)
+    assert info.value.status == 401
+    assert api.replicas(NS, "d") == 5
