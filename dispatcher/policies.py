@@ -19,6 +19,8 @@ rule, used by the live worker and the simulated one alike.
 ``jiq-amnesia``    first valid idle token, else the lowest-latency of ``d`` sampled from the amnesia list,
                    passing over a worker chosen within its own latency (anti-herding), else random;
                    workers announce to the shortest of ``d`` idle queues
+``jiq-sed``        JIQ for unequal workers: of the first few idle tokens and ``d`` amnesia-list workers, the one
+                   expected to finish the request first (service-time estimate x (outstanding + 1))
 ``pull``           not a dispatcher policy: workers compete on the broker (the baseline; simulated as one
                    central FIFO queue)
 =================  =======================================================================================
@@ -29,7 +31,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from dispatcher.state import DispatcherState, WorkerView
 from fleet import constants as c
@@ -182,6 +184,40 @@ class JiqAmnesiaPolicy(JiqPolicy):
         return Choice(min(rested, key=lambda v: (v.ewma_s, v.outstanding)).worker, "amnesia")
 
 
+@dataclass(slots=True)
+class JiqSedPolicy(JiqAmnesiaPolicy):
+    """JIQ with a shortest-expected-delay check, for fleets of unequal workers.
+
+    Plain JIQ sends a request to the first idle worker even when that worker is three times slower than a busy one
+    that will be free sooner. Here the dispatcher looks at the first ``TOKENS_SEEN`` idle tokens and at ``d``
+    workers from the amnesia list, and estimates each one's completion time from its service-time estimate (the
+    floor EWMA of its latency): an idle worker finishes after one service time, a busy one after ``outstanding + 1``.
+    The cheapest wins; an idle token is used only when its worker wins. Unmeasured workers cost 0, so they are tried.
+    """
+
+    name: str = "jiq-sed"
+    announce: Announce = "sq"
+    d: int = 2
+    TOKENS_SEEN = 4
+
+    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
+        views = state.views
+        best_token: tuple[Any, int] | None = None
+        best_cost = float("inf")
+        for worker, seq in state.peek_tokens(self.TOKENS_SEEN):
+            cost = views[worker].floor_s
+            if cost < best_cost:
+                best_token, best_cost = (worker, seq), cost
+        busy = [v for v in state.sample_amnesia(self.d, now, rng) if state.is_live(v.worker)]
+        if busy:
+            view = min(busy, key=lambda v: v.floor_s * (v.outstanding + 1))
+            if view.floor_s * (view.outstanding + 1) < best_cost:
+                return Choice(view.worker, "amnesia")
+        if best_token is not None and state.take_token(*best_token):
+            return Choice(best_token[0], "idle", best_token[1])
+        return _random(state, rng)
+
+
 POLICIES: dict[str, type[Policy]] = {  # type: ignore[dict-item]
     "random": RandomPolicy,
     "round-robin": RoundRobinPolicy,
@@ -191,6 +227,7 @@ POLICIES: dict[str, type[Policy]] = {  # type: ignore[dict-item]
     "jiq-random": JiqPolicy,
     "jiq-sq": JiqPolicy,
     "jiq-amnesia": JiqAmnesiaPolicy,
+    "jiq-sed": JiqSedPolicy,
 }
 PULL = "pull"
 POLICY_NAMES = (*POLICIES, PULL)

@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 W = TypeVar("W", bound=Hashable)
 
 EWMA_ALPHA = 0.3  # weight of a new latency sample
+FLOOR_ALPHA = 0.05  # how fast the floor EWMA creeps up when a worker gets slower
 NEVER = float("-inf")
 
 
@@ -36,6 +37,7 @@ class WorkerView(Generic[W]):
     outstanding: int = 0  # assigned by this dispatcher and not yet completed
     ewma_s: float = 0.0  # latency EWMA; 0 until the first completion
     peak_s: float = 0.0  # peak-sensitive EWMA: jumps up to a slow sample at once, decays down slowly
+    floor_s: float = 0.0  # floor-sensitive EWMA: drops to a fast sample at once; tracks the service time itself
     active_at: float = NEVER  # last completion seen
     chosen_at: float = NEVER  # last assignment made
     completed: int = 0
@@ -137,6 +139,26 @@ class DispatcherState(Generic[W]):
                 return worker, seq
         return None
 
+    def peek_tokens(self, k: int) -> list[tuple[W, int]]:
+        """The first ``k`` valid tokens, in queue order, without using them (stale ones at the front are dropped)."""
+        idle, tokens = self.idle, self._tokens
+        while idle and tokens.get(idle[0][0]) != idle[0][1]:
+            idle.popleft()
+        found: list[tuple[W, int]] = []
+        for worker, seq in idle:
+            if tokens.get(worker) == seq:
+                found.append((worker, seq))
+                if len(found) == k:
+                    break
+        return found
+
+    def take_token(self, worker: W, seq: int) -> bool:
+        """Use ``worker``'s token ``seq`` wherever it is in the queue (it is dropped from the queue lazily)."""
+        if self._tokens.get(worker) != seq:
+            return False
+        del self._tokens[worker]
+        return True
+
     @property
     def idle_length(self) -> int:
         """Valid tokens queued (what workers compare in JIQ-SQ(d))."""
@@ -161,6 +183,12 @@ class DispatcherState(Generic[W]):
         view.completed += 1
         view.ewma_s = latency_s if view.completed == 1 else view.ewma_s + EWMA_ALPHA * (latency_s - view.ewma_s)
         view.peak_s = latency_s if latency_s > view.peak_s else view.peak_s + EWMA_ALPHA * (latency_s - view.peak_s)
+        # The fastest recent completions are the ones that did not queue: their latency is the service time.
+        view.floor_s = (
+            latency_s
+            if view.completed == 1 or latency_s < view.floor_s
+            else view.floor_s + FLOOR_ALPHA * (latency_s - view.floor_s)
+        )
         view.active_at = now
         if worker in self.live:
             self.amnesia.add(worker)

@@ -295,3 +295,53 @@ def test_announce_sq_prefers_the_shortest_idle_queue() -> None:
 
 def test_announce_with_one_dispatcher_is_that_one() -> None:
     assert {announce_to([3], rule, 2, random.Random(s)) for s in range(5) for rule in ("sq", "random")} == {0}
+
+
+# -- jiq-sed: JIQ with a shortest-expected-delay check --------------------------------------------------------
+
+
+def measured(state: DispatcherState[str], **service_s: float) -> None:
+    """Give each worker a service-time estimate: one completion of that latency, nothing outstanding."""
+    for worker, latency in service_s.items():
+        state.on_assign(worker, 0.0)
+        state.on_complete(worker, latency, now=0.0)
+
+
+def test_peeking_at_tokens_uses_none_and_taking_one_uses_exactly_that_one() -> None:
+    state = state_with("a", "b", "c")
+    for seq, worker in enumerate("abc", start=1):
+        state.add_token(worker, seq)
+    state.retract("a", 1)
+    assert state.peek_tokens(5) == [("b", 2), ("c", 3)]
+    assert state.idle_length == 2
+    assert state.take_token("c", 3) and not state.take_token("c", 3)
+    assert state.peek_tokens(5) == [("b", 2)]
+    assert state.pop_token() == ("b", 2) and state.pop_token() is None
+
+
+def test_jiq_sed_prefers_a_fast_idle_worker_to_a_slow_one_queued_before_it() -> None:
+    state = state_with("slow", "fast")
+    measured(state, slow=3.0, fast=1.0)
+    state.add_token("slow", 1)
+    state.add_token("fast", 2)
+    choice = make_policy("jiq-sed").choose(state, 1.0, random.Random(1))
+    assert choice is not None and (choice.worker, choice.route, choice.token) == ("fast", "idle", 2)
+    assert state.peek_tokens(5) == [("slow", 1)], "the slow worker's token is still there for later"
+
+
+@pytest.mark.parametrize(
+    ("fast_outstanding", "expected"),
+    [
+        (1, ("fast", "amnesia")),  # done after 2 service times of 1.0: sooner than the idle slow worker's 3.0
+        (2, ("slow", "idle")),  # 3 x 1.0 is not sooner than 3.0: the idle slow worker takes it
+    ],
+)
+def test_jiq_sed_weighs_a_busy_fast_worker_against_an_idle_slow_one(
+    fast_outstanding: int, expected: tuple[str, str]
+) -> None:
+    state = state_with("slow", "fast")
+    measured(state, slow=3.0, fast=1.0)
+    busy(state, "fast", fast_outstanding)
+    state.add_token("slow", 1)
+    choice = make_policy("jiq-sed").choose(state, 1.0, random.Random(1))
+    assert choice is not None and (choice.worker, choice.route) == expected
