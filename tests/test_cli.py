@@ -95,3 +95,18 @@ def test_fleet_up_on_real_infrastructure(kind: str, request: pytest.FixtureReque
             done = [http.get(f"/v1/jobs/{job_id}", params={"wait": 20}).json() for job_id in ids]
         assert [(d["state"], d["output"]) for d in done] == [("succeeded", {"i": i}) for i in range(5)]
         assert stop(proc) == 0, log.read_text()[-2000:]
+
+
+@pytest.mark.slow
+def test_fleet_up_runs_a_dispatcher_for_models_in_dispatch_routing(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "up.log"
+    base = f"http://127.0.0.1:{port}"
+    env = {"FLEET_ROUTING": "echo=dispatch"}
+    with fleet_process("up", "--port", str(port), "--models", "echo", env=env, log=log) as proc:
+        wait_http_ready(f"{base}/readyz", proc, log)
+        with httpx.Client(base_url=base, timeout=30) as http:
+            ids = [http.post("/v1/jobs", json={"model": "echo", "input": {"i": i}}).json()["job_id"] for i in range(5)]
+            done = [http.get(f"/v1/jobs/{job_id}", params={"wait": 20}).json() for job_id in ids]
+        assert [(d["state"], d["output"]) for d in done] == [("succeeded", {"i": i}) for i in range(5)]
+        assert stop(proc) == 0, log.read_text()[-2000:]

@@ -19,6 +19,7 @@ from autoscaler.service import Autoscaler
 from consumers.device import resolve_device
 from consumers.handlers import resolve_handler
 from consumers.worker import Worker
+from dispatcher.service import Dispatcher
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.models import resolve_specs
@@ -137,6 +138,16 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, s
     )
 
 
+def up_dispatchers(settings: FleetSettings, broker: Broker, store: ResultStore) -> list[Dispatcher]:
+    """One dispatcher per model in ``dispatch`` routing (``FLEET_ROUTING``): its workers read their inboxes."""
+    names = list(resolve_specs(settings.models))
+    return [
+        Dispatcher(broker, store, model=name, settings=settings)
+        for name in names
+        if settings.routing_for(name) == "dispatch"
+    ]
+
+
 async def run_autoscaled(autoscaler: Autoscaler, stop: asyncio.Event) -> None:
     """Run ``autoscaler`` until ``stop``; its stop drains the workers it started."""
     async with autoscaler:
@@ -144,7 +155,8 @@ async def run_autoscaled(autoscaler: Autoscaler, stop: asyncio.Event) -> None:
 
 
 async def run_up(settings: FleetSettings) -> None:
-    """Gateway, autoscaler and workers in one process, sharing one broker, one store and one scaling store.
+    """Gateway, autoscaler, workers and (for models in ``dispatch`` routing) dispatchers in one process, sharing
+    one broker, one store and one scaling store.
 
     With ``autoscale`` off, one worker per model runs for the whole session instead.
     """
@@ -154,7 +166,9 @@ async def run_up(settings: FleetSettings) -> None:
         async with connected(settings) as (broker, store):
             scaling = make_scaling_store(settings)
             await scaling.connect()
+            dispatchers = up_dispatchers(settings, broker, store)
             try:
+                await asyncio.gather(*(d.start() for d in dispatchers))
                 if settings.autoscale:
                     task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
                 else:
@@ -164,6 +178,7 @@ async def run_up(settings: FleetSettings) -> None:
                 await serve_gateway(_server(settings, broker, store, scaling), stop)
                 await task
             finally:
+                await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
                 await scaling.close()
     finally:
         restore()

@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[
             str | None,
             typer.Option(
-                help="random, round-robin, power-of-d, least-outstanding, peak-ewma, jiq-random, jiq-sq or "
+                help="random, round-robin, power-of-d, least-outstanding, peak-ewma, jiq-random, jiq-sq, jiq-sed or "
                 "jiq-amnesia (env FLEET_DISPATCH_POLICY; default jiq-amnesia)"
             ),
         ] = None,

@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 help="comma-separated policies: random, round-robin, power-of-d, least-outstanding, peak-ewma, "
-                "jiq-random, jiq-sq, jiq-amnesia, pull (default: all)"
+                "jiq-random, jiq-sq, jiq-amnesia, jiq-sed, pull (default: all)"
             ),
         ] = None,
         loads: Annotated[
