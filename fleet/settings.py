@@ -92,6 +92,9 @@ class FleetSettings(BaseSettings):
     )
     autoscale_min_replicas: int = Field(1, ge=0, description="fewest workers per model (0 allows scale to zero)")
     autoscale_max_replicas: int = Field(4, ge=1, description="most workers per model")
+    autoscale_stabilization_s: float = Field(
+        60.0, ge=0, description="fleet up: scale in only after the load stayed low this long"
+    )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -141,6 +144,11 @@ class FleetSettings(BaseSettings):
     def _consistent(self) -> FleetSettings:
         if not self.models:
             raise ValueError("models: at least one model must be served")
+        if self.autoscale_min_replicas > self.autoscale_max_replicas:
+            raise ValueError(
+                f"autoscale_min_replicas ({self.autoscale_min_replicas}) is above autoscale_max_replicas "
+                f"({self.autoscale_max_replicas})"
+            )
         if self.max_wait_ms / 1000 >= self.ack_wait_s:
             raise ValueError(
                 f"max_wait_ms ({self.max_wait_ms}) must be well below ack_wait_s ({self.ack_wait_s}s), "

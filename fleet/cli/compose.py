@@ -126,7 +126,11 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, s
     backend = (
         make_backend(name, settings, start_worker=start_worker) if name == "inprocess" else make_backend(name, settings)
     )
-    config = ScalingConfig(min_replicas=settings.autoscale_min_replicas, max_replicas=settings.autoscale_max_replicas)
+    config = ScalingConfig(
+        min_replicas=settings.autoscale_min_replicas,
+        max_replicas=settings.autoscale_max_replicas,
+        scale_down_stabilization_s=settings.autoscale_stabilization_s,
+    )
     return Autoscaler(
         broker,
         scaling,
