@@ -19,6 +19,7 @@ app = typer.Typer(
     help="Event-driven ML inference: a gateway, micro-batching workers, NATS JetStream or Kafka, Redis.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstrings reflow: a paragraph may span several source lines
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 schemas_app = typer.Typer(help="JSON Schemas of the wire format, job records, REST bodies and model I/O.")
@@ -69,10 +70,12 @@ def up(
     models: Annotated[str | None, typer.Option(help="comma-separated models (env FLEET_MODELS)")] = None,
     log_level: LogLevel = None,
 ) -> None:
-    """Run the gateway and a worker per model in one process.
+    """Run the gateway, the workers (autoscaled on lag), and a dispatcher per model in dispatch routing.
 
-    By default everything is embedded (in-memory broker and store): nothing else to install or start.
-    Point --broker and --store at NATS/Kafka and Redis to use real infrastructure.
+    By default everything is embedded in one process (in-memory broker and store): nothing else to install or
+    start. Point --broker and --store at NATS/Kafka and Redis to use real infrastructure; the workers then run as
+    `fleet worker` processes that the autoscaler starts and drains (FLEET_AUTOSCALE=false: one in-process worker
+    per model instead).
     """
     settings = settings_from(
         host=host, port=port, broker_url=broker, store_url=store, models=models, log_level=log_level
