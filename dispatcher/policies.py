@@ -191,14 +191,15 @@ class JiqSedPolicy(JiqAmnesiaPolicy):
     Plain JIQ sends a request to the first idle worker even when that worker is three times slower than a busy one
     that will be free sooner. Here the dispatcher looks at the first ``TOKENS_SEEN`` idle tokens and at ``d``
     workers from the amnesia list, and estimates each one's completion time from its service-time estimate (the
-    floor EWMA of its latency): an idle worker finishes after one service time, a busy one after ``outstanding + 1``.
+    floor EWMA of its latency): an idle worker finishes after one service time, a worker without a token after
+    ``outstanding + 2`` (the jobs this dispatcher gave it, the one it is presumably running, and this one).
     The cheapest wins; an idle token is used only when its worker wins. Unmeasured workers cost 0, so they are tried.
     """
 
     name: str = "jiq-sed"
     announce: Announce = "sq"
     d: int = 2
-    TOKENS_SEEN = 4
+    TOKENS_SEEN = 16
 
     def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
         views = state.views
@@ -208,10 +209,16 @@ class JiqSedPolicy(JiqAmnesiaPolicy):
             cost = views[worker].floor_s
             if cost < best_cost:
                 best_token, best_cost = (worker, seq), cost
-        busy = [v for v in state.sample_amnesia(self.d, now, rng) if state.is_live(v.worker)]
+        # A worker without a token is presumed busy with one job (ours or another dispatcher's) besides the ones
+        # this dispatcher knows it holds: with many dispatchers our own count alone says "idle" far too often.
+        busy = [
+            v
+            for v in state.sample_amnesia(self.d, now, rng)
+            if state.is_live(v.worker) and not state.has_token(v.worker)
+        ]
         if busy:
-            view = min(busy, key=lambda v: v.floor_s * (v.outstanding + 1))
-            if view.floor_s * (view.outstanding + 1) < best_cost:
+            view = min(busy, key=lambda v: v.floor_s * (v.outstanding + 2))
+            if view.floor_s * (view.outstanding + 2) < best_cost:
                 return Choice(view.worker, "amnesia")
         if best_token is not None and state.take_token(*best_token):
             return Choice(best_token[0], "idle", best_token[1])

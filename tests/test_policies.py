@@ -332,8 +332,8 @@ def test_jiq_sed_prefers_a_fast_idle_worker_to_a_slow_one_queued_before_it() -> 
 @pytest.mark.parametrize(
     ("fast_outstanding", "expected"),
     [
-        (1, ("fast", "amnesia")),  # done after 2 service times of 1.0: sooner than the idle slow worker's 3.0
-        (2, ("slow", "idle")),  # 3 x 1.0 is not sooner than 3.0: the idle slow worker takes it
+        (0, ("fast", "amnesia")),  # presumed busy with one job: done after 2 x 1.0, sooner than the slow one's 3.0
+        (1, ("slow", "idle")),  # one more job of ours there: 3 x 1.0 is not sooner than 3.0
     ],
 )
 def test_jiq_sed_weighs_a_busy_fast_worker_against_an_idle_slow_one(
