@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from fleet import constants as c
+from fleet.brokers.base import EventStream
 from fleet.store.base import ResultStore
 from schemas.jobs import JobState
+from schemas.wire import DispatcherBeat
 from tests.infra import count_completions, eventually, publish_requests, wait_terminal
 from tests.processes import fleet_process, run_fleet
 from tests.test_processes import WORKER, infra, urls, worker_env  # noqa: F401 (fixtures)
@@ -41,22 +43,33 @@ async def test_killing_a_worker_and_a_dispatcher_loses_nothing_and_completes_eac
     env = worker_env(urls, model, FLEET_MAX_BATCH="1", FLEET_MAX_WAIT_MS="0")
     worker_args = ("worker", "--model", WORKER, "--routing", "dispatch")
     dispatcher_args = ("dispatcher", "--model", model, "--policy", "jiq-amnesia", "--port", "0")
+    beats = await broker.listen(c.dispatcher_subject(model))
+    seen: dict[str, DispatcherBeat] = {}
+    watcher = asyncio.create_task(_watch(beats, seen))
     with contextlib.ExitStack() as stack:
-        workers = [
-            stack.enter_context(fleet_process(*worker_args, env=env, log=tmp_path / f"w{i}.log")) for i in range(3)
-        ]
+        workers = {
+            f"{model}-w{i}": stack.enter_context(
+                fleet_process(*worker_args, "--worker-id", f"{model}-w{i}", env=env, log=tmp_path / f"w{i}.log")
+            )
+            for i in range(3)
+        }
         dispatchers = [
             stack.enter_context(fleet_process(*dispatcher_args, env=env, log=tmp_path / f"d{i}.log")) for i in range(2)
         ]
+        # Both dispatchers see all three workers before the load starts, so that the work spreads over them.
+        await eventually(lambda: _all_live(seen, 2, 3), timeout_s=90, what="two dispatchers with three live workers")
         ids = await publish_requests(broker, model, [{"value": i, "sleep_ms": 60} for i in range(60)], unique)
         await eventually(lambda: _done(store, ids, 10), timeout_s=90, what="the first results")
-        for proc in (workers[0], dispatchers[0]):
+        busy = await _a_worker_running_a_job(store, ids)
+        for proc in (workers[busy], dispatchers[0]):
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         records = await wait_terminal(store, ids, timeout_s=120)
         await asyncio.sleep(0.5)  # let a duplicate completion arrive before counting
         assert all(r.state is JobState.succeeded for r in records.values()), _logs(tmp_path)
         await eventually(lambda: _lag_is(broker, model, 0), timeout_s=60, what="every request acked")
+    await beats.close()
+    await asyncio.gather(watcher, return_exceptions=True)
     counter.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await counter
@@ -64,6 +77,26 @@ async def test_killing_a_worker_and_a_dispatcher_loses_nothing_and_completes_eac
     assert {j: counts[j] for j in ids} == dict.fromkeys(ids, 1), "exactly one terminal result per job"
     served_by = collections.Counter(r.worker_id for r in records.values())
     assert len(served_by) >= 2, f"work spread over the workers: {served_by}"
+
+
+async def _watch(stream: EventStream, seen: dict[str, DispatcherBeat]) -> None:
+    async for _, data in stream:
+        beat = DispatcherBeat.model_validate_json(data)
+        seen[beat.dispatcher_id] = beat
+
+
+async def _all_live(seen: dict[str, DispatcherBeat], dispatchers: int, workers: int) -> bool:
+    return sum(1 for beat in seen.values() if beat.live_workers >= workers) >= dispatchers
+
+
+async def _a_worker_running_a_job(store: ResultStore, ids: list[str]) -> str:
+    for _ in range(200):
+        for job_id in ids:
+            record = await store.get(job_id)
+            if record is not None and record.state is JobState.running and record.worker_id:
+                return record.worker_id
+        await asyncio.sleep(0.02)
+    raise AssertionError("no job seen running")
 
 
 def _logs(folder: Path) -> str:
