@@ -2,23 +2,30 @@
 
 Pipeline (one worker, one model, one device)::
 
-    fetch loop (fetch, parse, start_many) --(queue, depth 1)--> compute loop --(settle tasks)--> finish_many -> ack
+    fetch loop (fetch, parse) --(admission task: start_many; queue, depth 1)--> compute loop
+        --(settle tasks)--> finish_many -> ack
 
-The fetch loop fills and admits the next batch (invalid, duplicate and expired messages are settled there; the
-rest are moved to running) while the model computes the current one in a thread, and results of batch N are
-written while batch N+1 computes. Heartbeats and ack-deadline extensions run in their own tasks, so a long
-batch neither looks dead nor gets redelivered.
+The fetch loop fills the next batch and starts its admission in a task (invalid, duplicate and expired messages
+are settled there; the rest are moved to running) while the model computes the current one in a thread; the
+compute loop runs a batch once its admission is done, and results of batch N are written while batch N+1
+computes. Admitting in a task lets the fetch of batch N+2 overlap the admission of batch N+1 when the model is
+fast, and changes nothing when it is slow: at most one batch is taken ahead of the one computing (on Kafka, where
+a partition's messages can only go to this worker anyway, one more is fetched while that one waits in the queue).
+Heartbeats and ack-deadline extensions run in their own tasks, so a long batch neither looks dead nor gets
+redelivered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -43,6 +50,8 @@ log = logging.getLogger(__name__)
 
 IDLE_FETCH_TIMEOUT_S = 1.0
 SETTLE_CONCURRENCY = 2  # batches whose results may be written while the next batch computes
+YOUNG_GC_THRESHOLD = 10_000  # at least this many new container objects between two young garbage collections
+YOUNG_GC_OBJECTS_PER_ITEM = 50  # ... and room for this many per item of a batch (a job in flight holds ~30)
 
 
 def new_worker_id(model: str) -> str:
@@ -58,6 +67,48 @@ def count_prior_deliveries(batch: list[Delivery]) -> None:
         prior = delivery.headers.get(c.HEADER_DELIVERIES, "")
         if prior.isdigit():
             delivery.delivery_count += int(prior)
+
+
+class YoungGcTuning:
+    """Raises the process's young-generation GC threshold while workers run, so that batches in flight fit in it.
+
+    A job in flight holds ~30 container objects (delivery, request, input, records, output), created a batch at a
+    time and freed a batch at a time. With CPython's default threshold (700) nearly every batch starts a young
+    collection while the whole batch is alive, so every batch gets promoted, and the promotions soon force full
+    collections that walk the entire heap (the model's objects, queued requests). Measured on the echo pipeline
+    (20,000 jobs of 64-item batches): ~500 young and 3-4 full collections of ~55 ms each, about 15 % of the
+    run; with room for a few batches, ~10 young collections and rarely a full one.
+
+    The threshold is process-wide: it is raised (never lowered) when the first worker starts and put back when the
+    last one stops, unless someone changed it meanwhile; a threshold of 0 (automatic collection off) is left alone.
+    """
+
+    def __init__(self) -> None:
+        self._workers = 0
+        self._restore: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # (ours, the one before)
+
+    def acquire(self, max_batch: int) -> None:
+        self._workers += 1
+        young, middle, old = gc.get_threshold()
+        wanted = max(YOUNG_GC_THRESHOLD, YOUNG_GC_OBJECTS_PER_ITEM * max_batch)
+        if 0 < young < wanted:
+            gc.set_threshold(wanted, middle, old)
+            if self._restore is None:
+                self._restore = ((wanted, middle, old), (young, middle, old))
+            else:
+                self._restore = ((wanted, middle, old), self._restore[1])
+            log.debug("young GC threshold raised from %d to %d", young, wanted)
+
+    def release(self) -> None:
+        self._workers -= 1
+        if self._workers == 0 and self._restore is not None:
+            ours, before = self._restore
+            self._restore = None
+            if gc.get_threshold() == ours:
+                gc.set_threshold(*before)
+
+
+YOUNG_GC = YoungGcTuning()
 
 
 def _pick(explicit: Any, settings: FleetSettings, field: str, preferred: Any) -> Any:
@@ -107,7 +158,9 @@ class Worker:
         self.stats = WorkerStats()
         self.state = "starting"
         self._held: dict[int, Delivery] = {}
-        self._queue: asyncio.Queue[list[Job]] = asyncio.Queue(maxsize=1)
+        self._queue: asyncio.Queue[asyncio.Task[list[Job]] | None] = asyncio.Queue(maxsize=1)  # None: wake up
+        self._admissions: set[asyncio.Task[list[Job]]] = set()
+        self._partitioned = broker.scheme == "kafka"  # work fetched ahead is work no peer could take
         self._settling: set[asyncio.Task[None]] = set()
         self._settle_slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
         self._sub: Subscription | None = None
@@ -120,7 +173,13 @@ class Worker:
         self._taken = asyncio.Event()
         self._aux_stop = asyncio.Event()  # heartbeats and keep-alives run through the drain, then stop
         self._in_flight = metrics.IN_FLIGHT.labels(self.model)
+        self._batch_size = metrics.BATCH_SIZE.labels(self.model)
+        self._batch_seconds = metrics.BATCH_SECONDS.labels(self.model)
         self._announcer: IdleAnnouncer | None = None
+        # One thread of its own for the model's batches: they run one at a time, in order, and never wait behind
+        # the loop's default executor (load, warm-up and close use that one).
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.worker_id}-model")
+        self._gc_tuned = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Worker:
@@ -139,8 +198,11 @@ class Worker:
             await asyncio.to_thread(self.handler.load)
             await asyncio.to_thread(self.handler.warmup)
             log.info("worker %s: %s ready in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
+            YOUNG_GC.acquire(self.max_batch)
+            self._gc_tuned = True
             self._sub = await self._subscribe()
         except BaseException:
+            self._release_gc()
             self._aux_stop.set()
             await cancel_and_wait(self._aux_tasks)
             self._aux_tasks.clear()
@@ -187,12 +249,19 @@ class Worker:
         self.state = "stopped"
         await self._send_heartbeat()
         try:
-            await asyncio.to_thread(self.handler.close)
+            await asyncio.to_thread(self.handler.close)  # not behind a batch still running past the deadline
         except Exception:
             log.exception("worker %s: model close failed", self.worker_id)
+        self._model_thread.shutdown(wait=False)
         self._aux_stop.set()
         await cancel_and_wait(self._aux_tasks)
+        self._release_gc()
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
+
+    def _release_gc(self) -> None:
+        if self._gc_tuned:
+            self._gc_tuned = False
+            YOUNG_GC.release()
 
     async def _stop_fetching(self) -> None:
         if self._fetch_task is None:
@@ -203,10 +272,13 @@ class Worker:
         await cancel_and_wait([self._fetch_task], timeout_s=2.0)
 
     async def _release_queued(self) -> None:
+        if self._admissions:  # quick (store round trips); what they leave runnable is handed back below
+            await asyncio.wait(self._admissions)
         while not self._queue.empty():
-            for job in self._queue.get_nowait():
+            admission = self._queue.get_nowait()
+            for job in [] if admission is None or admission.cancelled() else admission.result():
                 await self._nak_quietly(job.delivery)
-        self._queue.put_nowait([])  # wakes the compute loop so it sees the stop
+        self._queue.put_nowait(None)  # wakes the compute loop so it sees the stop
 
     async def _finish_in_flight(self, deadline_s: float) -> None:
         """Wait for the batch computing and the results being written; the compute task may add a settle task."""
@@ -251,27 +323,38 @@ class Worker:
                 self._announcer.on_assigned(batch)
                 count_prior_deliveries(batch)
             self._in_flight.set(len(self._held))
-            try:
-                # Parsing and moving jobs to running happen here, so they overlap the previous batch's compute.
-                jobs = await self._admit([parse_delivery(d, self.spec) for d in batch])
-            except Exception:
-                log.exception("worker %s: could not admit a batch; handing it back", self.worker_id)
-                await asyncio.gather(*(self._nak_quietly(d) for d in batch))
-                continue
-            if jobs:
-                # Hand over, then wait until the compute loop takes the batch: at most one batch is admitted
-                # ahead of the one computing, so a worker never hoards work its peers could be doing.
-                self._taken.clear()
-                await self._queue.put(jobs)
+            # Parsing and moving jobs to running overlap the previous batch's compute, and the next fetch.
+            admission = asyncio.create_task(self._admit_batch(batch), name=f"{self.worker_id}-admit")
+            self._admissions.add(admission)
+            admission.add_done_callback(self._admissions.discard)
+            # Hand over, then wait until the compute loop takes the batch: at most one batch is taken ahead of
+            # the one computing, so a worker never hoards work its peers could be doing. On Kafka no peer could
+            # (a partition belongs to one member of the group), so there the next fetch, whose delivery-count
+            # commit is a round trip, overlaps the wait instead: one more batch ahead, bounded by the queue.
+            self._taken.clear()
+            await self._queue.put(admission)
+            if not self._partitioned:
                 await self._taken.wait()
+
+    async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
+        """Parse and admit a fetched batch; the jobs to compute, already running. Never raises (but cancellation)."""
+        try:
+            return await self._admit([parse_delivery(d, self.spec) for d in batch])
+        except Exception:
+            log.exception("worker %s: could not admit a batch; handing it back", self.worker_id)
+            await asyncio.gather(*(self._nak_quietly(d) for d in batch))
+            return []
 
     async def _compute_loop(self) -> None:
         while True:
-            jobs = await self._queue.get()
+            admission = await self._queue.get()
             self._taken.set()
-            if not jobs:
+            if admission is None:
                 if self._stopping.is_set():
                     return
+                continue
+            jobs = await admission
+            if not jobs:
                 continue
             try:
                 await self._run_batch(jobs)
@@ -321,8 +404,8 @@ class Worker:
         results = await self._predict(jobs)
         compute_ms = (time.perf_counter() - t0) * 1000
         self.stats.record_batch(len(jobs), compute_ms)
-        metrics.BATCH_SIZE.labels(self.model).observe(len(jobs))
-        metrics.BATCH_SECONDS.labels(self.model).observe(compute_ms / 1000)
+        self._batch_size.observe(len(jobs))
+        self._batch_seconds.observe(compute_ms / 1000)
         await self._settle_slots.acquire()
         task = asyncio.create_task(self._settle_all(jobs, results))
         self._settling.add(task)
@@ -338,11 +421,14 @@ class Worker:
         runnable: list[Job] = []
         rejected: list[Any] = []
         for job in jobs:
+            if job.error is None and not exhausted(job.delivery.delivery_count, self.max_deliveries):
+                runnable.append(job)  # the common case, checked without building an error first
+                continue
             error = job.error or self._exhausted_error(job)
-            if error is not None:
-                rejected.append(self._reject(job, error))
-            else:
-                runnable.append(job)
+            assert error is not None
+            rejected.append(self._reject(job, error))
+        if not rejected:
+            return await self._start_all(runnable)
         started, *_ = await asyncio.gather(self._start_all(runnable), *rejected)
         return started  # type: ignore[no-any-return]
 
@@ -377,7 +463,8 @@ class Worker:
                 settled.append(self._expire(job))
             else:
                 runnable.append(job)
-        await asyncio.gather(*settled)
+        if settled:
+            await asyncio.gather(*settled)
         return runnable
 
     @staticmethod
@@ -402,7 +489,8 @@ class Worker:
         """Outputs (JSON-ready) or ``JobError`` per job; a failing batch is split until the bad item is alone."""
         inputs = [job.input for job in jobs]
         try:
-            outputs = await asyncio.to_thread(self.handler.run, inputs)  # run() checks count and types
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(self._model_thread, self.handler.run, inputs)  # checks count, types
         except Exception as exc:
             if len(jobs) == 1:
                 return [self._error_from(exc)]
@@ -430,14 +518,14 @@ class Worker:
         final: list[tuple[Job, Any]] = []
         retries: list[Any] = []
         for job, result in zip(jobs, results, strict=True):
-            error = result if isinstance(result, JobError) else None
-            decision = decide(error, job.delivery.delivery_count, self.max_deliveries)
-            if decision.action is Action.retry:
-                assert error is not None
-                retries.append(self._retry(job, error, decision.delay_s))
-            else:
-                final.append((job, result))
-        await asyncio.gather(*retries)
+            if isinstance(result, JobError):  # decide() acks every success: ask it only about failures
+                decision = decide(result, job.delivery.delivery_count, self.max_deliveries)
+                if decision.action is Action.retry:
+                    retries.append(self._retry(job, result, decision.delay_s))
+                    continue
+            final.append((job, result))
+        if retries:
+            await asyncio.gather(*retries)
         if not final:
             return
         try:
@@ -446,9 +534,26 @@ class Worker:
             log.warning("worker %s: results not stored (%s); handing %d messages back", self.worker_id, exc, len(final))
             await asyncio.gather(*(self._nak_quietly(job.delivery) for job, _ in final))
             return
-        await asyncio.gather(
-            *(self._settle_terminal(job, record, won) for (job, _), (won, record) in zip(final, stored, strict=True))
-        )
+        await self._settle_stored([(job, record, won) for (job, _), (won, record) in zip(final, stored, strict=True)])
+
+    async def _settle_stored(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
+        """``_settle_terminal`` for a batch: acks one after the other (an ack does not wait for the broker, so a
+        task per ack would only add overhead), dead letters concurrently (each waits for its publish)."""
+        letters = []
+        won_count = 0
+        for job, record, won in settled:
+            if record.state is JobState.failed and record.error is not None:
+                letters.append(self._send_dead_letter(job, record.error))
+                continue
+            await self._ack_only(job)
+            won_count += won
+        acked = len(settled) - len(letters)
+        if won_count:
+            self._count("succeeded", won_count)
+        if acked > won_count:
+            self._count("duplicate", acked - won_count)
+        if letters:
+            await asyncio.gather(*letters)
 
     async def _settle_terminal(self, job: Job, record: JobRecord, won: bool = False) -> None:
         """Settle a message whose job ended, maybe elsewhere. A ``failed`` job (re)sends its dead letter first:
@@ -526,19 +631,22 @@ class Worker:
 
     async def _ack(self, job: Job, outcome: str) -> None:
         """Settle a message whose result is stored. A lost ack only means a redelivery, acked as a duplicate."""
+        await self._ack_only(job)
+        self._count(outcome)
+
+    async def _ack_only(self, job: Job) -> None:
         self._forget(job.delivery)
         try:
             await job.delivery.ack()
         except BrokerError as exc:
             log.warning("job %s: ack not confirmed (%s); a redelivery will be acked as a duplicate", job.job_id, exc)
-        self._count(outcome)
 
     def _forget(self, delivery: Delivery) -> None:
         if self._held.pop(id(delivery), None) is not None and self._announcer is not None:
             self._announcer.poke()
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, outcome: str, amount: int = 1) -> None:
         counter = self._counters.get(outcome)
         if counter is None:
             counter = self._counters[outcome] = metrics.ITEMS.labels(self.model, outcome)
-        counter.inc()
+        counter.inc(amount)

@@ -29,7 +29,8 @@ Guarantees (the contract in ``fleet.brokers.base``, as Kafka can give it):
 * Order: first deliveries of a partition come in offset order; redeliveries come before new records; there is
   no order across partitions (records are spread by job id).
 * ``lag`` is, summed over the partitions, the end offset minus the group's committed offset (the log start when
-  the group has committed nothing), so it counts waiting and in-flight messages.
+  the group has committed nothing), so it counts waiting and in-flight messages; acks this process has not
+  committed yet count as committed. Partition counts are described again at most every ``PARTITIONS_TTL_S``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ TOPIC_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS
 HEADROOM_BYTES = 64 * 1024  # record and batch overhead above max_message_bytes
 EVENTS_RETENTION_MS = 3_600_000
 RETRY_BACKOFF_S = 0.1
+PRUNE_EVERY = 64  # publishes between two prunings of the recent message ids
+PARTITIONS_TTL_S = 5.0  # how long lag() trusts a topic's partition count
+MAX_TOPIC_NAMES = 4096  # subjects whose topic name is remembered (inbox subjects come and go with workers)
 
 
 class _RecentIds:
@@ -68,14 +72,20 @@ class _RecentIds:
     def __init__(self, window_s: float, max_ids: int = 200_000) -> None:
         self._window_s, self._max_ids = window_s, max_ids
         self._ids: OrderedDict[str, float] = OrderedDict()
+        self._adds = 0
 
     def __contains__(self, msg_id: str) -> bool:
-        self._prune(time.monotonic())
-        return msg_id in self._ids
+        published = self._ids.get(msg_id)
+        return published is not None and time.monotonic() - published <= self._window_s
 
     def add(self, msg_id: str) -> None:
-        self._ids[msg_id] = time.monotonic()
-        self._ids.move_to_end(msg_id)
+        now = time.monotonic()
+        if msg_id in self._ids:
+            self._ids.move_to_end(msg_id)
+        self._ids[msg_id] = now
+        self._adds += 1
+        if self._adds % PRUNE_EVERY == 0:  # membership checks the age itself: pruning only bounds the memory
+            self._prune(now)
 
     def _prune(self, now: float) -> None:
         while self._ids:
@@ -128,7 +138,9 @@ class KafkaBroker:
         self._offsets_lock = asyncio.Lock()
         self._topics: set[str] = set()
         self._recent = _RecentIds(settings.dedup_window_s)
-        self._publishing: dict[str, asyncio.Future[None]] = {}
+        self._publishing: dict[str, list[asyncio.Future[None]] | None] = {}  # msg id -> waiters of its publish
+        self._topic_names: dict[str, str] = {}
+        self._partition_counts: dict[str, tuple[float, int]] = {}  # topic -> (monotonic time described, count)
         self._subscriptions: set[KafkaSubscription] = set()
         self._streams: set[KafkaEventStream] = set()
 
@@ -302,38 +314,50 @@ class KafkaBroker:
         """
         if len(data) > self.settings.max_message_bytes:
             raise PayloadTooLarge(len(data), self.settings.max_message_bytes, what="message")
-        topic = topic_for(subject)
+        topic = self._topic_names.get(subject) or self._topic_name(subject)
         if self._producer is None:
             raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
-        await self._ensure_topic(topic)
+        if topic not in self._topics:
+            await self._ensure_topic(topic)
         if msg_id is None:
             await self._send(topic, data, None, headers)
             return
         if msg_id in self._recent:
             log.debug("dropping duplicate publish of %r on %r", msg_id, topic)
             return
-        await self._send_once(topic, data, msg_id, headers)
-
-    async def _send_once(self, topic: str, data: bytes, msg_id: str, headers: Mapping[str, str] | None) -> None:
-        pending = self._publishing.get(msg_id)
-        if pending is not None:  # the same id is being published right now: share its outcome
-            await asyncio.shield(pending)
+        if msg_id in self._publishing:  # the same id is being published right now: share its outcome
+            await self._outcome_of(msg_id)
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._publishing[msg_id] = future
+        # Nobody waits on most publishes: the list of waiters is made only when a second publish of the id arrives.
+        self._publishing[msg_id] = None
+        outcome: BaseException | None = None
         try:
             await self._send(topic, data, msg_id, headers)
             self._recent.add(msg_id)
-            future.set_result(None)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except Exception as exc:
-            future.set_exception(exc)
-            future.exception()  # mark it retrieved: only waiters re-raise it
+        except BaseException as exc:
+            outcome = exc
             raise
         finally:
-            del self._publishing[msg_id]
+            waiters = self._publishing.pop(msg_id)
+            if waiters:
+                _settle_waiters(waiters, outcome)
+
+    def _topic_name(self, subject: str) -> str:
+        """``topic_for`` remembered: a publish to a known subject skips checking its name again."""
+        topic = topic_for(subject)
+        if len(self._topic_names) >= MAX_TOPIC_NAMES:
+            self._topic_names.clear()
+        self._topic_names[subject] = topic
+        return topic
+
+    async def _outcome_of(self, msg_id: str) -> None:
+        """Wait for the publish of ``msg_id`` in progress and share its outcome (its error, its cancellation)."""
+        waiters = self._publishing[msg_id]
+        if waiters is None:
+            waiters = self._publishing[msg_id] = []
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        await waiter  # cancelling this only cancels this waiter, never the publish it waits for
 
     async def _send(self, topic: str, data: bytes, key: str | None, headers: Mapping[str, str] | None) -> None:
         producer = self._producer
@@ -402,14 +426,14 @@ class KafkaBroker:
                 await asyncio.sleep(RETRY_BACKOFF_S)
 
     async def lag(self, subject: str, group: str) -> int:
-        """Messages the group has not settled: end offset minus committed offset, summed over partitions."""
+        """Messages the group has not settled: end offset minus committed offset, summed over partitions.
+
+        Acks of this process's members of the group that are not committed yet count as committed (they are
+        within ``kafka_subscription.COMMIT_DELAY_S``): read from the members rather than committed first, so that
+        polling lag adds no commits to the group's (serialised) commits.
+        """
         topic = topic_for(subject)
-        for sub in list(self._subscriptions):
-            if sub.topic == topic and sub.group == group:
-                await sub.flush()
-        count = await self._partition_count(topic)
-        if count is None:
-            raise ConfigError(f"Kafka topic {topic!r} does not exist on {self.url}")
+        count = await self._partition_count_for_lag(topic)
         tps = [TopicPartition(topic, p) for p in range(count)]
         offsets = await self._offsets_reader()
         try:
@@ -418,11 +442,32 @@ class KafkaBroker:
             committed = await self._committed(group, set(tps))
         except KafkaError as exc:
             raise BrokerUnavailable(f"Kafka at {self.url}: reading offsets of {topic!r} failed: {exc!r}") from exc
+        local: dict[TopicPartition, int] = {}
+        for sub in list(self._subscriptions):
+            if sub.topic == topic and sub.group == group:
+                local.update(sub.settled_offsets())
         total = 0
         for tp in tps:
             done = committed[tp].offset if tp in committed and committed[tp].offset >= 0 else start[tp]
+            done = max(done, local.get(tp, done))
             total += max(0, end[tp] - max(done, start[tp]))
         return total
+
+    async def _partition_count_for_lag(self, topic: str) -> int:
+        """The topic's partition count, described again at most every PARTITIONS_TTL_S: ``lag`` is polled often (by
+        autoscalers, benchmarks, drain loops) and partitions are only ever added, rarely."""
+        now = time.monotonic()
+        cached = self._partition_counts.get(topic)
+        if cached is not None and now - cached[0] < PARTITIONS_TTL_S:
+            return cached[1]
+        count = await self._partition_count(topic)
+        if count is None:
+            self._partition_counts.pop(topic, None)
+            raise ConfigError(f"Kafka topic {topic!r} does not exist on {self.url}")
+        if len(self._partition_counts) >= MAX_TOPIC_NAMES:
+            self._partition_counts.clear()
+        self._partition_counts[topic] = (now, count)
+        return count
 
     async def _offsets_reader(self) -> AIOKafkaConsumer:
         async with self._offsets_lock:  # one reader, even when lag() calls overlap
@@ -466,6 +511,19 @@ class KafkaBroker:
             await stream.close()
             raise
         return stream
+
+
+def _settle_waiters(waiters: list[asyncio.Future[None]], outcome: BaseException | None) -> None:
+    """Hand the outcome of a publish to the publishes of the same id that waited for it."""
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if outcome is None:
+            waiter.set_result(None)
+        elif isinstance(outcome, Exception):
+            waiter.set_exception(outcome)
+        else:  # cancelled (or interrupted): so are the publishes that shared it
+            waiter.cancel()
 
 
 def _log_event_failure(sent: asyncio.Future[Any]) -> None:

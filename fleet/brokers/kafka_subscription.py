@@ -30,10 +30,11 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import math
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 COMMIT_DELAY_S = 0.2
 COUNT_COMMIT_WAIT_S = 1.0
 MIN_POLL_S = 0.01
+MAX_SEEN_IDS = 100_000  # message ids remembered per partition for de-duplication
+PRUNE_EVERY = 64  # records between two prunings of the remembered ids
 ReadCommitted = Callable[[set[TopicPartition]], Any]  # async (tps) -> {tp: OffsetAndMetadata}
 
 
@@ -70,7 +73,7 @@ class _Entry:
     offset: int
     key: str | None
     value: bytes
-    headers: dict[str, str]
+    headers: Sequence[tuple[str, bytes]]  # as the record carries them; each delivery decodes its own copy
     deliveries: int
     settled: bool = False
     in_flight: bool = False
@@ -90,6 +93,7 @@ class _Ledger:
     active: bool = True  # False once the partition moved to another consumer
     suspended: bool = False  # between revocation and re-assignment
     seen_ids: OrderedDict[str, int] = field(default_factory=OrderedDict)  # msg id -> record timestamp (ms)
+    seen_added: int = 0
 
     def commit_point(self) -> int | None:
         while self.entries:
@@ -100,40 +104,63 @@ class _Ledger:
         return self.next_offset
 
     def metadata(self) -> str:
-        pairs = [(e.offset, e.deliveries) for e in self.entries.values()]
+        runs: list[tuple[int, int]] = []  # runs_of() of the entries, built in one pass (this runs on every commit)
+        last = -1
+        for entry in self.entries.values():
+            if entry.deliveries != last:
+                last = entry.deliveries
+                runs.append((entry.offset, last))
         until = self.next_offset or 0
         if self.prior is not None and self.prior.until > until:
-            pairs += self.prior.runs_from(until)
+            runs = runs_of(runs + self.prior.runs_from(until))
             until = self.prior.until
-        return encode_deliveries(until, runs_of(pairs))
+        return encode_deliveries(until, runs)
 
     def is_duplicate(self, key: str | None, timestamp_ms: int, window_ms: int) -> bool:
         if key is None:
             return False
+        first = self.seen_ids.get(key)
+        if first is not None:
+            if abs(timestamp_ms - first) <= window_ms:
+                return True
+            self.seen_ids.move_to_end(key)  # seen again after the window: it is recent now
+        self.seen_ids[key] = timestamp_ms
+        self.seen_added += 1
+        if self.seen_added % PRUNE_EVERY == 0:  # the check above reads the age itself: pruning bounds memory
+            self._prune_seen(timestamp_ms, window_ms)
+        return False
+
+    def _prune_seen(self, timestamp_ms: int, window_ms: int) -> None:
         while self.seen_ids:
             oldest_ts = next(iter(self.seen_ids.values()))
-            if timestamp_ms - oldest_ts <= window_ms and len(self.seen_ids) < 100_000:
-                break
+            if timestamp_ms - oldest_ts <= window_ms and len(self.seen_ids) < MAX_SEEN_IDS:
+                return
             self.seen_ids.popitem(last=False)
-        first = self.seen_ids.get(key)
-        if first is not None and abs(timestamp_ms - first) <= window_ms:
-            return True
-        self.seen_ids[key] = timestamp_ms
-        return False
 
 
 class KafkaDelivery:
     """A message handed out by ``KafkaSubscription.fetch``; implements ``fleet.brokers.base.Delivery``."""
 
-    __slots__ = ("_attempt", "_entry", "_sub", "data", "delivery_count", "headers", "msg_id", "subject")
+    __slots__ = ("_attempt", "_entry", "_headers", "_sub", "data", "delivery_count", "msg_id", "subject")
 
     def __init__(self, sub: KafkaSubscription, entry: _Entry) -> None:
         self._sub, self._entry, self._attempt = sub, entry, entry.deliveries
         self.subject = sub.topic
         self.data = entry.value
-        self.headers = dict(entry.headers)
+        self._headers: dict[str, str] | None = None
         self.msg_id = entry.key
         self.delivery_count = entry.deliveries
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The record's headers, decoded on first use (a worker in pull mode never reads them)."""
+        if self._headers is None:
+            self._headers = _decode_headers(self._entry.headers)
+        return self._headers
+
+    @headers.setter
+    def headers(self, value: dict[str, str]) -> None:
+        self._headers = value
 
     @property
     def offset(self) -> int:
@@ -154,6 +181,10 @@ class KafkaDelivery:
 
     async def in_progress(self) -> None:
         self._sub.touch(self._entry, self._attempt)
+
+
+def _decode_headers(headers: Sequence[tuple[str, bytes]]) -> dict[str, str]:
+    return {k: v.decode(errors="replace") for k, v in headers}
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -188,6 +219,7 @@ class KafkaSubscription:
         self._count_commit_wait_s = min(count_commit_wait_s, commit_timeout_s)
         self._count_commits: set[asyncio.Task[None]] = set()
         self._stuck_commit: asyncio.Task[None] | None = None  # a count commit still running past its wait
+        self._counts_committed_at = -math.inf  # monotonic time the last count commit was sent
         self._ack_wait_s = ack_wait_s
         self._dedup_window_ms = int(dedup_window_s * 1000)
         self._read_committed = read_committed
@@ -196,6 +228,9 @@ class KafkaSubscription:
         self._ledgers: dict[TopicPartition, _Ledger] = {}
         self._suspended: dict[TopicPartition, _Ledger] = {}
         self._in_flight: set[_Entry] = set()
+        # No in-flight deadline is earlier than this (a lower bound, exact after each scan): fetch looks for expired
+        # ack waits only once it has passed, instead of scanning every delivery in flight on every call.
+        self._expiry_check_at = math.inf
         self._queue: list[tuple[float, int, _Entry]] = []  # (ready_at, offset, entry) heap of redeliveries
         self._assigned_once = asyncio.Event()
         self._dirty = asyncio.Event()
@@ -238,6 +273,7 @@ class KafkaSubscription:
         if stuck is not None and not stuck.done():
             self._dirty.set()  # the ack committer takes these counts along once the stuck commit is over
             return
+        self._counts_committed_at = time.monotonic()
         commit = asyncio.create_task(self._commit_logged(), name=f"kafka-count-commit-{self.topic}")
         self._count_commits.add(commit)
         commit.add_done_callback(self._count_commits.discard)
@@ -266,38 +302,50 @@ class KafkaSubscription:
         except KafkaError as exc:
             raise BrokerError(f"Kafka fetch from {self.topic!r} for group {self.group!r} failed: {exc}") from exc
         out: list[Delivery] = []
+        now = time.monotonic()
         for tp, records in batches.items():
             ledger = self._ledgers.get(tp)
             if ledger is None or ledger.suspended:
                 continue  # revoked meanwhile: the next owner fetches these
-            out += [d for d in (self._admit(ledger, r) for r in records) if d is not None]
+            for record in records:
+                delivery = self._admit(ledger, record, now)
+                if delivery is not None:
+                    out.append(delivery)
         return out
 
-    def _admit(self, ledger: _Ledger, record: ConsumerRecord[bytes, bytes]) -> KafkaDelivery | None:
-        if ledger.next_offset is not None and record.offset < ledger.next_offset:
+    def _admit(self, ledger: _Ledger, record: ConsumerRecord[bytes, bytes], now: float) -> KafkaDelivery | None:
+        offset = record.offset
+        if ledger.next_offset is not None and offset < ledger.next_offset:
             return None  # already in the ledger (re-fetched after a rebalance)
-        ledger.next_offset = record.offset + 1
-        headers = {k: v.decode(errors="replace") for k, v in record.headers}
+        ledger.next_offset = offset + 1
         # The key is the job id; a producer that only set the NATS-style header is understood too.
-        key = record.key.decode(errors="replace") if record.key is not None else headers.get(HEADER_MSG_ID)
-        prior = ledger.prior.count(record.offset) if ledger.prior else 0
-        entry = _Entry(ledger, record.offset, key, record.value or b"", headers, prior)
-        ledger.entries[record.offset] = entry
+        if record.key is not None:
+            key: str | None = record.key.decode(errors="replace")
+        else:
+            key = _decode_headers(record.headers).get(HEADER_MSG_ID)
+        prior = ledger.prior.count(offset) if ledger.prior else 0
+        entry = _Entry(ledger, offset, key, record.value or b"", record.headers, prior)
+        ledger.entries[offset] = entry
         if ledger.is_duplicate(key, record.timestamp, self._dedup_window_ms):
-            log.debug("dropping duplicate %r at %s offset %d", key, ledger.tp, record.offset)
+            log.debug("dropping duplicate %r at %s offset %d", key, ledger.tp, offset)
             entry.settled = True
             self._dirty.set()
             return None
-        return self._hand_out(entry, time.monotonic())
+        return self._hand_out(entry, now)
 
     def _hand_out(self, entry: _Entry, now: float) -> KafkaDelivery:
         entry.deliveries += 1
         entry.in_flight, entry.ready_at = True, None
         entry.deadline = now + self._ack_wait_s
         self._in_flight.add(entry)
+        if entry.deadline < self._expiry_check_at:
+            self._expiry_check_at = entry.deadline
         return KafkaDelivery(self, entry)
 
     def _expire(self, now: float) -> None:
+        if now < self._expiry_check_at:
+            return
+        self._expiry_check_at = min((e.deadline for e in self._in_flight if e.deadline > now), default=math.inf)
         expired = [e for e in self._in_flight if e.deadline <= now]
         for entry in expired:
             log.debug("ack wait ran out for %s offset %d: redelivering", entry.ledger.tp, entry.offset)
@@ -330,7 +378,7 @@ class KafkaSubscription:
         if self._queue:
             wake = min(wake, self._queue[0][0])
         if self._in_flight:
-            wake = min(wake, min(e.deadline for e in self._in_flight))
+            wake = min(wake, self._expiry_check_at)
         return wake
 
     def _enqueue(self, entry: _Entry, ready_at: float) -> None:
@@ -380,7 +428,8 @@ class KafkaSubscription:
     async def _send_commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         try:
             # aiokafka waits for a group coordinator without end; a fetch must not hang on a broker outage.
-            await asyncio.wait_for(self._consumer.commit(offsets), self._commit_timeout_s)
+            async with asyncio.timeout(self._commit_timeout_s):  # like wait_for, without a task per commit
+                await self._consumer.commit(offsets)
         except TimeoutError:
             log.warning("group %r: offset commit timed out after %.1fs", self.group, self._commit_timeout_s)
             return
@@ -397,10 +446,13 @@ class KafkaSubscription:
 
     async def _flush_loop(self) -> None:
         # Acks are committed in the background, at most every COMMIT_DELAY_S: a busy consumer's next fetch
-        # commits them anyway (one commit per batch), an idle one gets them committed shortly after.
+        # commits them anyway (one commit per batch), an idle one gets them committed shortly after. While fetches
+        # commit, this one stays out of their way (commits of a consumer are serialised).
         while True:
             await self._dirty.wait()
             await asyncio.sleep(COMMIT_DELAY_S)
+            if time.monotonic() - self._counts_committed_at < COMMIT_DELAY_S:
+                continue  # a fetch committed the acks so far with its counts, and the next fetch takes the rest
             self._dirty.clear()
             try:
                 await self.commit()
@@ -408,9 +460,22 @@ class KafkaSubscription:
                 log.exception("group %r: background commit failed", self.group)
 
     async def flush(self) -> None:
-        """Commit everything settled so far (``lag`` calls this so that its numbers include local acks)."""
+        """Commit everything settled so far."""
         if not self._closed and self._started:
             await self.commit()
+
+    def settled_offsets(self) -> dict[TopicPartition, int]:
+        """Per assigned partition, the offset a commit would store now: what ``commit`` would send, without the
+        round trip (``lag`` adds local acks this way instead of committing on every poll)."""
+        if self._closed or not self._started:
+            return {}
+        assigned = self._consumer.assignment()
+        points: dict[TopicPartition, int] = {}
+        for tp, ledger in list(self._ledgers.items()) + list(self._suspended.items()):
+            point = ledger.commit_point() if tp in assigned else None
+            if point is not None:
+                points[tp] = point
+        return points
 
     # -- rebalances -------------------------------------------------------------------------------------------
 
