@@ -28,11 +28,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
 from autoscaler.policy import Signals
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
+from fleet.brokers.events import validated
 from fleet.tasks import cancel_and_wait
 from schemas.wire import Heartbeat
 
@@ -128,14 +127,9 @@ class SignalReader:
         self._events = self._task = None
 
     async def _listen(self, events: EventStream) -> None:
-        async for _subject, data in events:
+        async for heartbeat in validated(events, Heartbeat, "worker heartbeat"):
             if self._stopping:
                 return
-            try:
-                heartbeat = Heartbeat.model_validate_json(data)
-            except ValidationError as exc:
-                log.warning("ignoring a malformed heartbeat: %s", exc)
-                continue
             self.observe(heartbeat)
 
     # -- heartbeats -----------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from benchmarks.common import RESULTS_DIR, console, services, write_results
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
+from fleet.brokers.events import validated
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
@@ -167,14 +168,12 @@ class Watch:
             await stream.close()
 
     async def _workers(self, stream: Any) -> None:
-        async for _, data in stream:
-            beat = Heartbeat.model_validate_json(data)
+        async for beat in validated(stream, Heartbeat, "worker heartbeat"):
             self.workers[beat.worker_id] = beat
 
     async def _dispatchers(self, stream: Any) -> None:
-        async for _, data in stream:
-            beat = DispatcherBeat.model_validate_json(data)
-            self.dispatchers[beat.dispatcher_id] = beat
+        async for dbeat in validated(stream, DispatcherBeat, "dispatcher heartbeat"):
+            self.dispatchers[dbeat.dispatcher_id] = dbeat
 
     def ready_workers(self, routing: str) -> int:
         return sum(1 for b in self.workers.values() if b.state == "ready" and b.routing == routing)

@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream
+from fleet.brokers.events import validated
 from fleet.routing import announce_to
 from fleet.tasks import cancel_and_wait
 from schemas.wire import DispatcherBeat, IdleAnnouncement
@@ -112,12 +111,7 @@ class IdleAnnouncer:
 
     # -- loops ------------------------------------------------------------------------------------------------
     async def _read_beats(self, stream: EventStream) -> None:
-        async for _subject, data in stream:
-            try:
-                beat = DispatcherBeat.model_validate_json(data)
-            except ValidationError as exc:
-                log.warning("worker %s: ignoring a malformed dispatcher heartbeat: %s", self.worker_id, exc)
-                continue
+        async for beat in validated(stream, DispatcherBeat, "dispatcher heartbeat"):
             if beat.model != self.model:
                 continue
             if beat.state == "stopped":

@@ -100,15 +100,19 @@ class RoundRobinPolicy:
 
 @dataclass(slots=True)
 class PowerOfDPolicy:
+    """The cheapest of ``d`` sampled live workers; the cost here is this dispatcher's outstanding count."""
+
     name: str = "power-of-d"
     announce: Announce = "none"
     d: int = 2
 
     def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
         sampled = _sample(state, self.d, rng)
-        if not sampled:
-            return None
-        return Choice(min(sampled, key=lambda v: v.outstanding).worker, "policy")
+        return Choice(min(sampled, key=self.cost).worker, "policy") if sampled else None
+
+    @staticmethod
+    def cost(view: WorkerView) -> float:
+        return view.outstanding
 
 
 @dataclass(slots=True)
@@ -135,17 +139,15 @@ class LeastOutstandingPolicy:
 
 
 @dataclass(slots=True)
-class PeakEwmaPolicy:
-    name: str = "peak-ewma"
-    announce: Announce = "none"
-    d: int = 2
+class PeakEwmaPolicy(PowerOfDPolicy):
+    """Power of d with Finagle's cost: peak latency EWMA x (outstanding + 1); a worker never measured costs 0, so
+    new workers are tried at once."""
 
-    def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
-        sampled = _sample(state, self.d, rng)
-        if not sampled:
-            return None
-        # A worker never measured costs 0, so new workers are tried at once.
-        return Choice(min(sampled, key=lambda v: v.peak_s * (v.outstanding + 1)).worker, "policy")
+    name: str = "peak-ewma"
+
+    @staticmethod
+    def cost(view: WorkerView) -> float:
+        return view.peak_s * (view.outstanding + 1)
 
 
 @dataclass(slots=True)

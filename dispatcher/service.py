@@ -27,14 +27,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from dispatcher import metrics
 from dispatcher.policies import Choice, Policy, make_policy
 from dispatcher.roster import Roster
 from dispatcher.state import DispatcherState
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream, Subscription
+from fleet.brokers.events import validated
 from fleet.errors import BrokerError, StoreError
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
@@ -302,12 +301,7 @@ class Dispatcher:
 
     # -- workers --------------------------------------------------------------------------------------------
     async def _read_heartbeats(self, stream: EventStream) -> None:
-        async for _subject, data in stream:
-            try:
-                beat = Heartbeat.model_validate_json(data)
-            except ValidationError as exc:
-                log.warning("dispatcher %s: ignoring a malformed heartbeat: %s", self.dispatcher_id, exc)
-                continue
+        async for beat in validated(stream, Heartbeat, "worker heartbeat"):
             if beat.model != self.model:
                 continue
             status = self.roster.observe(beat, time.monotonic())
@@ -321,12 +315,7 @@ class Dispatcher:
                 await self._worker_gone(beat.worker_id)
 
     async def _read_idle(self, stream: EventStream) -> None:
-        async for _subject, data in stream:
-            try:
-                note = IdleAnnouncement.model_validate_json(data)
-            except ValidationError as exc:
-                log.warning("dispatcher %s: ignoring a malformed idle announcement: %s", self.dispatcher_id, exc)
-                continue
+        async for note in validated(stream, IdleAnnouncement, "idle announcement"):
             if note.free_slots <= 0:
                 self.state.retract(note.worker_id, note.seq)
             elif self.state.add_token(note.worker_id, note.seq) and self._unassigned:

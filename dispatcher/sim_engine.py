@@ -198,32 +198,36 @@ def _run_dispatch(
     half_index, half_backlog = jobs // 2, 0
     warm_t = float("inf")  # arrival time of the first counted job, known once it arrives
     t = 0.0
+
+    def announce(w: int) -> None:
+        """The idle worker ``w`` sends a fresh token to the dispatcher the policy's rule picks."""
+        nonlocal seq
+        seq += 1
+        k = announce_to(lengths, rule, d, rng)
+        states[k].add_token(w, seq)
+        lengths[k] = states[k].idle_length
+        token_at[w], token_seq[w] = k, seq
+
+    def complete(now: float, w: int) -> None:
+        """Worker ``w`` finishes its head job at ``now``: record it, start the next or announce itself idle."""
+        q = queues[w]
+        arrived, _, k = q.popleft()
+        response = now - arrived
+        if arrived >= warm_t:
+            record(response)
+        states[k].on_complete(w, response, now)
+        if q:
+            push(heap, (now + q[0][1] / speeds[w], w))
+        elif announcing:
+            announce(w)
+
     if announcing:
         for w in range(n):
-            seq += 1
-            k = announce_to(lengths, rule, d, rng)
-            states[k].add_token(w, seq)
-            lengths[k] = states[k].idle_length
-            token_at[w], token_seq[w] = k, seq
+            announce(w)
     for j in range(jobs):
         t += next(gaps)
         while heap and heap[0][0] <= t:
-            now, w = pop(heap)
-            q = queues[w]
-            arrived, _, k = q.popleft()
-            response = now - arrived
-            if arrived >= warm_t:
-                record(response)
-            states[k].on_complete(w, response, now)
-            if q:
-                push(heap, (now + q[0][1] / speeds[w], w))
-            elif announcing:
-                seq += 1
-                k = announce_to(lengths, rule, d, rng)
-                state = states[k]
-                state.add_token(w, seq)
-                lengths[k] = state.idle_length
-                token_at[w], token_seq[w] = k, seq
+            complete(*pop(heap))
         if j == warm_index:
             warm_t = t
         elif j == half_index:
@@ -252,16 +256,9 @@ def _run_dispatch(
         if len(q) == 1:
             push(heap, (t + size / speeds[w], w))
     backlog = (half_backlog, sum(map(len, queues)))
+    announcing = False  # the run is over: idle workers need not announce while the backlog drains
     while heap:
-        now, w = pop(heap)
-        q = queues[w]
-        arrived, _, k = q.popleft()
-        response = now - arrived
-        if arrived >= warm_t:
-            record(response)
-        states[k].on_complete(w, response, now)
-        if q:
-            push(heap, (now + q[0][1] / speeds[w], w))
+        complete(*pop(heap))
     return samples, routes, backlog
 
 

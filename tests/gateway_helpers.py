@@ -26,6 +26,7 @@ from consumers.handlers.echo import EchoHandler
 from consumers.requests import Job
 from consumers.worker import Worker
 from fleet.brokers.base import Broker, Delivery
+from fleet.cli.compose import QuietServer
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from producers.gateway import GatewayLimits, create_app
@@ -123,17 +124,11 @@ async def asgi_gateway(
             yield app, client
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # leave the test runner's signal handlers alone
-
-
 @contextlib.asynccontextmanager
 async def served(app: FastAPI) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn (lifespan included) on a free port; yields the base URL."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", ws="websockets-sansio")
-    server = _Server(config)
+    server = QuietServer(config)  # leaves the test runner's signal handlers alone
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

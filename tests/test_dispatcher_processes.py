@@ -13,6 +13,7 @@ import pytest
 
 from fleet import constants as c
 from fleet.brokers.base import EventStream
+from fleet.brokers.events import validated
 from fleet.store.base import ResultStore
 from schemas.jobs import JobState
 from schemas.wire import DispatcherBeat
@@ -80,8 +81,7 @@ async def test_killing_a_worker_and_a_dispatcher_loses_nothing_and_completes_eac
 
 
 async def _watch(stream: EventStream, seen: dict[str, DispatcherBeat]) -> None:
-    async for _, data in stream:
-        beat = DispatcherBeat.model_validate_json(data)
+    async for beat in validated(stream, DispatcherBeat, "dispatcher heartbeat"):
         seen[beat.dispatcher_id] = beat
 
 

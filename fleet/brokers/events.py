@@ -1,9 +1,14 @@
-"""The queue half of an ``EventStream``, shared by the brokers whose events arrive by callback."""
+"""The queue half of an ``EventStream``, shared by the brokers whose events arrive by callback, and ``validated``,
+which every listener uses to read typed control events."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +56,16 @@ class QueuedEvents:
         while not self._queue.empty():
             self._queue.get_nowait()
         self._queue.put_nowait(None)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def validated(stream: AsyncIterable[tuple[str, bytes]], schema: type[M], what: str) -> AsyncIterator[M]:
+    """The events of ``stream`` parsed as ``schema``; a malformed one is logged (naming ``what``) and skipped, so
+    one bad publisher cannot stop a listener."""
+    async for _subject, data in stream:
+        try:
+            yield schema.model_validate_json(data)
+        except ValidationError as exc:
+            log.warning("ignoring a malformed %s: %s", what, exc)

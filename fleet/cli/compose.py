@@ -32,7 +32,7 @@ from producers.gateway.app import create_app
 log = logging.getLogger(__name__)
 
 
-class _Server(uvicorn.Server):
+class QuietServer(uvicorn.Server):
     """uvicorn without its own signal handling: the runner owns SIGINT/SIGTERM and the shutdown order."""
 
     @contextlib.contextmanager
@@ -93,13 +93,13 @@ async def run_workers(workers: list[Worker], stop: asyncio.Event) -> None:
 
 def _server(
     settings: FleetSettings, broker: Broker | None, store: ResultStore | None, scaling: ScalingStore | None = None
-) -> _Server:
+) -> QuietServer:
     app = create_app(settings, broker=broker, store=store, scaling=scaling)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
-    return _Server(config)
+    return QuietServer(config)
 
 
-async def serve_gateway(server: _Server, stop: asyncio.Event) -> None:
+async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
     task = asyncio.create_task(server.serve())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -61,7 +61,7 @@ async def run_dispatchers(
 
     from dispatcher.http import create_status_app
     from dispatcher.service import Dispatcher
-    from fleet.cli.compose import _Server, connected, stop_on_signals
+    from fleet.cli.compose import QuietServer, connected, stop_on_signals
 
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
@@ -79,10 +79,10 @@ async def run_dispatchers(
             ]
             try:
                 await asyncio.gather(*(d.start() for d in dispatchers))
-                server: _Server | None = None
+                server: QuietServer | None = None
                 if port:
                     config = uvicorn.Config(create_status_app(dispatchers), host=host, port=port, log_config=None)
-                    server = _Server(config)  # uvicorn without its own signal handlers: ours stop everything
+                    server = QuietServer(config)  # uvicorn without its own signal handlers: ours stop everything
                     serving = asyncio.create_task(server.serve())
                 await stop.wait()
                 if server is not None:
