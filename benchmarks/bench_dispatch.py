@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import random
-import signal
 import statistics
 import subprocess
 import time
@@ -30,7 +29,7 @@ from typing import Any
 
 from rich.table import Table
 
-from benchmarks.common import RESULTS_DIR, console, services, write_results
+from benchmarks.common import RESULTS_DIR, console, services, stop_processes, write_results
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -104,23 +103,13 @@ class Fleet:
             argv = ["dispatcher", "--model", MODEL, "--policy", policy, "--port", "0"]
             self.dispatchers.append(self._spawn(f"dispatcher-{policy}-{i}", *argv))
 
-    @staticmethod
-    def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        procs.clear()
-
     def stop_workers(self) -> None:
-        self._stop(self.workers)
+        stop_processes(self.workers)
+        self.workers.clear()
 
     def stop_dispatchers(self) -> None:
-        self._stop(self.dispatchers)
+        stop_processes(self.dispatchers)
+        self.dispatchers.clear()
 
     def check_alive(self) -> None:
         dead = [p.args for p in (*self.workers, *self.dispatchers) if p.poll() is not None]

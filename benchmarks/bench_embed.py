@@ -3,8 +3,9 @@
 
     python -m benchmarks.bench_embed [--infra memory|nats] [--device auto|cpu|cuda] [--random-weights]
 
-Each fleet run publishes every job up front (one text per job) and measures until the last one is acked, so it
-reports saturation throughput: model compute plus fetch, store and ack, overlapped as the worker overlaps them.
+Each fleet run publishes every job up front (one text per job), then starts the worker and measures from the
+moment it is ready until the last job is acked, so it reports a worker's saturation throughput from a backlog:
+model compute plus fetch, store and ack, overlapped as the worker overlaps them.
 ``--random-weights`` builds the same architecture with random weights (same throughput), for machines that lack
 the packaged weights; ``auto`` (the default) uses them only when the packaged weights are missing.
 """
@@ -60,10 +61,13 @@ async def fleet_embed(
     model = f"embed-{uuid.uuid4().hex[:8]}"
     handler = with_name(EmbedHandler, model)(device=device, random_weights=random_weights)
     try:
+        # The backlog is published before the worker starts, so the clock sees the worker alone (a deployment's
+        # producers run elsewhere): from the moment it is ready until the last job is acked.
+        await broker.ensure_model(model)
+        messages = [RequestMessage(job_id=uuid.uuid4().hex, model=model, input={"text": t}) for t in texts]
+        await publish_all(broker, messages)
         async with Worker(handler, broker, store, settings=settings, device=device, max_batch=max_batch):
-            messages = [RequestMessage(job_id=uuid.uuid4().hex, model=model, input={"text": t}) for t in texts]
-            with Timer() as t:
-                await publish_all(broker, messages)
+            with Timer() as t:  # start() has returned: loaded, warmed up, and not one job fetched yet
                 while await broker.lag(c.request_subject(model), c.consumer_name(model)) > 0:  # noqa: ASYNC110 - polled
                     await asyncio.sleep(0.01)
             last = await store.get(messages[-1].job_id)

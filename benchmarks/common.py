@@ -8,7 +8,9 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -37,6 +39,18 @@ def services(nats: bool = True, redis: bool = True, kafka: bool = False) -> Iter
         if kafka:
             urls["kafka"] = os.environ.get("FLEET_BENCH_KAFKA_URL") or stack.enter_context(kafka_server())
         yield urls
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30) -> None:
+    """SIGTERM every running process (fleet processes drain on it), wait, and SIGKILL what outlives the wait."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 async def pooled(items: list[Any], concurrency: int, send: Callable[[Any], Awaitable[None]]) -> None:

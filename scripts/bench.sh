@@ -7,5 +7,6 @@ bash scripts/venv.sh
 export PYTHONUNBUFFERED=1
 .venv/bin/python -m benchmarks.bench_pipeline "$@"
 .venv/bin/python -m benchmarks.bench_embed --infra nats
+.venv/bin/python -m benchmarks.bench_embed_fleet
 .venv/bin/python -m benchmarks.bench_dispatch
 .venv/bin/python -m benchmarks.bench_autoscaler

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def fleet_env(**env: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    out.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", COLUMNS="200", **env)
+    inherited = os.environ.get("PYTHONPATH")  # kept after the checkout, e.g. packages installed with --target
+    out.update(PYTHONPATH=os.pathsep.join([str(ROOT), *([inherited] if inherited else [])]), PYTHONUNBUFFERED="1")
+    out.update(COLUMNS="200", **env)
     return out
 
 
