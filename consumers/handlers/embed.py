@@ -248,7 +248,7 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
                 input_ids, mask = pad_batch([ids[i] for i in rows], self._tokens.pad_id, self.device)
                 hidden = self._model(input_ids=input_ids, attention_mask=mask).last_hidden_state
                 vectors[rows] = mean_pool_normalize(hidden, mask).cpu()
-        result: list[list[float]] = vectors.tolist()
+        result: list[list[float]] = vectors.numpy().tolist()  # numpy's tolist is twice as fast as torch's
         return result
 
     def predict(self, batch: list[EmbedInput]) -> list[EmbedOutput | Exception]:
@@ -259,10 +259,12 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
         for item, job in zip(batch, texts, strict=True):
             vecs = flat[start : start + len(job)]
             start += len(job)
+            # Built without validation: the values are the floats just computed (validating 384 of them per text
+            # cost as much as the rest of the output path).
             if item.text is not None:
-                outputs.append(EmbedOutput(dim=self._dim, embedding=vecs[0]))
+                outputs.append(EmbedOutput.model_construct(dim=self._dim, embedding=vecs[0]))
             else:
-                outputs.append(EmbedOutput(dim=self._dim, embeddings=vecs))
+                outputs.append(EmbedOutput.model_construct(dim=self._dim, embeddings=vecs))
         return outputs
 
     def sample_input(self) -> EmbedInput:
