@@ -158,7 +158,9 @@ async def test_malformed_records_from_kcat_are_dead_lettered_and_serving_goes_on
     wrong_input = f"{unique}-wrong"
     log = tmp_path / "worker.log"
     with fleet_process("worker", "--model", WORKER, env=worker_env(kafka_url, redis_url, model), log=log):
-        await eventually(lambda: topic_exists(kcat, bootstrap, topic), timeout_s=60, what=f"topic {topic}")
+        # The worker creates the request topic, then the dead-letter topic: wait for both before reading either.
+        for name in (topic, dlq):
+            await eventually(lambda name=name: topic_exists(kcat, bootstrap, name), timeout_s=60, what=f"topic {name}")
         await produce(kcat, bootstrap, topic, "this is not json {")
         await produce(kcat, bootstrap, topic, request(wrong_input, model, value="x"), key=wrong_input)
 
