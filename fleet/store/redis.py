@@ -50,24 +50,24 @@ return {1}
 """
 
 # The same compare-and-set for a whole micro-batch in one command. KEYS: job keys. ARGV: ttl_s, publish ('1' or
-# '0'), key prefix length, channel prefix, the byte lengths "expected,new,expected,new,..." of each key's expected
-# value ('' = absent: a record is never empty) and new value, and all those values concatenated in that order. Three
-# arguments instead of two per key keep the client's per-argument encoding off the worker's hot path, and comparing
-# whole values (like CAS_LUA) needs no digest on either side; the expected values are the small records a worker
-# itself wrote or read (queued, running), never outputs. Returns per key 1 when written, else the current value
-# ('' when absent). The completion channel of a key is the channel prefix plus the job id.
+# '0'), key prefix length, channel prefix, the byte lengths "n1,n2,..." of each key's expected value ('' = absent:
+# a record is never empty), those expected values concatenated, then one new value per key. The expected values are
+# the small records a worker itself wrote or read (queued, running), never outputs, so packing them keeps the
+# client's per-argument cost low; the new values (outputs, often kilobytes) are arguments of their own because
+# cutting them out of one large string costs Redis, the one server every worker shares, more than the client
+# saves. Comparing whole values (like CAS_LUA) needs no digest on either side. Returns per key 1 when written, else
+# the current value ('' when absent). The completion channel of a key is the channel prefix plus the job id.
 CAS_MANY_LUA = """
 local out = {}
 local cut = tonumber(ARGV[3]) + 1
 local blob = ARGV[6]
 local from, i = 1, 0
-for expected_len, new_len in string.gmatch(ARGV[5], '(%d+),(%d+)') do
+for expected_len in string.gmatch(ARGV[5], '%d+') do
   i = i + 1
-  local middle = from + tonumber(expected_len)
-  local upto = middle + tonumber(new_len)
+  local upto = from + tonumber(expected_len)
   local current = redis.call('GET', KEYS[i]) or ''
-  if current == string.sub(blob, from, middle - 1) then
-    local value = string.sub(blob, middle, upto - 1)
+  if current == string.sub(blob, from, upto - 1) then
+    local value = ARGV[6 + i]
     redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
     if ARGV[2] == '1' then redis.call('PUBLISH', ARGV[4] .. string.sub(KEYS[i], cut), value) end
     out[i] = 1
@@ -334,15 +334,10 @@ class RedisStore:
             return []
         record_json = transitions.record_json
         raws = [record_json(record) for _, record in writes]
-        pieces: list[bytes] = []
-        sizes: list[str] = []
-        for (i, _), raw in zip(writes, raws, strict=True):
-            expected = state[i][0]
-            pieces += (expected, raw)
-            sizes.append(f"{len(expected)},{len(raw)}")
+        expected = [state[i][0] for i, _ in writes]
         flag = "1" if publish else "0"
         args: list[bytes | str | int] = [self.job_ttl_s, flag, len(JOB_KEY_PREFIX), c.done_channel("")]
-        args += (",".join(sizes), b"".join(pieces))
+        args += (",".join([str(len(e)) for e in expected]), b"".join(expected), *raws)
         with self._errors(f"update {len(writes)} jobs"):
             out = await self._cas_many_script(keys=[keys[i] for i, _ in writes], args=args)
         lost = []
