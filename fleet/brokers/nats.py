@@ -52,6 +52,7 @@ from nats.js.api import (
 )
 
 from fleet import constants as c
+from fleet.brokers.nats_client import FleetNatsClient
 from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
@@ -192,7 +193,7 @@ class NatsBroker:
 
     async def _open(self) -> NATS:
         """Connect, failing fast once every server has refused once (nats-py alone would retry for minutes)."""
-        nc = NATS()
+        nc = FleetNatsClient()
         gave_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         failures: list[BaseException] = []
 
