@@ -34,7 +34,9 @@ from schemas.models import BUILTIN_SPECS, ModelSpec
 from tests import services
 
 # Short waits so that tests cross a WebSocket wait step (ws_wait_chunk_s) and see timeouts quickly.
-FAST_LIMITS = GatewayLimits(publish_timeout_s=1.5, store_timeout_s=1.5, ping_timeout_s=1.0, ws_wait_chunk_s=0.2)
+FAST_LIMITS = GatewayLimits(
+    publish_timeout_s=1.5, store_timeout_s=1.5, ping_timeout_s=1.0, ws_wait_chunk_s=0.2, sse_keepalive_s=0.2
+)
 
 
 def __getattr__(name: str) -> ModelSpec:

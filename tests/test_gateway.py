@@ -38,7 +38,7 @@ from tests.gateway_helpers import (
     served,
     urls_for,
 )
-from tests.infra import PAIRS, connected_pair, settings_for
+from tests.infra import PAIRS, connected_pair, eventually, settings_for
 
 
 @dataclass
@@ -203,6 +203,77 @@ async def test_multiplexed_websocket_survives_bad_frames(env: Env, unique: str) 
     assert resent["job"]["job_id"] == ids[1]
 
 
+async def sse_events(lines: AsyncIterator[str], count: int | None = None) -> list[tuple[str, Any]]:
+    """``(event, data)`` pairs (``("comment", text)`` for a comment) from a stream's lines (``aiter_lines()``, which
+    can be taken once per response) until ``count`` are read or the stream ends."""
+    events: list[tuple[str, Any]] = []
+    name = "message"
+    async for line in lines:
+        if line.startswith(":"):
+            events.append(("comment", line[1:].strip()))
+        elif line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line.removeprefix("data: "))))
+            name = "message"
+        if count is not None and len(events) >= count:
+            break
+    return events
+
+
+async def test_event_stream_of_a_job_that_ended_before_it_opened_is_one_result(env: Env) -> None:
+    job_id = (await env.submit(model=env.echo, input={"early": True})).json()["job_id"]
+    async with env.worker():
+        assert (await env.client.get(f"/v1/jobs/{job_id}", params={"wait": 10})).json()["state"] == "succeeded"
+    open_before = metric("fleet_gateway_sse_streams_open")
+    async with served(env.app) as base, httpx.AsyncClient(base_url=base, timeout=10) as http:
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["cache-control"] == "no-cache"
+            events = await asyncio.wait_for(sse_events(response.aiter_lines()), 10)  # the server ends it
+    assert [name for name, _ in events] == ["result"]
+    record = events[0][1]
+    assert (record["job_id"], record["state"], record["output"]) == (job_id, "succeeded", {"early": True})
+    assert metric("fleet_gateway_sse_streams_open") == open_before
+
+
+async def test_event_stream_sends_the_state_keep_alives_then_the_result(env: Env) -> None:
+    job_id = (await env.submit(model=env.echo, input={"late": True})).json()["job_id"]
+    async with served(env.app) as base, httpx.AsyncClient(base_url=base, timeout=10) as http:
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            lines = response.aiter_lines()
+            first = await asyncio.wait_for(sse_events(lines, count=2), 10)
+            async with env.worker():
+                rest = await asyncio.wait_for(sse_events(lines), 10)
+    assert first[0][0] == "job" and (first[0][1]["job_id"], first[0][1]["state"]) == (job_id, "queued")
+    assert first[1] == ("comment", "keep-alive"), "a job with nothing new keeps the stream alive"
+    names = [name for name, _ in rest]
+    assert names[-1] == "result", rest
+    assert set(names[:-1]) <= {"comment", "job"}, "only keep-alives and state changes come before the result"
+    assert (rest[-1][1]["state"], rest[-1][1]["output"]) == ("succeeded", {"late": True})
+
+
+async def test_event_stream_of_an_unknown_job_is_404_and_a_client_leaving_frees_its_stream(menv: Env) -> None:
+    missing = await menv.client.get("/v1/jobs/ghost/events")
+    assert missing.status_code == 404
+    error = error_of(missing)
+    assert error["type"] == "job_not_found" and "ghost" in error["message"]
+
+    job_id = (await menv.submit(model=menv.echo, input={})).json()["job_id"]
+    open_before = metric("fleet_gateway_sse_streams_open")
+    async with served(menv.app) as base, httpx.AsyncClient(base_url=base, timeout=10) as http:
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            assert (await asyncio.wait_for(sse_events(response.aiter_lines(), count=1), 10))[0][0] == "job"
+            assert metric("fleet_gateway_sse_streams_open") == open_before + 1
+        # the client hung up; the server notices at its next keep-alive and ends the stream
+
+        async def freed() -> bool:
+            return metric("fleet_gateway_sse_streams_open") == open_before
+
+        await eventually(freed, timeout_s=5, what="the event stream closed on the server")
+
+
 async def test_bad_input_gets_the_same_clear_errors_on_every_pair(env: Env) -> None:
     """The validation cases below run on the in-memory pair in detail; here one of each kind per broker/store."""
     cases = [
@@ -331,7 +402,13 @@ async def test_openapi_documents_the_endpoints(menv: Env) -> None:
     submit = spec["paths"]["/v1/jobs"]["post"]
     assert submit["tags"] == ["jobs"] and "202" in submit["responses"] and "413" in submit["responses"]
     assert "model" in submit["requestBody"]["content"]["application/json"]["schema"]["properties"]
-    assert {"/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/models", "/readyz"} <= set(spec["paths"])
+    assert {
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/cancel",
+        "/v1/jobs/{job_id}/events",
+        "/v1/models",
+        "/readyz",
+    } <= set(spec["paths"])
     assert (await menv.client.get("/docs")).status_code == 200
 
 

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 OPENAPI_TAGS = [
     {"name": "jobs", "description": "Submit inference jobs, poll them and cancel them."},
-    {"name": "push", "description": "WebSockets that push terminal job records."},
+    {"name": "push", "description": "WebSockets and server-sent events that push job records as jobs end."},
     {"name": "models", "description": "The models this gateway accepts, with their input and output schemas."},
     {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
     {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
@@ -138,7 +138,7 @@ def create_app(
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
         BrokerUnavailable / StoreError: a client the app builds itself cannot connect.
     """
-    from producers.gateway import routes_jobs, routes_ops, routes_scaling, ws
+    from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
 
     app = FastAPI(
         title="Fleet gateway",
@@ -151,6 +151,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
     app.include_router(ws.router)
+    app.include_router(sse.router)
     app.include_router(routes_ops.router)
     app.include_router(routes_scaling.router)
     return app

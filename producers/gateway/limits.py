@@ -15,7 +15,8 @@ from fleet.errors import PayloadTooLarge
 
 @dataclass(frozen=True, slots=True)
 class GatewayLimits:
-    """Timeouts for calls into the broker and store, and the limits of the multiplexed WebSocket (``/v1/ws``).
+    """Timeouts for calls into the broker and store, the limits of the multiplexed WebSocket (``/v1/ws``), and how
+    often a server-sent event stream that has nothing to say sends a keep-alive comment (``sse_keepalive_s``).
 
     A frame beyond uvicorn's own ``ws_max_size`` (16 MiB by default) is refused by the server, which closes the
     connection with code 1009; frames up to that size but above ``ws_max_frame_bytes`` get an error frame.
@@ -25,6 +26,7 @@ class GatewayLimits:
     store_timeout_s: float = 5.0
     ping_timeout_s: float = 2.0
     ws_wait_chunk_s: float = 30.0
+    sse_keepalive_s: float = 15.0
     ws_max_frame_bytes: int = 64 * 1024
     ws_max_ids_per_frame: int = 100
     ws_max_ids_per_connection: int = 1000

@@ -31,12 +31,14 @@ HTTP_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 WEBSOCKETS_OPEN = Gauge("fleet_gateway_websockets_open", "WebSocket connections open now.")
+SSE_STREAMS_OPEN = Gauge("fleet_gateway_sse_streams_open", "Server-sent event streams open now.")
 
 __all__ = [
     "HTTP_LATENCY",
     "HTTP_REQUESTS",
     "JOBS_SUBMITTED",
     "REGISTRY",
+    "SSE_STREAMS_OPEN",
     "SUBMIT_ERRORS",
     "WEBSOCKETS_OPEN",
     "MetricsMiddleware",

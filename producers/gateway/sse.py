@@ -1,0 +1,101 @@
+"""Server-sent events for one job: ``GET /v1/jobs/{job_id}/events``.
+
+For clients that cannot or will not hold a WebSocket: ``curl -N``, the browser's ``EventSource``, proxies that
+only speak HTTP. The answer is ``text/event-stream``; each event's data is one line of JSON::
+
+    event: job        the current record, first, when the job has not ended yet; again when its state changes
+    : keep-alive      a comment every ``GatewayLimits.sse_keepalive_s`` while nothing else is said
+    event: result     the terminal record; the stream then ends
+    event: error      {"error": {...}}: the store failed, or the record vanished (its TTL ran out); the stream ends
+
+A job that ended before the request gets ``event: result`` at once. An unknown job is a plain ``404`` before any
+event, a store that cannot be reached a ``503``, both with the usual error body. ``EventSource`` reconnects when a
+stream ends, so a browser client should ``close()`` it on ``result``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+
+from fleet.errors import JobNotFound, StoreError
+from producers.gateway.app import GatewayState, gateway_state
+from producers.gateway.calls import store_call
+from producers.gateway.errors import error_json
+from producers.gateway.metrics import SSE_STREAMS_OPEN
+from schemas.api import ErrorResponse
+from schemas.jobs import JobRecord
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(tags=["push"])
+
+KEEP_ALIVE = b": keep-alive\n\n"
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the stream
+
+
+def sse_event(name: str, data: str) -> bytes:
+    """One event; ``data`` must be a single line (compact JSON is)."""
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+def error_event(type_: str, message: str, details: object = None) -> bytes:
+    return sse_event("error", json.dumps(error_json(type_, message, details)))
+
+
+async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[bytes]:
+    """The events of one job from ``record`` (already read) until it ends; never raises into the server."""
+    store, limits, job_id = state.store, state.limits, record.job_id
+    SSE_STREAMS_OPEN.inc()
+    try:
+        if not record.terminal:
+            yield sse_event("job", record.model_dump_json())
+        while not record.terminal:
+            wait_s = limits.sse_keepalive_s
+            latest = await store_call(store, store.wait(job_id, wait_s), wait_s + limits.store_timeout_s)
+            if latest is None:
+                yield error_event("job_not_found", JobNotFound(job_id).message, {"job_id": job_id})
+                return
+            if latest.terminal:
+                record = latest
+            elif latest.state != record.state:
+                record = latest
+                yield sse_event("job", record.model_dump_json())
+            else:
+                yield KEEP_ALIVE
+        yield sse_event("result", record.model_dump_json())
+    except StoreError as exc:
+        yield error_event("store_unavailable", exc.message)
+    except Exception as exc:  # a bug or a corrupt record: tell the client, keep the gateway serving
+        logger.exception("event stream for job %s failed", job_id)
+        yield error_event("internal_error", f"{type(exc).__name__}: {exc}")
+    finally:
+        SSE_STREAMS_OPEN.dec()
+
+
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    summary="Stream a job's progress and result (server-sent events)",
+    description=(
+        "`text/event-stream`: `event: job` with the current record while the job has not ended (again when its "
+        "state changes), `: keep-alive` comments while nothing happens, then `event: result` with the terminal "
+        "record, after which the stream ends. A job that already ended gets `event: result` at once. "
+        "`event: error` (with the usual error body) ends the stream if the store fails or the record expires."
+    ),
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
+        404: {"model": ErrorResponse},
+        503: {"model": ErrorResponse},
+    },
+)
+async def stream_job_events(job_id: str, state: GatewayState = Depends(gateway_state)) -> StreamingResponse:
+    store = state.store
+    record = await store_call(store, store.get(job_id), state.limits.store_timeout_s)
+    if record is None:
+        raise JobNotFound(job_id)
+    return StreamingResponse(job_events(state, record), media_type="text/event-stream", headers=STREAM_HEADERS)
