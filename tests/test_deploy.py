@@ -42,6 +42,7 @@ SCENARIOS: dict[str, list[str]] = {
     "nats-fleet": ["-f", str(EXAMPLES / "nats-fleet.yaml")],
     "kafka-keda": ["-f", str(EXAMPLES / "kafka-keda.yaml")],
     "nats-keda": ["--set", "autoscaler.engine=keda", "--set", "autoscaler.scaling.lag_per_replica=50"],
+    "grafana-dashboard": ["--set", "grafanaDashboard.enabled=true"],
     "no-autoscaler": [
         "--set",
         "autoscaler.enabled=false",
@@ -354,6 +355,20 @@ def test_shared_config_is_fleet_settings_that_parse(monkeypatch: pytest.MonkeyPa
             {"configMapRef": {"name": "fleet-test-config"}},
             {"secretRef": {"name": "fleet-secrets"}},
         ], "the Secret must come last so that its keys win"
+
+
+def test_the_grafana_dashboard_ships_as_a_sidecar_config_map_only_when_enabled() -> None:
+    def dashboards(docs: tuple[Manifest, ...]) -> list[Manifest]:
+        config_maps = of_kind(docs, "ConfigMap")
+        return [d for d in config_maps if d["metadata"]["labels"]["app.kubernetes.io/component"] == "dashboard"]
+
+    assert dashboards(render()) == [], "off by default: not every cluster runs Grafana's sidecar"
+    docs = render(*SCENARIOS["grafana-dashboard"], "--set", "grafanaDashboard.annotations.grafana_folder=Fleet")
+    (config_map,) = dashboards(docs)
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1", "the label kube-prometheus-stack selects"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "Fleet"}
+    shipped = json.loads(config_map["data"]["fleet.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "fleet.json").read_text())
 
 
 def test_a_secret_can_be_rendered_by_the_chart() -> None:
