@@ -18,11 +18,11 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 
-from benchmarks.bench_model import bare_transformers_throughput
+from benchmarks.bench_model import bare_transformers_throughput, use_random_weights
 from benchmarks.common import Timer, best_of, services, show, write_results
 from consumers.device import resolve_device
 from consumers.handlers import with_name
-from consumers.handlers.embed import EmbedHandler, _has_weights, packaged_model_path
+from consumers.handlers.embed import EmbedHandler
 from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
@@ -80,9 +80,7 @@ async def fleet_embed(
 
 async def main(args: argparse.Namespace) -> None:
     device = resolve_device(args.device)
-    random_weights = args.random_weights == "yes" or (
-        args.random_weights == "auto" and not _has_weights(packaged_model_path())
-    )
+    random_weights = use_random_weights(args.random_weights)
     texts = query_texts(args.jobs, args.words)
     batched_runs, bare_runs = [], []
     with infra_settings(args.infra, max_wait_ms=args.max_wait_ms, device=device) as settings:

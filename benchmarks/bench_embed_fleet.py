@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.bench_embed import query_texts
-from benchmarks.bench_model import bare_transformers_throughput
+from benchmarks.bench_model import bare_transformers_throughput, use_random_weights
 from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
 from consumers.device import resolve_device
-from consumers.handlers.embed import EmbedHandler, _has_weights, packaged_model_path
+from consumers.handlers.embed import EmbedHandler
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.events import validated
@@ -138,9 +138,7 @@ async def main(args: argparse.Namespace) -> None:
     cuda = args.device_resolved.startswith("cuda")
     args.jobs = args.jobs or (60000 if cuda else 3000)
     args.batch = args.batch or (256 if cuda else 64)
-    args.random_weights_resolved = args.random_weights == "yes" or (
-        args.random_weights == "auto" and not _has_weights(packaged_model_path())
-    )
+    args.random_weights_resolved = use_random_weights(args.random_weights)
     texts = query_texts(args.jobs, args.words)
     bare = best_of(
         [

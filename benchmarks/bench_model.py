@@ -19,12 +19,19 @@ import torch
 from consumers.device import resolve_device
 from consumers.handlers.embed import (
     EmbedHandler,
+    _has_weights,
     load_encoder_model,
     load_token_encoder,
     max_seq_tokens,
     packaged_model_path,
 )
 from schemas.models import EmbedInput
+
+
+def use_random_weights(choice: str) -> bool:
+    """The benchmarks' ``--random-weights auto|yes|no``: ``auto`` uses random weights only when the packaged
+    weights are missing."""
+    return choice == "yes" or (choice == "auto" and not _has_weights(packaged_model_path()))
 
 
 def sample_texts(count: int, words: int = 24) -> list[str]:

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from benchmarks.bench_model import sample_texts
-from consumers.handlers.embed import EmbedHandler, _has_weights, packaged_model_path
+from benchmarks.bench_model import sample_texts, use_random_weights
+from consumers.handlers.embed import EmbedHandler
 
 
 def parity_texts() -> list[str]:
@@ -42,9 +42,7 @@ def main() -> int:
     parser.add_argument("--random-weights", choices=["auto", "yes", "no"], default="auto")
     parser.add_argument("--min-cosine", type=float, default=0.999)
     args = parser.parse_args()
-    random_weights = args.random_weights == "yes" or (
-        args.random_weights == "auto" and not _has_weights(packaged_model_path())
-    )
+    random_weights = use_random_weights(args.random_weights)
     texts = parity_texts()
     reference = embeddings("cpu", texts, random_weights)
     tested = embeddings(args.device, texts, random_weights)

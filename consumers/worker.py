@@ -93,10 +93,8 @@ class YoungGcTuning:
         wanted = max(YOUNG_GC_THRESHOLD, YOUNG_GC_OBJECTS_PER_ITEM * max_batch)
         if 0 < young < wanted:
             gc.set_threshold(wanted, middle, old)
-            if self._restore is None:
-                self._restore = ((wanted, middle, old), (young, middle, old))
-            else:
-                self._restore = ((wanted, middle, old), self._restore[1])
+            before = self._restore[1] if self._restore else (young, middle, old)  # the threshold before any worker
+            self._restore = ((wanted, middle, old), before)
             log.debug("young GC threshold raised from %d to %d", young, wanted)
 
     def release(self) -> None:
@@ -160,7 +158,6 @@ class Worker:
         self._held: dict[int, Delivery] = {}
         self._queue: asyncio.Queue[asyncio.Task[list[Job]] | None] = asyncio.Queue(maxsize=1)  # None: wake up
         self._admissions: set[asyncio.Task[list[Job]]] = set()
-        self._partitioned = broker.scheme == "kafka"  # work fetched ahead is work no peer could take
         self._settling: set[asyncio.Task[None]] = set()
         self._settle_slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
         self._sub: Subscription | None = None
@@ -333,7 +330,7 @@ class Worker:
             # commit is a round trip, overlaps the wait instead: one more batch ahead, bounded by the queue.
             self._taken.clear()
             await self._queue.put(admission)
-            if not self._partitioned:
+            if not self.broker.partitioned:
                 await self._taken.wait()
 
     async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
@@ -537,8 +534,11 @@ class Worker:
         await self._settle_stored([(job, record, won) for (job, _), (won, record) in zip(final, stored, strict=True)])
 
     async def _settle_stored(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
-        """``_settle_terminal`` for a batch: acks one after the other (an ack does not wait for the broker, so a
-        task per ack would only add overhead), dead letters concurrently (each waits for its publish)."""
+        """Settle messages whose jobs ended, maybe elsewhere: ack each (counted ``succeeded`` when this worker's
+        write won, else ``duplicate``), but a ``failed`` job (re)sends its dead letter first: its earlier publish may
+        not have happened, and the dead letter's message id de-duplicates a repeat. Acks go one after the other (an
+        ack does not wait for the broker, so a task per ack would only add overhead), dead letters concurrently
+        (each waits for its publish)."""
         letters = []
         won_count = 0
         for job, record, won in settled:
@@ -556,12 +556,8 @@ class Worker:
             await asyncio.gather(*letters)
 
     async def _settle_terminal(self, job: Job, record: JobRecord, won: bool = False) -> None:
-        """Settle a message whose job ended, maybe elsewhere. A ``failed`` job (re)sends its dead letter first:
-        its earlier publish may not have happened, and the dead letter's message id de-duplicates a repeat."""
-        if record.state is JobState.failed and record.error is not None:
-            await self._send_dead_letter(job, record.error)
-        else:
-            await self._ack(job, "succeeded" if won else "duplicate")
+        """``_settle_stored`` for one message."""
+        await self._settle_stored([(job, record, won)])
 
     def _outcome(self, job: Job, result: Any) -> Finish:
         assert job.job_id is not None

@@ -203,6 +203,11 @@ class JiqSedPolicy(JiqAmnesiaPolicy):
     d: int = 2
     TOKENS_SEEN = 16
 
+    @staticmethod
+    def busy_cost(view: WorkerView) -> float:
+        """Expected completion of a job sent to a worker without a token: its own jobs, one running, this one."""
+        return view.floor_s * (view.outstanding + 2)
+
     def choose(self, state: DispatcherState, now: float, rng: random.Random) -> Choice | None:
         views = state.views
         best_token: tuple[Any, int] | None = None
@@ -219,8 +224,8 @@ class JiqSedPolicy(JiqAmnesiaPolicy):
             if state.is_live(v.worker) and not state.has_token(v.worker)
         ]
         if busy:
-            view = min(busy, key=lambda v: v.floor_s * (v.outstanding + 2))
-            if view.floor_s * (view.outstanding + 2) < best_cost:
+            view = min(busy, key=self.busy_cost)  # ties keep the sample's (random) order
+            if self.busy_cost(view) < best_cost:
                 return Choice(view.worker, "amnesia")
         if best_token is not None and state.take_token(*best_token):
             return Choice(best_token[0], "idle", best_token[1])

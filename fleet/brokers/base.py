@@ -66,6 +66,9 @@ class Broker(Protocol):
     """A message broker as Fleet uses it. Construct, ``await connect()``, use, ``await close()``."""
 
     scheme: str  # "memory", "nats" or "kafka"
+    # True when a message one member of a group fetched could not have gone to another member anyway (Kafka: a
+    # partition has one reader per group), so a consumer fetching ahead keeps no work from its peers.
+    partitioned: bool
 
     async def connect(self) -> None:
         """Connect; raise ``BrokerUnavailable`` with a message naming the URL when it cannot."""

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +50,7 @@ from fleet import constants as c
 from fleet.brokers.kafka_events import EVENTS_TOPIC, KafkaEventStream
 from fleet.brokers.kafka_names import bootstrap_servers, start_client, stop_client, stopping_clients, topic_for
 from fleet.brokers.kafka_subscription import KafkaSubscription
+from fleet.brokers.recent import RecentKeys
 from fleet.brokers.subjects import check_group, check_subject
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
 from fleet.settings import FleetSettings
@@ -61,38 +61,9 @@ TOPIC_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS
 HEADROOM_BYTES = 64 * 1024  # record and batch overhead above max_message_bytes
 EVENTS_RETENTION_MS = 3_600_000
 RETRY_BACKOFF_S = 0.1
-PRUNE_EVERY = 64  # publishes between two prunings of the recent message ids
+RECENT_IDS = 200_000  # message ids this process published that it remembers for de-duplication
 PARTITIONS_TTL_S = 5.0  # how long lag() trusts a topic's partition count
 MAX_TOPIC_NAMES = 4096  # subjects whose topic name is remembered (inbox subjects come and go with workers)
-
-
-class _RecentIds:
-    """Message ids published within the de-duplication window (oldest first)."""
-
-    def __init__(self, window_s: float, max_ids: int = 200_000) -> None:
-        self._window_s, self._max_ids = window_s, max_ids
-        self._ids: OrderedDict[str, float] = OrderedDict()
-        self._adds = 0
-
-    def __contains__(self, msg_id: str) -> bool:
-        published = self._ids.get(msg_id)
-        return published is not None and time.monotonic() - published <= self._window_s
-
-    def add(self, msg_id: str) -> None:
-        now = time.monotonic()
-        if msg_id in self._ids:
-            self._ids.move_to_end(msg_id)
-        self._ids[msg_id] = now
-        self._adds += 1
-        if self._adds % PRUNE_EVERY == 0:  # membership checks the age itself: pruning only bounds the memory
-            self._prune(now)
-
-    def _prune(self, now: float) -> None:
-        while self._ids:
-            oldest = next(iter(self._ids.values()))
-            if now - oldest <= self._window_s and len(self._ids) <= self._max_ids:
-                return
-            self._ids.popitem(last=False)
 
 
 class KafkaBroker:
@@ -110,6 +81,7 @@ class KafkaBroker:
     """
 
     scheme = "kafka"
+    partitioned = True
 
     def __init__(
         self,
@@ -137,7 +109,7 @@ class KafkaBroker:
         self._offsets: AIOKafkaConsumer | None = None  # group-less consumer for end/beginning offsets
         self._offsets_lock = asyncio.Lock()
         self._topics: set[str] = set()
-        self._recent = _RecentIds(settings.dedup_window_s)
+        self._recent = RecentKeys(settings.dedup_window_s, RECENT_IDS)  # msg id -> monotonic time of its publish
         self._publishing: dict[str, list[asyncio.Future[None]] | None] = {}  # msg id -> waiters of its publish
         self._topic_names: dict[str, str] = {}
         self._partition_counts: dict[str, tuple[float, int]] = {}  # topic -> (monotonic time described, count)
@@ -322,7 +294,7 @@ class KafkaBroker:
         if msg_id is None:
             await self._send(topic, data, None, headers)
             return
-        if msg_id in self._recent:
+        if self._recent.seen(msg_id, time.monotonic()):
             log.debug("dropping duplicate publish of %r on %r", msg_id, topic)
             return
         if msg_id in self._publishing:  # the same id is being published right now: share its outcome
@@ -333,7 +305,7 @@ class KafkaBroker:
         outcome: BaseException | None = None
         try:
             await self._send(topic, data, msg_id, headers)
-            self._recent.add(msg_id)
+            self._recent.add(msg_id, time.monotonic())
         except BaseException as exc:
             outcome = exc
             raise

@@ -52,6 +52,7 @@ from fleet.brokers.kafka_names import (
     start_client,
     stop_client,
 )
+from fleet.brokers.recent import RecentKeys
 from fleet.constants import HEADER_MSG_ID
 from fleet.errors import BrokerError
 
@@ -61,7 +62,6 @@ COMMIT_DELAY_S = 0.2
 COUNT_COMMIT_WAIT_S = 1.0
 MIN_POLL_S = 0.01
 MAX_SEEN_IDS = 100_000  # message ids remembered per partition for de-duplication
-PRUNE_EVERY = 64  # records between two prunings of the remembered ids
 ReadCommitted = Callable[[set[TopicPartition]], Any]  # async (tps) -> {tp: OffsetAndMetadata}
 
 
@@ -88,12 +88,11 @@ class _Ledger:
     tp: TopicPartition
     prior: PriorDeliveries | None
     last_commit: tuple[int, str] | None
+    seen_ids: RecentKeys  # msg id -> record timestamp (ms), for de-duplication
     entries: OrderedDict[int, _Entry] = field(default_factory=OrderedDict)
     next_offset: int | None = None
     active: bool = True  # False once the partition moved to another consumer
     suspended: bool = False  # between revocation and re-assignment
-    seen_ids: OrderedDict[str, int] = field(default_factory=OrderedDict)  # msg id -> record timestamp (ms)
-    seen_added: int = 0
 
     def commit_point(self) -> int | None:
         while self.entries:
@@ -116,26 +115,14 @@ class _Ledger:
             until = self.prior.until
         return encode_deliveries(until, runs)
 
-    def is_duplicate(self, key: str | None, timestamp_ms: int, window_ms: int) -> bool:
+    def is_duplicate(self, key: str | None, timestamp_ms: int) -> bool:
+        """Whether a record with this key was admitted within the de-duplication window; remembers it if not."""
         if key is None:
             return False
-        first = self.seen_ids.get(key)
-        if first is not None:
-            if abs(timestamp_ms - first) <= window_ms:
-                return True
-            self.seen_ids.move_to_end(key)  # seen again after the window: it is recent now
-        self.seen_ids[key] = timestamp_ms
-        self.seen_added += 1
-        if self.seen_added % PRUNE_EVERY == 0:  # the check above reads the age itself: pruning bounds memory
-            self._prune_seen(timestamp_ms, window_ms)
+        if self.seen_ids.seen(key, timestamp_ms):
+            return True
+        self.seen_ids.add(key, timestamp_ms)
         return False
-
-    def _prune_seen(self, timestamp_ms: int, window_ms: int) -> None:
-        while self.seen_ids:
-            oldest_ts = next(iter(self.seen_ids.values()))
-            if timestamp_ms - oldest_ts <= window_ms and len(self.seen_ids) < MAX_SEEN_IDS:
-                return
-            self.seen_ids.popitem(last=False)
 
 
 class KafkaDelivery:
@@ -326,7 +313,7 @@ class KafkaSubscription:
         prior = ledger.prior.count(offset) if ledger.prior else 0
         entry = _Entry(ledger, offset, key, record.value or b"", record.headers, prior)
         ledger.entries[offset] = entry
-        if ledger.is_duplicate(key, record.timestamp, self._dedup_window_ms):
+        if ledger.is_duplicate(key, record.timestamp):
             log.debug("dropping duplicate %r at %s offset %d", key, ledger.tp, offset)
             entry.settled = True
             self._dirty.set()
@@ -413,7 +400,7 @@ class KafkaSubscription:
         """Commit each partition's commit point and delivery record (only what changed; failures are logged)."""
         assigned = self._consumer.assignment()
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, ledger in list(self._ledgers.items()) + list(self._suspended.items()):
+        for tp, ledger in self._ledgers.items():  # suspended (revoked) ledgers are not assigned
             if (tps is not None and tp not in tps) or tp not in assigned:
                 continue
             point = ledger.commit_point()
@@ -471,7 +458,7 @@ class KafkaSubscription:
             return {}
         assigned = self._consumer.assignment()
         points: dict[TopicPartition, int] = {}
-        for tp, ledger in list(self._ledgers.items()) + list(self._suspended.items()):
+        for tp, ledger in self._ledgers.items():  # suspended (revoked) ledgers are not assigned
             point = ledger.commit_point() if tp in assigned else None
             if point is not None:
                 points[tp] = point
@@ -518,7 +505,8 @@ class KafkaSubscription:
             return old
         if old is not None:
             self._drop(old)
-        return _Ledger(tp, decode_deliveries(found[1]) if found else None, found)
+        seen = RecentKeys(self._dedup_window_ms, MAX_SEEN_IDS)
+        return _Ledger(tp, decode_deliveries(found[1]) if found else None, found, seen)
 
     def _drop(self, ledger: _Ledger) -> None:
         ledger.active = False

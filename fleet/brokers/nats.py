@@ -93,6 +93,7 @@ class NatsBroker:
     """Fleet's broker on NATS JetStream. Construct, ``await connect()``, use, ``await close()``."""
 
     scheme = "nats"
+    partitioned = False
 
     def __init__(
         self,

@@ -82,8 +82,7 @@ KNOWN_RECORDS = 65_536  # records this store wrote last, by job id: a batch fini
 MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
 HINT = "is redis-server running and reachable?"
 ABSENT = b""  # the expected value of a key that does not exist (a record is never empty)
-UNKNOWN: tuple[bytes, JobRecord | None] = (b"", None)  # not remembered: read it first
-ABSENT_STATE: tuple[bytes, JobRecord | None] = (ABSENT, None)
+UNKNOWN: tuple[bytes, JobRecord | None] = (b"", None)  # not remembered: read it first (compared by identity)
 JOB_KEY_PREFIX = c.job_key("").encode()  # job_key(id) is this prefix + id (the script cuts it off again)
 
 
@@ -297,7 +296,7 @@ class RedisStore:
             with self._errors(f"read {len(unknown)} jobs"):
                 raws = await self.redis.mget([keys[i] for i in unknown])
             for i, raw in zip(unknown, raws, strict=True):
-                state[i] = self._state_of(job_ids[i], raw) if raw else ABSENT_STATE
+                state[i] = self._state_of(job_ids[i], raw)
         return state
 
     def _state_of(self, job_id: str, raw: bytes | str | None) -> tuple[bytes, JobRecord | None]:

@@ -35,6 +35,25 @@ def trusted(values: dict[str, Any]) -> JobRecord:
     return record
 
 
+def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
+    """A record with no earlier one: created now, every field not in ``fields`` empty."""
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "model": model,
+        "state": _RUNNING,
+        "output": None,
+        "error": None,
+        "created_at": now,
+        "started_at": None,
+        "finished_at": None,
+        "deliveries": 0,
+        "worker_id": None,
+        "expires_at": None,
+    }
+    values.update(fields)
+    return trusted(values)
+
+
 def record_json(record: JobRecord) -> bytes:
     """``record.model_dump_json()`` as UTF-8 bytes, without the Python wrapper around the serializer."""
     return _SERIALIZER.to_json(record)
@@ -51,21 +70,7 @@ def started(
 ) -> JobRecord:
     """The record after a worker picked the job up; a terminal ``current`` is returned unchanged."""
     if current is None:
-        return trusted(
-            {
-                "job_id": job_id,
-                "model": model,
-                "state": _RUNNING,
-                "output": None,
-                "error": None,
-                "created_at": now,
-                "started_at": now,
-                "finished_at": None,
-                "deliveries": deliveries,
-                "worker_id": worker_id,
-                "expires_at": None,
-            }
-        )
+        return _fresh(job_id, model, now, started_at=now, deliveries=deliveries, worker_id=worker_id)
     if current.state in TERMINAL_STATES:
         return current
     values = dict(current.__dict__)
@@ -96,21 +101,7 @@ def finished(
     if error is not None and not isinstance(error, JobError):
         error = JobError.model_validate(error)
     if current is None:
-        return trusted(
-            {
-                "job_id": job_id,
-                "model": model,
-                "state": state,
-                "output": output,
-                "error": error,
-                "created_at": now,
-                "started_at": None,
-                "finished_at": now,
-                "deliveries": 0,
-                "worker_id": worker_id,
-                "expires_at": None,
-            }
-        )
+        return _fresh(job_id, model, now, state=state, output=output, error=error, finished_at=now, worker_id=worker_id)
     values = dict(current.__dict__)
     values["state"] = state
     values["output"] = output
