@@ -12,7 +12,6 @@ the Prometheus gauges. An error in one model's step is logged and the next tick 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -31,7 +30,7 @@ from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.errors import FleetError
 from fleet.scaling import ScalingStore
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, wait_event
 from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 
 log = logging.getLogger(__name__)
@@ -174,8 +173,7 @@ class Autoscaler:
                 await self.tick()
             except Exception:
                 log.exception("autoscaler %s: tick failed; trying again in %.1fs", self.owner_id, self.interval_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.interval_s)
+            await wait_event(self._stop, self.interval_s)
 
     # -- one tick -------------------------------------------------------------------------------------------
     async def tick(self) -> dict[str, Decision]:

@@ -22,7 +22,7 @@ from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream
 from fleet.brokers.events import validated
 from fleet.routing import announce_to
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, wait_event
 from schemas.wire import DispatcherBeat, IdleAnnouncement
 
 log = logging.getLogger(__name__)
@@ -124,10 +124,7 @@ class IdleAnnouncer:
 
     async def _announce_loop(self) -> None:
         while not self._stopping:
-            try:
-                await asyncio.wait_for(self._poke.wait(), timeout=self.refresh_s)
-            except TimeoutError:
-                pass
+            await wait_event(self._poke, self.refresh_s)
             self._poke.clear()
             if self._stopping:
                 return

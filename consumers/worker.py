@@ -264,8 +264,7 @@ class Worker:
         if self._fetch_task is None:
             return
         # A fetch in progress returns within IDLE_FETCH_TIMEOUT_S; let it, so fetched messages are not orphaned.
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(self._fetch_task), IDLE_FETCH_TIMEOUT_S + 1)
+        await asyncio.wait([self._fetch_task], timeout=IDLE_FETCH_TIMEOUT_S + 1)
         await cancel_and_wait([self._fetch_task], timeout_s=2.0)
 
     async def _release_queued(self) -> None:

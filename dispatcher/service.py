@@ -37,7 +37,7 @@ from fleet.brokers.events import validated
 from fleet.errors import BrokerError, StoreError
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, wait_event
 from schemas.jobs import JobError
 from schemas.wire import JOB_ID_PATTERN, DeadLetter, DispatcherBeat, Heartbeat, IdleAnnouncement
 
@@ -179,11 +179,11 @@ class Dispatcher:
             room = limit - len(self._held) - len(self._unassigned)
             if room <= 0:
                 self._room.clear()
-                await self._wait(self._room, FETCH_TIMEOUT_S)
+                await wait_event(self._room, FETCH_TIMEOUT_S)
                 continue
             if not len(self.state.live):
                 self._workers_changed.clear()  # no worker to give work to: leave it on the broker
-                await self._wait(self._workers_changed, FETCH_TIMEOUT_S)
+                await wait_event(self._workers_changed, FETCH_TIMEOUT_S)
                 continue
             try:
                 batch = await self._sub.fetch(min(FETCH_MAX, room), FETCH_TIMEOUT_S)
@@ -344,7 +344,7 @@ class Dispatcher:
     async def _sweep_loop(self) -> None:
         interval_s = self.settings.heartbeat_interval_s
         while not self._stopping.is_set():
-            await self._wait(self._stopping, interval_s)
+            await wait_event(self._stopping, interval_s)
             try:
                 for worker in self.roster.silent(time.monotonic()):
                     await self._worker_gone(worker)
@@ -356,7 +356,7 @@ class Dispatcher:
     async def _keepalive_loop(self) -> None:
         interval_s = max(0.2, self.settings.ack_wait_s / 3)
         while not self._stopping.is_set():
-            await self._wait(self._stopping, interval_s)
+            await wait_event(self._stopping, interval_s)
             for assignment in [*self._held.values()]:
                 for delivery in assignment.deliveries:
                     try:
@@ -370,7 +370,7 @@ class Dispatcher:
             metrics.IDLE_QUEUE.labels(*self._labels).set(self.state.idle_length)
             metrics.LIVE_WORKERS.labels(*self._labels).set(len(self.state.live))
             metrics.OUTSTANDING.labels(*self._labels).set(len(self._held))
-            await self._wait(self._stopping, min(1.0, self.settings.heartbeat_interval_s))
+            await wait_event(self._stopping, min(1.0, self.settings.heartbeat_interval_s))
 
     def beat(self, state: str = "ready") -> DispatcherBeat:
         return DispatcherBeat(
@@ -395,11 +395,6 @@ class Dispatcher:
         view = self.state.views.get(worker)
         if view is not None:
             metrics.WORKER_OUTSTANDING.labels(*self._labels, worker).set(view.outstanding)
-
-    @staticmethod
-    async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
 
     # -- status ---------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -7,7 +7,6 @@ Kafka ``end offset - committed offset`` summed over partitions, the in-memory br
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 
@@ -15,7 +14,7 @@ from prometheus_client import Gauge
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,7 @@ class LagMonitor:
     async def _run(self) -> None:
         while not self._stop.is_set():
             await self.refresh()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.interval_s)
+            await wait_event(self._stop, self.interval_s)
 
     async def __aenter__(self) -> LagMonitor:
         self._task = asyncio.create_task(self._run(), name="lag-monitor")

@@ -1,12 +1,16 @@
-"""Stopping background tasks without trusting every library to honour a cancellation."""
+"""Stopping background tasks without trusting every library to honour a cancellation, and waiting in loops
+without losing one."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], timeout_s: float = 5.0) -> None:
@@ -27,3 +31,26 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], timeout_s: floa
             log.warning("background task %s ended with %r", task.get_name(), task.exception())
     for task in still:
         log.warning("background task %s did not stop within %.1fs after its cancellation", task.get_name(), timeout_s)
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``event`` is set, at most ``timeout_s``; whether it is set.
+
+    For the loops that sleep on a stop or wake-up event. ``asyncio.wait_for(event.wait(), t)`` is not safe there
+    on Python 3.11: a cancellation that arrives in the same loop iteration as the event is swallowed (CPython
+    gh-86296), so the loop goes on and its ``cancel()`` never ends it. ``asyncio.timeout`` counts cancellations and
+    lets an outside one through.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        pass
+    return event.is_set()
+
+
+async def wait_future(future: asyncio.Future[T], timeout_s: float) -> T:
+    """``await future`` for at most ``timeout_s`` (``TimeoutError`` after, the future cancelled), without
+    ``asyncio.wait_for``'s lost cancellation on Python 3.11 (see ``wait_event``)."""
+    async with asyncio.timeout(timeout_s):
+        return await future

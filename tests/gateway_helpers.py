@@ -29,6 +29,7 @@ from fleet.brokers.base import Broker, Delivery
 from fleet.cli.compose import QuietServer
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from fleet.tasks import wait_event
 from producers.gateway import GatewayLimits, create_app
 from schemas.models import BUILTIN_SPECS, ModelSpec
 from tests import services
@@ -88,8 +89,7 @@ class ObservedWorker:
         async with asyncio.timeout(timeout_s):
             while len(self.seen) < count or self._worker._held:
                 self._progress.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._progress.wait(), 0.05)
+                await wait_event(self._progress, 0.05)
 
     async def __aenter__(self) -> ObservedWorker:
         handler = with_name(EchoHandler, self.model)()

@@ -152,6 +152,7 @@ async def test_status_endpoint_reports_idle_queues_routes_and_per_worker_load(un
         dispatcher = Dispatcher(broker, store, model=model, settings=settings, policy=make_policy("jiq-amnesia"))
         async with running(dispatcher, worker):
             await live_workers(dispatcher, 1)
+            await eventually(lambda: _idle_tokens(dispatcher, 1), timeout_s=10, what="an idle announcement")
             ids = await publish_requests(broker, model, [{"value": i} for i in range(3)], unique)
             await wait_terminal(store, ids)
             await eventually(lambda: _completed(dispatcher, 3), what="results seen by the dispatcher")
@@ -189,10 +190,11 @@ async def _freeze(worker: Worker) -> None:
     tasks = [worker._fetch_task, worker._compute_task, *worker._aux_tasks]
     if worker._announcer is not None:
         tasks += worker._announcer._tasks
-    for task in tasks:
-        if task is not None:
-            task.cancel()
-    await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+    live = [task for task in tasks if task is not None]
+    for task in live:
+        task.cancel()
+    _, still = await asyncio.wait(live, timeout=5)
+    assert not still, f"worker tasks that outlived their cancellation: {[t.get_name() for t in still]}"
     worker._stopped = True  # its stop() must not say goodbye either
 
 

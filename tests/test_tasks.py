@@ -1,14 +1,18 @@
-"""Shutdowns stay bounded even when a library swallows a cancellation (nats-py's publish path does)."""
+"""Shutdowns stay bounded even when a library swallows a cancellation (nats-py's publish path does), and the
+waits of Fleet's own loops never swallow one."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+
+import pytest
 
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.lag import LagMonitor
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, wait_event, wait_future
 
 
 class SwallowingBroker(MemoryBroker):
@@ -56,3 +60,42 @@ async def test_lag_monitor_stops_even_when_the_broker_swallows_the_cancellation(
     assert monitor.last == {"swallow": 1}
     assert monitor._task is not None and monitor._task.done()
     await broker.close()
+
+
+async def _cancel_as_it_resolves(waiting: asyncio.Task[object], resolve: Callable[[], None]) -> None:
+    """Resolve what ``waiting`` waits on and cancel it in the same loop iteration: the race that
+    ``asyncio.wait_for`` loses on Python 3.11 (it returns the result and the cancellation is gone)."""
+    await asyncio.sleep(0)  # the task is waiting now
+    resolve()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_loop_on_wait_event_ends_on_a_cancellation_that_meets_its_wake_up() -> None:
+    poke, rounds = asyncio.Event(), []
+
+    async def loop() -> None:  # the shape of the idle announcer's and the dispatcher's loops
+        while True:
+            await wait_event(poke, 10)
+            poke.clear()
+            rounds.append(1)
+
+    await _cancel_as_it_resolves(asyncio.create_task(loop()), poke.set)
+    assert rounds == []
+
+
+async def test_wait_future_keeps_a_cancellation_that_meets_the_result() -> None:
+    future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    await _cancel_as_it_resolves(asyncio.create_task(wait_future(future, 10)), lambda: future.set_result("done"))
+
+
+async def test_wait_event_and_wait_future_time_out() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    event.set()
+    assert await wait_event(event, 0.01) is True
+    future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    with pytest.raises(TimeoutError):
+        await wait_future(future, 0.01)
+    assert future.cancelled()

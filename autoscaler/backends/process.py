@@ -205,7 +205,8 @@ class ProcessBackend:
         """Wait for a SIGTERMed worker to drain and exit; kill it past the stop timeout; then forget it."""
         try:
             try:
-                code = await asyncio.wait_for(worker.process.wait(), self._stop_timeout_s)
+                async with asyncio.timeout(self._stop_timeout_s):
+                    code = await worker.process.wait()
             except TimeoutError:
                 log.warning(
                     "process: worker %d of %s (pid %d) did not exit within %.1fs of SIGTERM; killing it",

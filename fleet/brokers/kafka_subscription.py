@@ -55,6 +55,7 @@ from fleet.brokers.kafka_names import (
 from fleet.brokers.recent import RecentKeys
 from fleet.constants import HEADER_MSG_ID
 from fleet.errors import BrokerError
+from fleet.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -231,9 +232,7 @@ class KafkaSubscription:
         await start_client(self._consumer.start, self._consumer.stop)  # stopped again on any error or cancellation
         self._started = True
         self._flusher = asyncio.create_task(self._flush_loop(), name=f"kafka-commit-{self.topic}")
-        try:
-            await asyncio.wait_for(self._assigned_once.wait(), join_timeout_s)
-        except TimeoutError:
+        if not await wait_event(self._assigned_once, join_timeout_s):
             log.warning("group %r on %r: no partition assignment within %.0fs", self.group, self.topic, join_timeout_s)
 
     # -- fetch ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
+from fleet.tasks import wait_future
 from schemas.jobs import JobError, JobRecord, JobState
 
 
@@ -108,7 +109,7 @@ class MemoryStore:
         waiters = self._waiters.setdefault(job_id, set())
         waiters.add(future)
         try:
-            raw = await asyncio.wait_for(future, timeout_s)
+            raw = await wait_future(future, timeout_s)
         except TimeoutError:
             return await self.get(job_id)
         finally:

@@ -33,6 +33,7 @@ from fleet.errors import StoreError
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.pubsub import PubSubMux
+from fleet.tasks import wait_future
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
@@ -365,7 +366,7 @@ class RedisStore:
                 if (record is not None and record.terminal) or remaining_s <= 0:
                     return record
                 try:
-                    payload = await asyncio.wait_for(future, remaining_s)
+                    payload = await wait_future(future, remaining_s)
                 except TimeoutError:
                     return await self.get(job_id)
             finally:
