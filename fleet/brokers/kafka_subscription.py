@@ -27,7 +27,6 @@ Kafka has offsets, not per-message acks, so each assigned partition keeps a loca
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 import math
@@ -55,7 +54,7 @@ from fleet.brokers.kafka_names import (
 from fleet.brokers.recent import RecentKeys
 from fleet.constants import HEADER_MSG_ID
 from fleet.errors import BrokerError
-from fleet.tasks import wait_event
+from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -522,9 +521,7 @@ class KafkaSubscription:
         self._closed = True
         self._on_close(self)
         if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+            await cancel_and_wait([self._flusher])
         try:
             running = set(self._count_commits)
             for commit in running:  # the last commit below covers what they were sending

@@ -19,7 +19,6 @@ reconnects with backoff, resubscribes every watched channel and wakes every wait
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable
@@ -31,6 +30,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet.errors import StoreError
+from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,7 @@ class PubSubMux:
     async def close(self) -> None:
         """Stop the reader, close the connection and wake every waiter (their next ``watch`` raises)."""
         self._closed = True
-        for task in (self._task, self._flush_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait([task for task in (self._task, self._flush_task) if task is not None])
         self._task = self._flush_task = None
         self._mark_disconnected()
         if self._conn is not None:
