@@ -173,7 +173,8 @@ class KafkaBroker:
     async def ping(self) -> None:
         """Raise ``BrokerUnavailable`` unless a metadata request answers within the connect timeout."""
         try:
-            await asyncio.wait_for(self._require_admin().describe_cluster(), self._connect_timeout_s)
+            async with asyncio.timeout(self._connect_timeout_s):
+                await self._require_admin().describe_cluster()
         except (KafkaError, OSError, TimeoutError) as exc:
             raise BrokerUnavailable(f"Kafka at {self.url} does not answer: {exc!r}") from exc
 

@@ -147,7 +147,8 @@ class RedisStore:
     async def connect(self) -> None:
         """Check that Redis answers; raise ``StoreError`` naming the URL within a few seconds when it does not."""
         try:
-            await asyncio.wait_for(self.redis.ping(), self._connect_timeout_s + 1)
+            async with asyncio.timeout(self._connect_timeout_s + 1):
+                await self.redis.ping()
             await self.redis.script_load(CAS_LUA)
             await self.redis.script_load(CAS_MANY_LUA)
         except (RedisError, OSError) as exc:
