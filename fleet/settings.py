@@ -95,6 +95,9 @@ class FleetSettings(BaseSettings):
     autoscale_stabilization_s: float = Field(
         60.0, ge=0, description="fleet up: scale in only after the load stayed low this long"
     )
+    autoscale_target_drain_s: float = Field(
+        30.0, gt=0, description="rate mode: run enough workers to drain the current backlog within this many seconds"
+    )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -201,7 +201,7 @@ def register(app: typer.Typer) -> None:
             "min_replicas": settings.autoscale_min_replicas if min_replicas is None else min_replicas,
             "max_replicas": settings.autoscale_max_replicas if max_replicas is None else max_replicas,
             "mode": mode.value if mode is not None else None,
-            "target_drain_s": target_drain_s,
+            "target_drain_s": settings.autoscale_target_drain_s if target_drain_s is None else target_drain_s,
             "lag_per_replica": lag_per_replica,
             "activation_lag": activation_lag,
             "scale_up_step": scale_up_step,

@@ -130,6 +130,7 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, s
         min_replicas=settings.autoscale_min_replicas,
         max_replicas=settings.autoscale_max_replicas,
         scale_down_stabilization_s=settings.autoscale_stabilization_s,
+        target_drain_s=settings.autoscale_target_drain_s,
     )
     return Autoscaler(
         broker,
