@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TypeVar
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], timeout_s: float = 5.0) -> None:
@@ -47,10 +44,3 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         pass
     return event.is_set()
-
-
-async def wait_future(future: asyncio.Future[T], timeout_s: float) -> T:
-    """``await future`` for at most ``timeout_s`` (``TimeoutError`` after, the future cancelled), without
-    ``asyncio.wait_for``'s lost cancellation on Python 3.11 (see ``wait_event``)."""
-    async with asyncio.timeout(timeout_s):
-        return await future

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.lag import LagMonitor
-from fleet.tasks import cancel_and_wait, wait_event, wait_future
+from fleet.store.memory import MemoryStore
+from fleet.tasks import cancel_and_wait, wait_event
+from schemas.jobs import JobState
 
 
 class SwallowingBroker(MemoryBroker):
@@ -62,11 +64,11 @@ async def test_lag_monitor_stops_even_when_the_broker_swallows_the_cancellation(
     await broker.close()
 
 
-async def _cancel_as_it_resolves(waiting: asyncio.Task[object], resolve: Callable[[], None]) -> None:
-    """Resolve what ``waiting`` waits on and cancel it in the same loop iteration: the race that
-    ``asyncio.wait_for`` loses on Python 3.11 (it returns the result and the cancellation is gone)."""
+async def _cancel_as_it_resolves(waiting: asyncio.Task[object], resolve: Callable[[], Awaitable[None]]) -> None:
+    """Resolve what ``waiting`` waits on and cancel it in the same loop iteration (``resolve`` must not suspend):
+    the race that ``asyncio.wait_for`` loses on Python 3.11 (it returns the result and the cancellation is gone)."""
     await asyncio.sleep(0)  # the task is waiting now
-    resolve()
+    await resolve()
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -81,21 +83,25 @@ async def test_a_loop_on_wait_event_ends_on_a_cancellation_that_meets_its_wake_u
             poke.clear()
             rounds.append(1)
 
-    await _cancel_as_it_resolves(asyncio.create_task(loop()), poke.set)
+    async def wake() -> None:
+        poke.set()
+
+    await _cancel_as_it_resolves(asyncio.create_task(loop()), wake)
     assert rounds == []
 
 
-async def test_wait_future_keeps_a_cancellation_that_meets_the_result() -> None:
-    future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    await _cancel_as_it_resolves(asyncio.create_task(wait_future(future, 10)), lambda: future.set_result("done"))
+async def test_a_result_wait_keeps_a_cancellation_that_meets_the_result() -> None:
+    """The dispatcher's result waiter loops on ``store.wait``: a cancel lost there would leave it running."""
+    store = MemoryStore(job_ttl_s=60)
+
+    async def finish() -> None:
+        await store.finish("j1", JobState.succeeded, model="echo", output={})
+
+    await _cancel_as_it_resolves(asyncio.create_task(store.wait("j1", 10)), finish)
 
 
-async def test_wait_event_and_wait_future_time_out() -> None:
+async def test_wait_event_says_whether_the_event_was_set() -> None:
     event = asyncio.Event()
     assert await wait_event(event, 0.01) is False
     event.set()
     assert await wait_event(event, 0.01) is True
-    future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    with pytest.raises(TimeoutError):
-        await wait_future(future, 0.01)
-    assert future.cancelled()

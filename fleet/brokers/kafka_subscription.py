@@ -33,7 +33,7 @@ import math
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -396,13 +396,9 @@ class KafkaSubscription:
 
     async def commit(self, tps: set[TopicPartition] | None = None) -> None:
         """Commit each partition's commit point and delivery record (only what changed; failures are logged)."""
-        assigned = self._consumer.assignment()
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, ledger in self._ledgers.items():  # suspended (revoked) ledgers are not assigned
-            if (tps is not None and tp not in tps) or tp not in assigned:
-                continue
-            point = ledger.commit_point()
-            if point is None:
+        for tp, ledger, point in self._commit_points():
+            if tps is not None and tp not in tps:
                 continue
             wanted = (point, ledger.metadata())
             if wanted != ledger.last_commit:
@@ -454,13 +450,15 @@ class KafkaSubscription:
         round trip (``lag`` adds local acks this way instead of committing on every poll)."""
         if self._closed or not self._started:
             return {}
+        return {tp: point for tp, _, point in self._commit_points()}
+
+    def _commit_points(self) -> Iterator[tuple[TopicPartition, _Ledger, int]]:
+        """Each assigned partition with something to commit, and its commit point."""
         assigned = self._consumer.assignment()
-        points: dict[TopicPartition, int] = {}
         for tp, ledger in self._ledgers.items():  # suspended (revoked) ledgers are not assigned
             point = ledger.commit_point() if tp in assigned else None
             if point is not None:
-                points[tp] = point
-        return points
+                yield tp, ledger, point
 
     # -- rebalances -------------------------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
-from fleet.tasks import wait_future
 from schemas.jobs import JobError, JobRecord, JobState
 
 
@@ -109,7 +108,8 @@ class MemoryStore:
         waiters = self._waiters.setdefault(job_id, set())
         waiters.add(future)
         try:
-            raw = await wait_future(future, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                raw = await future
         except TimeoutError:
             return await self.get(job_id)
         finally:

@@ -33,7 +33,6 @@ from fleet.errors import StoreError
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.pubsub import PubSubMux
-from fleet.tasks import wait_future
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
@@ -231,7 +230,7 @@ class RedisStore:
                 current, it.job_id, model=it.model, worker_id=it.worker_id, deliveries=it.deliveries, now=now
             )
 
-        results = await self._cas_many(items, [it.job_id for it in items], step, publish=False)
+        results = await self._cas_many(items, step, publish=False)
         return [record for _, record in results]
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
@@ -253,12 +252,11 @@ class RedisStore:
                 now=now,
             )
 
-        return await self._cas_many(items, [it.job_id for it in items], step, publish=True)
+        return await self._cas_many(items, step, publish=True)
 
     async def _cas_many(
         self,
         items: Sequence[_Item],
-        job_ids: list[str],
         next_record: Callable[[_Item, JobRecord | None], JobRecord | None],
         *,
         publish: bool,
@@ -268,8 +266,9 @@ class RedisStore:
         The current records come from what this store last wrote (``_known``) or else one MGET; a stale guess only
         costs a retry, because the script compares with what Redis really holds.
         """
-        if not job_ids:
+        if not items:
             return []
+        job_ids = [it.job_id for it in items]
         keys = [JOB_KEY_PREFIX + job_id.encode() for job_id in job_ids]  # bytes: the client encodes them faster
         state = await self._current(job_ids, keys)
         results: list[tuple[bool, JobRecord] | None] = [None] * len(keys)
@@ -367,7 +366,8 @@ class RedisStore:
                 if (record is not None and record.terminal) or remaining_s <= 0:
                     return record
                 try:
-                    payload = await wait_future(future, remaining_s)
+                    async with asyncio.timeout(remaining_s):
+                        payload = await future
                 except TimeoutError:
                     return await self.get(job_id)
             finally:

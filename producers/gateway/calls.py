@@ -13,9 +13,10 @@ from typing import TypeVar
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
-from fleet.errors import BrokerUnavailable, StoreError
+from fleet.errors import BrokerUnavailable, JobNotFound, StoreError
 from fleet.store.base import ResultStore
 from producers.gateway.limits import GatewayLimits
+from schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ async def store_call(store: ResultStore, call: Awaitable[T], timeout_s: float) -
         raise StoreError(f"the result store ({store.scheme}) did not answer within {timeout_s:g}s") from exc
     except OSError as exc:
         raise StoreError(f"the result store ({store.scheme}) cannot be reached: {exc}") from exc
+
+
+async def read_job(store: ResultStore, job_id: str, timeout_s: float) -> JobRecord:
+    """The job's record, read with ``store_call``.
+
+    Raises:
+        JobNotFound: no such job (never submitted, or its record expired): a 404.
+        StoreError: as ``store_call``.
+    """
+    record = await store_call(store, store.get(job_id), timeout_s)
+    if record is None:
+        raise JobNotFound(job_id)
+    return record
 
 
 async def publish_request(broker: Broker, model: str, job_id: str, data: bytes, limits: GatewayLimits) -> None:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from fleet.errors import InvalidInput, JobNotFound, PayloadTooLarge, UnknownModel
 from producers.gateway.app import GatewayState, gateway_state
-from producers.gateway.calls import publish_request, store_call
+from producers.gateway.calls import publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
@@ -193,13 +193,12 @@ async def get_job(
     if wait is not None:
         _check_wait(wait, state.settings.max_long_poll_s)
     store, timeout_s = state.store, state.limits.store_timeout_s
-    record = await store_call(store, store.get(job_id), timeout_s)
-    if record is None:
-        raise JobNotFound(job_id)
+    record = await read_job(store, job_id, timeout_s)
     if wait is not None and not record.terminal:
-        record = await store_call(store, store.wait(job_id, wait), wait + timeout_s)
-        if record is None:
+        latest = await store_call(store, store.wait(job_id, wait), wait + timeout_s)
+        if latest is None:  # the record expired while we waited
             raise JobNotFound(job_id)
+        record = latest
     return record
 
 
@@ -221,9 +220,7 @@ def _already_ended(record: JobRecord) -> ApiError:
 )
 async def cancel_job(job_id: str, state: GatewayState = Depends(gateway_state)) -> JobRecord:
     store, timeout_s = state.store, state.limits.store_timeout_s
-    record = await store_call(store, store.get(job_id), timeout_s)
-    if record is None:
-        raise JobNotFound(job_id)
+    record = await read_job(store, job_id, timeout_s)
     if record.terminal:
         raise _already_ended(record)
     error = JobError(type="cancelled", message=f"cancelled by a client (POST /v1/jobs/{job_id}/cancel)")

@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 
 from fleet.errors import JobNotFound, StoreError
 from producers.gateway.app import GatewayState, gateway_state
-from producers.gateway.calls import store_call
+from producers.gateway.calls import read_job, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN
 from schemas.api import ErrorResponse
@@ -94,8 +94,5 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
     },
 )
 async def stream_job_events(job_id: str, state: GatewayState = Depends(gateway_state)) -> StreamingResponse:
-    store = state.store
-    record = await store_call(store, store.get(job_id), state.limits.store_timeout_s)
-    if record is None:
-        raise JobNotFound(job_id)
+    record = await read_job(state.store, job_id, state.limits.store_timeout_s)
     return StreamingResponse(job_events(state, record), media_type="text/event-stream", headers=STREAM_HEADERS)
