@@ -1,3 +1,5 @@
-"""Lag-based autoscaling (issue 5, not built yet). Its inputs exist already: ``Broker.lag`` and the
-``fleet_queue_lag`` gauge (``fleet.lag``), and the per-worker throughput in heartbeats on
-``fleet.ctl.heartbeat.<model>`` (``schemas.wire.Heartbeat``)."""
+"""Lag-based autoscaling: ``autoscaler.signals`` reads topic lag (``Broker.lag``) and worker heartbeats,
+``autoscaler.policy`` is the pure scaling policy (lag or rate mode, bounds, stabilisation, activation 0 <-> 1),
+``autoscaler.service`` runs it on an interval under a Redis lock (one acting autoscaler) with a decision log and
+operator overrides, and ``autoscaler.backends`` drive replicas (local processes, in-process workers, Kubernetes
+Deployments, dry run)."""

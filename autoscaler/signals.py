@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SILENT_INTERVALS = 3  # heartbeat intervals without news before a worker counts as gone
 THROUGHPUT_ALPHA = 0.3  # weight of a new per-worker throughput sample in the model's estimate
-LIVE_STATES = ("starting", "ready")
+LIVE_STATES = ("starting", "ready", "degraded")
 
 
 @dataclass(slots=True)

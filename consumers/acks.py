@@ -1,11 +1,16 @@
-"""The one place that maps an item's outcome to ack, retry or dead-letter. Pure and table-tested."""
+"""The one place that maps an item's outcome to ack, retry or dead-letter. Pure and table-tested.
+
+``attempt`` counts the runs of a job (kept in its record by the store), not the broker's deliveries: a delivery
+that never reached the model, because the store or the broker was away, is nobody's failure. The broker's own
+count only backs a poison cap (``poisoned``) for a message that kills its worker before it can even start.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
 
-from schemas.jobs import JobError
+from schemas.jobs import JobError, JobState
 
 
 class Action(StrEnum):
@@ -25,15 +30,30 @@ def retry_delay_s(delivery_count: int, base_s: float = 0.5, cap_s: float = 30.0)
     return min(cap_s, base_s * 2 ** max(0, delivery_count - 1))
 
 
-def decide(error: JobError | None, delivery_count: int, max_deliveries: int) -> Decision:
-    """What to do with a message whose item ended with ``error`` (``None``: it succeeded) on this delivery."""
+POISON_FACTOR = 20  # deliveries per allowed attempt after which a message that never starts is poison
+
+
+def decide(error: JobError | None, attempt: int, max_deliveries: int) -> Decision:
+    """What to do with a message whose item ended with ``error`` (``None``: it succeeded) on run ``attempt``."""
     if error is None:
         return Decision(Action.ack)
-    if not error.retriable or delivery_count >= max_deliveries:
+    if not error.retriable or attempt >= max_deliveries:
         return Decision(Action.dead_letter)
-    return Decision(Action.retry, retry_delay_s(delivery_count))
+    return Decision(Action.retry, retry_delay_s(attempt))
 
 
-def exhausted(delivery_count: int, max_deliveries: int) -> bool:
-    """A message delivered more often than allowed without an outcome (the worker died on it each time)."""
-    return delivery_count > max_deliveries
+def for_stored(state: JobState) -> Action:
+    """What to do with a message whose job's terminal record is stored: a ``failed`` job (re)sends its dead
+    letter (an earlier send may not have happened; the letter's message id de-duplicates a repeat), the rest ack."""
+    return Action.dead_letter if state is JobState.failed else Action.ack
+
+
+def exhausted(attempt: int, max_deliveries: int) -> bool:
+    """A job about to start run ``attempt`` although ``max_deliveries`` runs began and none ended (the worker died
+    on it each time)."""
+    return attempt > max_deliveries
+
+
+def poisoned(delivery_count: int, max_deliveries: int) -> bool:
+    """A message delivered far more often than its runs allow: it stops its worker before it can start."""
+    return delivery_count > POISON_FACTOR * max_deliveries

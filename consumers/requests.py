@@ -29,6 +29,8 @@ class Job:
     input: BaseModel | None = None
     error: JobError | None = None
     body: dict[str, Any] | None = None
+    attempt: int = 1  # this run's number: one more than the runs the job's record counts (set at admission)
+    deadline: float | None = None  # unix seconds: the request's deadline, else its record's expiry
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:
@@ -52,12 +54,25 @@ def _fallback_job_id(delivery: Delivery, body: dict[str, Any] | None) -> str | N
 
 
 def parse_delivery(delivery: Delivery, spec: ModelSpec) -> Job:
-    """Decode and validate a request for ``spec``'s model. Never raises: problems become ``Job.error``."""
+    """Decode and validate a request for ``spec``'s model. Never raises: problems become ``Job.error``.
+
+    Whatever a body does to a parser (nesting past any recursion limit, numbers past any range, invalid UTF-8,
+    lone surrogates, a validator that raises something unexpected), the result is a ``Job`` with an error: one bad
+    message must never stop the batch it came in, nor the subject.
+    """
+    try:
+        return _parse(delivery, spec)
+    except Exception as exc:  # a parser bug or a pathological body: the message is poison, the worker goes on
+        message = f"message could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
+        return _invalid(delivery, _safe_job_id(delivery), message)
+
+
+def _parse(delivery: Delivery, spec: ModelSpec) -> Job:
     # The validators themselves, as ``model_validate_json``/``model_validate`` call them: this runs once per job.
     try:
         request: RequestMessage = _validate_request_json(delivery.data)  # the common case, in one pass
-    except ValidationError:
-        return _explain(delivery)
+    except ValidationError as exc:
+        return _explain(delivery, exc)
     if request.model != spec.name:
         message = f"message names model {request.model!r} but was sent to {spec.name!r}"
         return _invalid(delivery, request.job_id, message, request.model_dump(mode="json"))
@@ -66,15 +81,33 @@ def parse_delivery(delivery: Delivery, spec: ModelSpec) -> Job:
     except ValidationError as exc:
         message = f"input does not match the {spec.name!r} schema: {describe_validation(exc, 'input')}"
         return _invalid(delivery, request.job_id, message, request.model_dump(mode="json"))
-    return Job(delivery, request.job_id, request=request, input=model_input)
+    return Job(delivery, request.job_id, request=request, input=model_input, deadline=request.deadline)
 
 
-def _explain(delivery: Delivery) -> Job:
+def _safe_job_id(delivery: Delivery) -> str | None:
+    try:
+        return _fallback_job_id(delivery, None)
+    except Exception:
+        return None
+
+
+def _json_problem(exc: ValidationError) -> str | None:
+    """The parser's own words when the body is not JSON it can read (``recursion limit exceeded at line 1...``)."""
+    for err in exc.errors(include_url=False, include_input=False):
+        if err["type"] == "json_invalid":
+            return str(err.get("ctx", {}).get("error") or err["msg"])
+    return None
+
+
+def _explain(delivery: Delivery, exc: ValidationError) -> Job:
     """The message is not a valid request: find the most useful thing to say about it, and its job id if any."""
+    problem = _json_problem(exc)
+    if problem is not None:  # not JSON the wire format accepts: no second parser gets to try (and to recurse)
+        return _invalid(delivery, _fallback_job_id(delivery, None), f"message is not valid UTF-8 JSON: {problem}")
     try:
         body = json.loads(delivery.data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _invalid(delivery, _fallback_job_id(delivery, None), f"message is not valid UTF-8 JSON: {exc}")
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc2:
+        return _invalid(delivery, _fallback_job_id(delivery, None), f"message is not valid UTF-8 JSON: {exc2}")
     if not isinstance(body, dict):
         return _invalid(
             delivery, _fallback_job_id(delivery, None), "message must be a JSON object (see RequestMessage)"

@@ -1,16 +1,17 @@
-"""The worker: pull micro-batches, run the model off the event loop, store each result, then ack.
+"""The worker: its lifecycle, drain and loops. It pulls micro-batches, runs the model off the event loop, and
+leaves admission (``consumers.admission``) and settling (``consumers.settle``) to their own modules.
 
 Pipeline (one worker, one model, one device)::
 
-    fetch loop (fetch, parse) --(admission task: start_many; queue, depth 1)--> compute loop
-        --(settle tasks)--> finish_many -> ack
+    fetch loop (fetch) --(admission task: parse, get_many; queue, depth 1)--> compute loop
+        (start_many: running) --(settle tasks)--> finish_many -> hooks -> ack | dead letter
 
 The fetch loop fills the next batch and starts its admission in a task (invalid, duplicate and expired messages
-are settled there; the rest are moved to running) while the model computes the current one in a thread; the
-compute loop runs a batch once its admission is done, and results of batch N are written while batch N+1
-computes. Admitting in a task lets the fetch of batch N+2 overlap the admission of batch N+1 when the model is
-fast, and changes nothing when it is slow: at most one batch is taken ahead of the one computing (on Kafka, where
-a partition's messages can only go to this worker anyway, one more is fetched while that one waits in the queue).
+are settled there) while the model computes the current one in a thread; the compute loop moves a batch to
+running and runs it once its admission is done, and results of batch N are written while batch N+1 computes.
+Admitting in a task lets the fetch of batch N+2 overlap the admission of batch N+1 when the model is fast, and
+changes nothing when it is slow: at most one batch is taken ahead of the one computing (on Kafka, where a
+partition's messages can only go to this worker anyway, one more is fetched while that one waits in the queue).
 Heartbeats and ack-deadline extensions run in their own tasks, so a long batch neither looks dead nor gets
 redelivered.
 """
@@ -31,20 +32,23 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from consumers import metrics
-from consumers.acks import Action, decide, exhausted
+from consumers.admission import Admission
 from consumers.batcher import collect_batch
 from consumers.handlers.base import ModelHandler
 from consumers.idle import IdleAnnouncer
-from consumers.requests import Job, parse_delivery
+from consumers.outage import StoreOutage
+from consumers.requests import Job
+from consumers.settle import Held, OnSettled, Settler
 from consumers.stats import WorkerStats
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
-from fleet.errors import BrokerError, FleetError, StoreError
+from fleet.errors import BrokerError, FleetError
+from fleet.keepalive import keep_alive
 from fleet.settings import FleetSettings
-from fleet.store.base import Finish, ResultStore, Start
+from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait
-from schemas.jobs import JobError, JobRecord, JobState
-from schemas.wire import DeadLetter, Heartbeat
+from schemas.jobs import JobError
+from schemas.wire import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +65,7 @@ def new_worker_id(model: str) -> str:
 
 def count_prior_deliveries(batch: list[Delivery]) -> None:
     """An inbox message carries how often its request was handed out before (by the broker to dispatchers, and by
-    dispatchers to workers that died): add it, so a request that kills every worker it reaches is still
-    dead-lettered after ``max_deliveries``."""
+    dispatchers to workers that died): add it, so that the poison cap (``acks.poisoned``) sees every delivery."""
     for delivery in batch:
         prior = delivery.headers.get(c.HEADER_DELIVERIES, "")
         if prior.isdigit():
@@ -126,6 +129,11 @@ class Worker:
         max_batch, max_wait_ms: override the settings and the model's preferences.
         routing: override ``settings.routing`` for this model: ``pull`` competes on the request subject,
             ``dispatch`` reads this worker's inbox and announces free slots to the dispatchers.
+        on_settled: hooks awaited with ``(job, terminal record, won)`` after a job's record is terminal and before
+            its message is acked (see ``consumers.settle``); more can be appended to ``worker.settler.on_settled``.
+
+    ``state`` is ``starting`` until the model is loaded and warmed up, then ``ready`` (``degraded`` while the store
+    cannot be reached), ``draining`` and ``stopped``; heartbeats carry it.
     """
 
     def __init__(
@@ -140,6 +148,7 @@ class Worker:
         max_wait_ms: float | None = None,
         device: str = "cpu",
         routing: Literal["pull", "dispatch"] | None = None,
+        on_settled: list[OnSettled] | None = None,
     ) -> None:
         self.handler = handler
         self.spec = handler.spec
@@ -154,8 +163,23 @@ class Worker:
         self.max_deliveries = settings.max_deliveries
         self.routing = routing or settings.routing_for(self.model)
         self.stats = WorkerStats()
-        self.state = "starting"
-        self._held: dict[int, Delivery] = {}
+        self._state = "starting"
+        self.held = Held()
+        self._stopping = asyncio.Event()
+        self.outage = StoreOutage(f"worker {self.worker_id}")
+        self.settler = Settler(
+            model=self.model,
+            worker_id=self.worker_id,
+            broker=broker,
+            store=store,
+            max_deliveries=self.max_deliveries,
+            held=self.held,
+            outage=self.outage,
+            stats=self.stats,
+            stop=self._stopping,
+        )
+        self.settler.on_settled.extend(on_settled or [])
+        self.admission = Admission(self.spec, self.settler)
         self._queue: asyncio.Queue[asyncio.Task[list[Job]] | None] = asyncio.Queue(maxsize=1)  # None: wake up
         self._admissions: set[asyncio.Task[list[Job]]] = set()
         self._settling: set[asyncio.Task[None]] = set()
@@ -164,9 +188,7 @@ class Worker:
         self._fetch_task: asyncio.Task[None] | None = None
         self._compute_task: asyncio.Task[None] | None = None
         self._aux_tasks: list[asyncio.Task[None]] = []
-        self._stopping = asyncio.Event()
         self._stopped = False
-        self._counters: dict[str, Any] = {}
         self._taken = asyncio.Event()
         self._aux_stop = asyncio.Event()  # heartbeats and keep-alives run through the drain, then stop
         self._in_flight = metrics.IN_FLIGHT.labels(self.model)
@@ -177,6 +199,17 @@ class Worker:
         # the loop's default executor (load, warm-up and close use that one).
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.worker_id}-model")
         self._gc_tuned = False
+
+    @property
+    def state(self) -> str:
+        """starting, ready, degraded (ready, but the store cannot be reached), draining or stopped."""
+        if self._state == "ready" and self.outage.degraded:
+            return "degraded"
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Worker:
@@ -208,7 +241,8 @@ class Worker:
         self.state = "ready"
         self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
         self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
-        self._aux_tasks.append(asyncio.create_task(self._keepalive_loop(), name=f"{self.worker_id}-keepalive"))
+        keepalive = keep_alive(self.held.values, self.settings.ack_wait_s, self._aux_stop, f"worker {self.worker_id}")
+        self._aux_tasks.append(asyncio.create_task(keepalive, name=f"{self.worker_id}-keepalive"))
 
     async def _subscribe(self) -> Subscription:
         """Pull routing: compete with the model's other workers. Dispatch routing: read our own inbox, and
@@ -220,9 +254,10 @@ class Worker:
             self.broker,
             model=self.model,
             worker_id=self.worker_id,
-            free_slots=lambda: 0 if self._stopping.is_set() else self.max_batch - len(self._held),
+            free_slots=lambda: 0 if self._stopping.is_set() else self.max_batch - len(self.held),
             heartbeat_interval_s=self.settings.heartbeat_interval_s,
         )
+        self.held.on_release = self._announcer.poke
         await self._announcer.start()
         return sub
 
@@ -273,7 +308,7 @@ class Worker:
         while not self._queue.empty():
             admission = self._queue.get_nowait()
             for job in [] if admission is None or admission.cancelled() else admission.result():
-                await self._nak_quietly(job.delivery)
+                await self.settler.release(job.delivery)
         self._queue.put_nowait(None)  # wakes the compute loop so it sees the stop
 
     async def _finish_in_flight(self, deadline_s: float) -> None:
@@ -291,15 +326,8 @@ class Worker:
             await asyncio.wait(pending, timeout=remaining)
 
     async def _release_held(self) -> None:
-        for delivery in list(self._held.values()):
-            await self._nak_quietly(delivery)
-
-    async def _nak_quietly(self, delivery: Delivery) -> None:
-        self._forget(delivery)
-        try:
-            await delivery.nak()
-        except Exception:
-            log.exception("worker %s: nak failed; the message returns after the ack wait", self.worker_id)
+        for delivery in self.held.values():
+            await self.settler.release(delivery)
 
     # -- loops ----------------------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -313,12 +341,11 @@ class Worker:
                 continue
             if not batch:
                 continue
-            for delivery in batch:
-                self._held[id(delivery)] = delivery
+            self.held.add(batch)
             if self._announcer is not None:
                 self._announcer.on_assigned(batch)
                 count_prior_deliveries(batch)
-            self._in_flight.set(len(self._held))
+            self._in_flight.set(len(self.held))
             # Parsing and moving jobs to running overlap the previous batch's compute, and the next fetch.
             admission = asyncio.create_task(self._admit_batch(batch), name=f"{self.worker_id}-admit")
             self._admissions.add(admission)
@@ -329,16 +356,16 @@ class Worker:
             # commit is a round trip, overlaps the wait instead: one more batch ahead, bounded by the queue.
             self._taken.clear()
             await self._queue.put(admission)
-            if not self.broker.partitioned:
+            if not self._sub.partitioned:
                 await self._taken.wait()
 
     async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
-        """Parse and admit a fetched batch; the jobs to compute, already running. Never raises (but cancellation)."""
+        """Admit a fetched batch: the jobs that may compute. Never raises (but cancellation)."""
         try:
-            return await self._admit([parse_delivery(d, self.spec) for d in batch])
-        except Exception:
+            return await self.admission.admit(batch)
+        except Exception:  # a defect, not a message: admission settles every message problem itself
             log.exception("worker %s: could not admit a batch; handing it back", self.worker_id)
-            await asyncio.gather(*(self._nak_quietly(d) for d in batch))
+            await asyncio.gather(*(self.settler.release(d, 1.0) for d in batch))
             return []
 
     async def _compute_loop(self) -> None:
@@ -350,23 +377,13 @@ class Worker:
                     return
                 continue
             jobs = await admission
-            if not jobs:
-                continue
             try:
-                await self._run_batch(jobs)
+                jobs = await self.admission.start(jobs) if jobs else jobs
+                if jobs:
+                    await self._run_batch(jobs)
             except Exception:
                 log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
-                await asyncio.gather(*(self._nak_quietly(job.delivery) for job in jobs))
-
-    async def _keepalive_loop(self) -> None:
-        interval_s = max(0.2, self.settings.ack_wait_s / 3)
-        while not self._aux_stop.is_set():
-            await asyncio.sleep(interval_s)
-            for delivery in list(self._held.values()):
-                try:
-                    await delivery.in_progress()
-                except Exception as exc:
-                    log.warning("worker %s: could not extend an ack deadline: %s", self.worker_id, exc)
+                await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
 
     async def _heartbeat_loop(self) -> None:
         while not self._aux_stop.is_set():
@@ -383,7 +400,7 @@ class Worker:
             max_wait_ms=self.max_wait_ms,
             state=self.state,  # type: ignore[arg-type]
             routing=self.routing,
-            in_flight=len(self._held),
+            in_flight=len(self.held),
             **self.stats.snapshot(),  # type: ignore[arg-type]
         )
 
@@ -395,7 +412,7 @@ class Worker:
 
     # -- one batch ------------------------------------------------------------------------------------------
     async def _run_batch(self, jobs: list[Job]) -> None:
-        """Compute admitted (running) jobs, then hand their results to a settle task and return for the next."""
+        """Compute running jobs, then hand their results to a settle task and return for the next batch."""
         t0 = time.perf_counter()
         results = await self._predict(jobs)
         compute_ms = (time.perf_counter() - t0) * 1000
@@ -403,83 +420,16 @@ class Worker:
         self._batch_size.observe(len(jobs))
         self._batch_seconds.observe(compute_ms / 1000)
         await self._settle_slots.acquire()
-        task = asyncio.create_task(self._settle_all(jobs, results))
+        task = asyncio.create_task(self.settler.results(jobs, results))
         self._settling.add(task)
         task.add_done_callback(self._settled)
 
     def _settled(self, task: asyncio.Task[None]) -> None:
         self._settling.discard(task)
         self._settle_slots.release()
-        self._in_flight.set(len(self._held))
-
-    async def _admit(self, jobs: list[Job]) -> list[Job]:
-        """Settle what must not run (invalid, exhausted, already terminal, expired); return the rest, running."""
-        runnable: list[Job] = []
-        rejected: list[Any] = []
-        for job in jobs:
-            if job.error is None and not exhausted(job.delivery.delivery_count, self.max_deliveries):
-                runnable.append(job)  # the common case, checked without building an error first
-                continue
-            error = job.error or self._exhausted_error(job)
-            assert error is not None
-            rejected.append(self._reject(job, error))
-        if not rejected:
-            return await self._start_all(runnable)
-        started, *_ = await asyncio.gather(self._start_all(runnable), *rejected)
-        return started  # type: ignore[no-any-return]
-
-    def _exhausted_error(self, job: Job) -> JobError | None:
-        count = job.delivery.delivery_count
-        if not exhausted(count, self.max_deliveries):
-            return None
-        return JobError(
-            type="max_deliveries",
-            message=f"delivered {count} times without completing (max_deliveries={self.max_deliveries}); "
-            "a worker probably crashed or timed out on it each time",
-        )
-
-    async def _start_all(self, jobs: list[Job]) -> list[Job]:
-        """Mark the jobs running in one store call; settle at once those already terminal or past their deadline."""
-        if not jobs:
-            return []
-        items = [Start(job.job_id or "", self.model, self.worker_id, job.delivery.delivery_count) for job in jobs]
-        try:
-            records = await self.store.start_many(items)
-        except StoreError as exc:
-            log.warning("worker %s: store unavailable (%s); handing %d messages back", self.worker_id, exc, len(jobs))
-            await asyncio.gather(*(self._nak_quietly(job.delivery) for job in jobs))
-            return []
-        runnable: list[Job] = []
-        settled: list[Any] = []
-        for job, record in zip(jobs, records, strict=True):
-            if record.terminal:
-                log.debug("job %s already %s; settling without recomputing", job.job_id, record.state)
-                settled.append(self._settle_terminal(job, record))
-            elif self._past_deadline(job, record):
-                settled.append(self._expire(job))
-            else:
-                runnable.append(job)
-        if settled:
-            await asyncio.gather(*settled)
-        return runnable
-
-    @staticmethod
-    def _past_deadline(job: Job, record: JobRecord) -> bool:
-        deadline = (job.request.deadline if job.request else None) or record.expires_at
-        return deadline is not None and time.time() > deadline
-
-    async def _expire(self, job: Job) -> None:
-        assert job.job_id is not None
-        error = JobError(type="expired", message="the job's deadline passed before a worker could start it")
-        try:
-            await self.store.finish(
-                job.job_id, JobState.expired, model=self.model, error=error, worker_id=self.worker_id
-            )
-        except StoreError as exc:
-            log.warning("job %s: store unavailable (%s); handing the message back", job.job_id, exc)
-            await self._nak_quietly(job.delivery)
-            return
-        await self._ack(job, "expired")
+        self._in_flight.set(len(self.held))
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s: settling a batch failed", self.worker_id, exc_info=task.exception())
 
     async def _predict(self, jobs: list[Job]) -> list[Any]:
         """Outputs (JSON-ready) or ``JobError`` per job; a failing batch is split until the bad item is alone."""
@@ -500,148 +450,10 @@ class Worker:
             return self._error_from(output)
         try:
             return output.model_dump(mode="json")
-        except (TypeError, ValueError) as exc:  # e.g. a value JSON cannot hold: the job fails, the worker goes on
+        except Exception as exc:  # e.g. a value JSON cannot hold: the job fails, the worker goes on
             return JobError(type="invalid_output", message=f"the model's output does not serialise: {exc}")
 
     @staticmethod
     def _error_from(exc: BaseException) -> JobError:
         retriable = exc.retriable if isinstance(exc, FleetError) else True
         return JobError(type="model_error", message=f"{type(exc).__name__}: {exc}", retriable=retriable)
-
-    # -- settling -------------------------------------------------------------------------------------------
-    async def _settle_all(self, jobs: list[Job], results: list[Any]) -> None:
-        """Write every terminal result of a batch in one store call, then ack or dead-letter; retry the rest."""
-        final: list[tuple[Job, Any]] = []
-        retries: list[Any] = []
-        for job, result in zip(jobs, results, strict=True):
-            if isinstance(result, JobError):  # decide() acks every success: ask it only about failures
-                decision = decide(result, job.delivery.delivery_count, self.max_deliveries)
-                if decision.action is Action.retry:
-                    retries.append(self._retry(job, result, decision.delay_s))
-                    continue
-            final.append((job, result))
-        if retries:
-            await asyncio.gather(*retries)
-        if not final:
-            return
-        try:
-            stored = await self.store.finish_many([self._outcome(job, result) for job, result in final])
-        except StoreError as exc:
-            log.warning("worker %s: results not stored (%s); handing %d messages back", self.worker_id, exc, len(final))
-            await asyncio.gather(*(self._nak_quietly(job.delivery) for job, _ in final))
-            return
-        await self._settle_stored([(job, record, won) for (job, _), (won, record) in zip(final, stored, strict=True)])
-
-    async def _settle_stored(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
-        """Settle messages whose jobs ended, maybe elsewhere: ack each (counted ``succeeded`` when this worker's
-        write won, else ``duplicate``), but a ``failed`` job (re)sends its dead letter first: its earlier publish may
-        not have happened, and the dead letter's message id de-duplicates a repeat. Acks go one after the other (an
-        ack does not wait for the broker, so a task per ack would only add overhead), dead letters concurrently
-        (each waits for its publish)."""
-        letters = []
-        won_count = 0
-        for job, record, won in settled:
-            if record.state is JobState.failed and record.error is not None:
-                letters.append(self._send_dead_letter(job, record.error))
-                continue
-            await self._ack_only(job)
-            won_count += won
-        acked = len(settled) - len(letters)
-        if won_count:
-            self._count("succeeded", won_count)
-        if acked > won_count:
-            self._count("duplicate", acked - won_count)
-        if letters:
-            await asyncio.gather(*letters)
-
-    async def _settle_terminal(self, job: Job, record: JobRecord, won: bool = False) -> None:
-        """``_settle_stored`` for one message."""
-        await self._settle_stored([(job, record, won)])
-
-    def _outcome(self, job: Job, result: Any) -> Finish:
-        assert job.job_id is not None
-        if isinstance(result, JobError):
-            return Finish(job.job_id, JobState.failed, self.model, error=result, worker_id=self.worker_id)
-        return Finish(job.job_id, JobState.succeeded, self.model, output=result, worker_id=self.worker_id)
-
-    async def _retry(self, job: Job, error: JobError, delay_s: float) -> None:
-        log.info(
-            "job %s failed (%s), delivery %d; retrying in %.1fs",
-            job.job_id,
-            error.message,
-            job.delivery.delivery_count,
-            delay_s,
-        )
-        self.stats.failures += 1
-        self._count("retried")
-        self._forget(job.delivery)
-        try:
-            await job.delivery.nak(delay_s)
-        except BrokerError as exc:
-            log.warning("job %s: nak not confirmed (%s); it returns after the ack wait", job.job_id, exc)
-
-    async def _reject(self, job: Job, error: JobError) -> None:
-        """A message that must not run: store 'failed' (when it has a job id), then dead-letter it."""
-        if job.job_id is None:
-            await self._send_dead_letter(job, error)
-            return
-        try:
-            won, record = await self.store.finish(
-                job.job_id, JobState.failed, model=self.model, error=error, worker_id=self.worker_id
-            )
-        except StoreError as exc:
-            log.warning("job %s: could not store its failure (%s); handing it back", job.job_id, exc)
-            await self._nak_quietly(job.delivery)
-            return
-        await self._settle_terminal(job, record, won)
-
-    async def _send_dead_letter(self, job: Job, error: JobError) -> None:
-        """Publish to the dead-letter subject, then settle; the failure is already stored."""
-        self.stats.failures += 1
-        letter = DeadLetter(
-            job_id=job.job_id,
-            model=self.model,
-            error=error,
-            deliveries=job.delivery.delivery_count,
-            worker_id=self.worker_id,
-            request=job.body if job.request is None else job.request.model_dump(mode="json"),
-            raw=None if job.body or job.request else job.delivery.data.decode("utf-8", "replace")[:65536],
-        )
-        log.warning("job %s dead-lettered: %s", job.job_id, error.message)
-        msg_id = f"{job.job_id}.dlq" if job.job_id else None
-        headers = {c.HEADER_ERROR: error.type, c.HEADER_MODEL: self.model}
-        if job.job_id:
-            headers[c.HEADER_JOB_ID] = job.job_id
-        try:
-            await self.broker.publish(
-                c.dlq_subject(self.model), letter.model_dump_json().encode(), msg_id=msg_id, headers=headers
-            )
-            self._forget(job.delivery)
-            await job.delivery.term()
-        except BrokerError as exc:
-            log.warning("job %s: dead letter not published (%s); handing the message back", job.job_id, exc)
-            await self._nak_quietly(job.delivery)
-            return
-        self._count("dead_lettered")
-
-    async def _ack(self, job: Job, outcome: str) -> None:
-        """Settle a message whose result is stored. A lost ack only means a redelivery, acked as a duplicate."""
-        await self._ack_only(job)
-        self._count(outcome)
-
-    async def _ack_only(self, job: Job) -> None:
-        self._forget(job.delivery)
-        try:
-            await job.delivery.ack()
-        except BrokerError as exc:
-            log.warning("job %s: ack not confirmed (%s); a redelivery will be acked as a duplicate", job.job_id, exc)
-
-    def _forget(self, delivery: Delivery) -> None:
-        if self._held.pop(id(delivery), None) is not None and self._announcer is not None:
-            self._announcer.poke()
-
-    def _count(self, outcome: str, amount: int = 1) -> None:
-        counter = self._counters.get(outcome)
-        if counter is None:
-            counter = self._counters[outcome] = metrics.ITEMS.labels(self.model, outcome)
-        counter.inc(amount)

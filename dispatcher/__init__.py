@@ -1,3 +1,7 @@
-"""Direct assignment (issue 4, not built yet): JIQ idle queues, the amnesia list, comparison policies and the
-discrete-event simulator. Until it lands, workers compete for messages on the broker ("pull" routing), and
-requests for ``fleet.inbox.<worker>`` subjects have a stream (``FLEET_INBOX``) but no dispatcher."""
+"""Direct assignment: ``fleet dispatcher`` holds each request of a model in ``dispatch`` routing until its result is
+stored and assigns it to a worker's inbox (``fleet.inbox.<worker>``) by a load-balancing policy: JIQ idle queues
+fed by workers' idle announcements, the amnesia list of recently active workers, and power-of-d, peak-EWMA and
+JIQ with a shortest-expected-delay check for comparison (``dispatcher.policies``). ``dispatcher.state`` and
+``dispatcher.roster`` hold the per-dispatcher worker state; ``dispatcher.sim_engine`` is the discrete-event
+simulator (``fleet sim``) that runs the same policies, checked against queueing formulas in
+``dispatcher.analytic``."""

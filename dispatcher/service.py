@@ -34,12 +34,14 @@ from dispatcher.state import DispatcherState
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream, Subscription
 from fleet.brokers.events import validated
+from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
+from fleet.keepalive import keep_alive
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait, wait_event
 from schemas.jobs import JobError
-from schemas.wire import JOB_ID_PATTERN, DeadLetter, DispatcherBeat, Heartbeat, IdleAnnouncement
+from schemas.wire import JOB_ID_PATTERN, DispatcherBeat, Heartbeat, IdleAnnouncement
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class Assignment:
 def job_id_of(delivery: Delivery) -> str | None:
     """The job id of a raw request: the body's ``job_id``, else the message id; ``None`` when neither is usable."""
     candidate: Any = None
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
+    with contextlib.suppress(Exception):  # whatever the body does to the parser (nesting, numbers), it is data
         body = json.loads(delivery.data)
         if isinstance(body, dict):
             candidate = body.get("job_id")
@@ -142,7 +144,10 @@ class Dispatcher:
             asyncio.create_task(self._read_idle(idle), name=f"{name}-idle"),
             asyncio.create_task(self._beat_loop(), name=f"{name}-beat"),
             asyncio.create_task(self._sweep_loop(), name=f"{name}-sweep"),
-            asyncio.create_task(self._keepalive_loop(), name=f"{name}-keepalive"),
+            asyncio.create_task(
+                keep_alive(self._held_deliveries, self.settings.ack_wait_s, self._stopping, f"dispatcher {name}"),
+                name=f"{name}-keepalive",
+            ),
             asyncio.create_task(self._intake_loop(), name=f"{name}-intake"),
         ]
         log.info("dispatcher %s: %s with policy %s", name, self.model, self.policy.name)
@@ -279,17 +284,17 @@ class Dispatcher:
 
     async def _dead_letter(self, delivery: Delivery) -> None:
         error = JobError(type="invalid_request", message="message has no usable job id (body job_id or message id)")
-        letter = DeadLetter(
+        letter = dead_letter_bytes(
             job_id=None,
             model=self.model,
             error=error,
             deliveries=delivery.delivery_count,
-            worker_id=self.dispatcher_id,
-            raw=delivery.data.decode("utf-8", "replace")[:65536],
+            sender=self.dispatcher_id,
+            request=None,
+            data=delivery.data,
         )
-        headers = {c.HEADER_ERROR: error.type, c.HEADER_MODEL: self.model}
         try:
-            await self.broker.publish(c.dlq_subject(self.model), letter.model_dump_json().encode(), headers=headers)
+            await publish_dead_letter(self.broker, self.model, None, error, letter)
             await delivery.term()
         except BrokerError as exc:
             log.warning("dispatcher %s: dead letter not published (%s)", self.dispatcher_id, exc)
@@ -353,16 +358,8 @@ class Dispatcher:
                 log.exception("dispatcher %s: sweep failed; continuing", self.dispatcher_id)
 
     # -- housekeeping ---------------------------------------------------------------------------------------
-    async def _keepalive_loop(self) -> None:
-        interval_s = max(0.2, self.settings.ack_wait_s / 3)
-        while not self._stopping.is_set():
-            await wait_event(self._stopping, interval_s)
-            for assignment in [*self._held.values()]:
-                for delivery in assignment.deliveries:
-                    try:
-                        await delivery.in_progress()
-                    except Exception as exc:
-                        log.warning("dispatcher %s: could not extend an ack deadline: %s", self.dispatcher_id, exc)
+    def _held_deliveries(self) -> list[Delivery]:
+        return [delivery for assignment in self._held.values() for delivery in assignment.deliveries]
 
     async def _beat_loop(self) -> None:
         while not self._stopping.is_set():

@@ -48,7 +48,7 @@ class JobRecord(BaseModel):
     created_at: float = Field(default_factory=time.time, description="unix seconds")
     started_at: float | None = None
     finished_at: float | None = None
-    deliveries: int = Field(0, description="how many times the broker handed the request to a worker")
+    deliveries: int = Field(0, description="how many times a worker started running the job")
     worker_id: str | None = None
     expires_at: float | None = Field(None, description="unix seconds after which a queued job is expired")
 

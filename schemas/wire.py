@@ -44,7 +44,9 @@ class Heartbeat(BaseModel):
     pid: int
     max_batch: int
     max_wait_ms: float
-    state: Literal["starting", "ready", "draining", "stopped"]
+    state: Literal["starting", "ready", "degraded", "draining", "stopped"] = Field(
+        description="starting: loading the model; ready: serving; degraded: serving, but the store cannot be reached"
+    )
     routing: Literal["pull", "dispatch"] = Field("pull", description="dispatch: the worker reads its own inbox")
     in_flight: int = 0
     batches: int = 0

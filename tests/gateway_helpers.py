@@ -31,6 +31,7 @@ from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.tasks import wait_event
 from producers.gateway import GatewayLimits, create_app
+from schemas.jobs import JobRecord
 from schemas.models import BUILTIN_SPECS, ModelSpec
 from tests import services
 
@@ -56,52 +57,41 @@ WORKER_ID = "gateway-test-worker"
 WORKER_SETTINGS = FleetSettings.model_validate({"ack_wait_s": 5, "heartbeat_interval_s": 0.5, "drain_timeout_s": 5})
 
 
-class _RecordingWorker(Worker):
-    """The real worker, also keeping every delivery it took (for assertions on the wire format)."""
-
-    def __init__(self, *args: Any, seen: list[Delivery], progress: asyncio.Event, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.seen = seen
-        self.progress = progress
-
-    async def _admit(self, jobs: list[Job]) -> list[Job]:
-        runnable = await super()._admit(jobs)
-        self.seen.extend(job.delivery for job in jobs)
-        self.progress.set()
-        return runnable
-
-
 @dataclass
 class ObservedWorker:
     """The real ``consumers.worker.Worker`` serving the echo model under a per-test name. ``seen`` keeps each
-    delivery it took; ``handled(n)`` waits until n deliveries were taken and every result is stored and acked."""
+    delivery it settled (through the settle path's ``on_settled`` hook); ``handled(n)`` waits until n deliveries
+    were settled and nothing is held any more."""
 
     broker: Broker
     store: ResultStore
     model: str
     seen: list[Delivery] = field(default_factory=list)
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
-    _worker: _RecordingWorker | None = None
+    _worker: Worker | None = None
 
     async def handled(self, count: int = 1, timeout_s: float = 10) -> None:
         """Wait until the worker has taken ``count`` deliveries and settled them."""
         assert self._worker is not None
         async with asyncio.timeout(timeout_s):
-            while len(self.seen) < count or self._worker._held:
+            while len(self.seen) < count or len(self._worker.held):
                 self._progress.clear()
                 await wait_event(self._progress, 0.05)
 
+    async def _observe(self, job: Job, record: JobRecord, won: bool) -> None:
+        self.seen.append(job.delivery)
+        self._progress.set()
+
     async def __aenter__(self) -> ObservedWorker:
         handler = with_name(EchoHandler, self.model)()
-        self._worker = _RecordingWorker(
+        self._worker = Worker(
             handler,
             self.broker,
             self.store,
             settings=WORKER_SETTINGS,
             worker_id=WORKER_ID,
             max_wait_ms=2,
-            seen=self.seen,
-            progress=self._progress,
+            on_settled=[self._observe],
         )
         await self._worker.start()
         return self

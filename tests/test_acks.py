@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.acks import Action, decide, exhausted, retry_delay_s
+from consumers.acks import POISON_FACTOR, Action, decide, exhausted, for_stored, poisoned, retry_delay_s
 from consumers.stats import WorkerStats, percentile
-from schemas.jobs import JobError
+from schemas.jobs import JobError, JobState
 
 TRANSIENT = JobError(type="model_error", message="cuda oom", retriable=True)
 PERMANENT = JobError(type="invalid_request", message="not json", retriable=False)
@@ -37,6 +37,24 @@ def test_retry_backs_off_exponentially_with_a_cap() -> None:
 def test_exhausted_only_past_the_limit() -> None:
     assert not exhausted(3, 3)
     assert exhausted(4, 3)
+
+
+@pytest.mark.parametrize(
+    ("state", "action"),
+    [
+        (JobState.succeeded, Action.ack),
+        (JobState.expired, Action.ack),
+        (JobState.cancelled, Action.ack),
+        (JobState.failed, Action.dead_letter),
+    ],
+)
+def test_a_stored_failure_resends_its_dead_letter_and_every_other_end_acks(state: JobState, action: Action) -> None:
+    assert for_stored(state) is action
+
+
+def test_the_poison_cap_counts_broker_deliveries_far_past_the_runs_allowed() -> None:
+    assert not poisoned(POISON_FACTOR * 3, 3)
+    assert poisoned(POISON_FACTOR * 3 + 1, 3)
 
 
 def test_stats_snapshot() -> None:

@@ -50,6 +50,10 @@ class Delivery(Protocol):
 
 
 class Subscription(Protocol):
+    # True when a message this subscriber fetched could not have gone to another member of its group anyway
+    # (Kafka: a partition has one reader per group), so a consumer fetching ahead keeps no work from its peers.
+    partitioned: bool
+
     async def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]: ...
 
     async def close(self) -> None:
@@ -66,9 +70,6 @@ class Broker(Protocol):
     """A message broker as Fleet uses it. Construct, ``await connect()``, use, ``await close()``."""
 
     scheme: str  # "memory", "nats" or "kafka"
-    # True when a message one member of a group fetched could not have gone to another member anyway (Kafka: a
-    # partition has one reader per group), so a consumer fetching ahead keeps no work from its peers.
-    partitioned: bool
 
     async def connect(self) -> None:
         """Connect; raise ``BrokerUnavailable`` with a message naming the URL when it cannot."""

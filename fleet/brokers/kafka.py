@@ -81,7 +81,6 @@ class KafkaBroker:
     """
 
     scheme = "kafka"
-    partitioned = True
 
     def __init__(
         self,

@@ -188,6 +188,8 @@ class _Listener(ConsumerRebalanceListener):
 class KafkaSubscription:
     """One member of a consumer group on one topic. Build with ``KafkaBroker.subscribe``."""
 
+    partitioned = True  # what this member fetched is its partitions' alone
+
     def __init__(
         self,
         topic: str,

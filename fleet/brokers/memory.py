@@ -288,6 +288,8 @@ class _Topic:
 class MemorySubscription:
     """One competing consumer of a group."""
 
+    partitioned = False
+
     def __init__(self, group: _Group, broker: MemoryBroker) -> None:
         self._group = group
         self._broker = broker
@@ -340,7 +342,6 @@ class MemoryBroker:
     """In-process broker with JetStream semantics (durable groups, acks, redelivery, de-duplication)."""
 
     scheme = "memory"
-    partitioned = False
 
     def __init__(self, *, ack_wait_s: float, dedup_window_s: float, max_message_bytes: int) -> None:
         if ack_wait_s <= 0 or dedup_window_s <= 0 or max_message_bytes < 1:

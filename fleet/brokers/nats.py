@@ -93,7 +93,6 @@ class NatsBroker:
     """Fleet's broker on NATS JetStream. Construct, ``await connect()``, use, ``await close()``."""
 
     scheme = "nats"
-    partitioned = False
 
     def __init__(
         self,

@@ -161,6 +161,8 @@ class _Pull:
 class NatsSubscription:
     """A competing consumer of a durable pull consumer (one per group)."""
 
+    partitioned = False
+
     def __init__(
         self,
         nc: NATS,

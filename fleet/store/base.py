@@ -8,6 +8,7 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
   topic have no record yet) and never touches a terminal one.
 * ``finish`` is one atomic compare-and-set: the first terminal state wins and never changes again; the winner's
   record is announced to waiters. It returns ``(True, record)`` for the winner, ``(False, current)`` otherwise.
+* ``get_many`` reads a batch of records in one round trip (``None`` for an unknown job), in order.
 * ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
   order); a worker uses them so that the store costs a handful of round trips per batch, not per job.
 * ``wait`` returns the terminal record as soon as it exists, also when the job finished before the call; on
@@ -57,6 +58,8 @@ class ResultStore(Protocol):
     async def create(self, record: JobRecord) -> bool: ...
 
     async def get(self, job_id: str) -> JobRecord | None: ...
+
+    async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]: ...
 
     async def delete(self, job_id: str) -> None: ...
 

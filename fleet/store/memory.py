@@ -55,6 +55,9 @@ class MemoryStore:
         raw = self._read(job_id)
         return None if raw is None else JobRecord.model_validate_json(raw)
 
+    async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        return [await self.get(job_id) for job_id in job_ids]
+
     async def delete(self, job_id: str) -> None:
         self._records.pop(job_id, None)
 

@@ -177,6 +177,21 @@ class RedisStore:
             raw = await self.redis.get(c.job_key(job_id))
         return None if raw is None else self._parse(job_id, raw)
 
+    async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """One MGET. What it reads is remembered, so the ``start_many`` that usually follows needs no read."""
+        if not job_ids:
+            return []
+        keys = [JOB_KEY_PREFIX + job_id.encode() for job_id in job_ids]
+        with self._errors(f"read {len(job_ids)} jobs"):
+            raws = await self.redis.mget(keys)
+        records: list[JobRecord | None] = []
+        for job_id, raw in zip(job_ids, raws, strict=True):
+            data, record = self._state_of(job_id, raw)
+            if record is not None:
+                self._remember(job_id, data, record)
+            records.append(record)
+        return records
+
     async def delete(self, job_id: str) -> None:
         with self._errors(f"delete job {job_id!r}"):
             await self.redis.delete(c.job_key(job_id))

@@ -1,0 +1,131 @@
+"""Admission: what becomes of a fetched batch before the model sees it.
+
+``admit`` (while the previous batch computes) parses every message on its own (``consumers.requests``: a body
+that breaks a parser is one invalid message, never a failed batch), reads the batch's records in one round trip and
+settles at once what must not run: invalid or poison messages, jobs that already ended (a redelivery, a cancel),
+jobs whose deadline passed, and jobs that started ``max_deliveries`` runs without finishing one. ``start`` (when
+the batch is about to go to the device) checks the deadlines again and moves the jobs to ``running``: a job is
+``running`` only while it computes, and one that waits in the worker past its deadline ends ``expired``.
+
+The run count lives in the job's record (``deliveries``: runs started), so redeliveries caused by an outage of
+the store or the broker do not use up a job's runs. A store outage is waited out (``consumers.outage``) until the
+worker stops; then the messages go back to the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from consumers.acks import exhausted, poisoned
+from consumers.requests import Job, parse_delivery
+from consumers.settle import Settler
+from fleet.brokers.base import Delivery
+from fleet.errors import StoreError
+from fleet.store.base import Start
+from schemas.jobs import JobError, JobRecord
+from schemas.models import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """Admits one model's batches for one worker, settling through ``settler``."""
+
+    def __init__(self, spec: ModelSpec, settler: Settler) -> None:
+        self.spec = spec
+        self.settler = settler
+        self.max_deliveries = settler.max_deliveries
+
+    async def admit(self, batch: list[Delivery]) -> list[Job]:
+        """The jobs of ``batch`` that may run; everything else in it is settled. Never raises (but cancellation)."""
+        jobs = [parse_delivery(delivery, self.spec) for delivery in batch]
+        candidates: list[Job] = []
+        rejected: list[tuple[Job, JobError]] = []
+        for job in jobs:
+            if job.error is not None:
+                rejected.append((job, job.error))
+            elif poisoned(job.delivery.delivery_count, self.max_deliveries):
+                rejected.append((job, self._poison_error(job)))
+            else:
+                candidates.append(job)
+        runnable = await self._check_records(candidates, rejected)
+        return runnable
+
+    async def start(self, jobs: list[Job]) -> list[Job]:
+        """Just before the batch computes: expire what is past its deadline, move the rest to ``running``."""
+        now = time.time()
+        late = [job for job in jobs if job.deadline is not None and now > job.deadline]
+        if late:
+            jobs = [job for job in jobs if job.deadline is None or now <= job.deadline]
+            await self.settler.expire(late)
+        if not jobs:
+            return []
+        settler = self.settler
+        items = [Start(job.job_id or "", settler.model, settler.worker_id, job.attempt) for job in jobs]
+        try:
+            records = await settler.outage.call(
+                lambda: settler.store.start_many(items), f"start {len(items)} jobs", stop=settler.stop
+            )
+        except StoreError:
+            await asyncio.gather(*(settler.release(job.delivery) for job in jobs))
+            return []
+        runnable = []
+        ended = []
+        for job, record in zip(jobs, records, strict=True):
+            if record.terminal:  # cancelled since admission
+                ended.append((job, record, False))
+            else:
+                runnable.append(job)
+        if ended:
+            await settler.stored(ended)
+        return runnable
+
+    async def _check_records(self, jobs: list[Job], rejected: list[tuple[Job, JobError]]) -> list[Job]:
+        settler = self.settler
+        records: list[JobRecord | None] = []
+        if jobs:
+            ids = [job.job_id or "" for job in jobs]
+            try:
+                records = await settler.outage.call(
+                    lambda: settler.store.get_many(ids), f"read {len(ids)} jobs", stop=settler.stop
+                )
+            except StoreError:  # stopping with the store away: hand the runnable ones back, settle the rest
+                await asyncio.gather(*(settler.release(job.delivery) for job in jobs))
+                jobs = []
+        runnable: list[Job] = []
+        ended: list[tuple[Job, JobRecord, bool]] = []
+        late: list[Job] = []
+        now = time.time()
+        for job, record in zip(jobs, records, strict=True):
+            if record is not None and record.terminal:
+                ended.append((job, record, False))
+                continue
+            if record is not None:
+                job.attempt = record.deliveries + 1
+                job.deadline = job.deadline or record.expires_at
+            if exhausted(job.attempt, self.max_deliveries):
+                rejected.append((job, self._exhausted_error(job)))
+            elif job.deadline is not None and now > job.deadline:
+                late.append(job)
+            else:
+                runnable.append(job)
+        await asyncio.gather(settler.reject(rejected), settler.stored(ended), settler.expire(late))
+        return runnable
+
+    def _exhausted_error(self, job: Job) -> JobError:
+        runs = job.attempt - 1
+        return JobError(
+            type="max_deliveries",
+            message=f"started {runs} times without completing (max_deliveries={self.max_deliveries}); "
+            "a worker probably crashed or timed out on it each time",
+        )
+
+    def _poison_error(self, job: Job) -> JobError:
+        count = job.delivery.delivery_count
+        return JobError(
+            type="poison_message",
+            message=f"delivered {count} times without ever starting (more than {self.max_deliveries} runs allow); "
+            "it probably stops every worker that reads it",
+        )

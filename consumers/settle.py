@@ -1,0 +1,239 @@
+"""Settling: the one place where an outcome becomes a store write and then an ack, a nak or a dead letter.
+
+Every message a worker takes leaves through here, whatever became of it: a result or a model error of a batch
+(``results``), a message that must not run (``reject``: invalid, poison, out of runs), one whose deadline passed
+(``expire``) and one whose job had already ended elsewhere (``stored``). The order is always the same:
+
+1. the outcome is written to the store (first terminal write wins; a store outage is waited out, see
+   ``consumers.outage``: it is not the job's failure);
+2. the ``on_settled`` hooks run with the stored terminal record (DAG continuation, cache fill, tests); a hook that
+   raises hands the message back, and because the record is terminal its redelivery only runs the hooks again;
+3. ``acks.for_stored`` says ack or dead letter (a ``failed`` job (re)sends its letter, de-duplicated by id).
+
+Only a retriable model error skips the store: ``acks.decide`` says retry, and the message is handed back with a
+delay. Because the ack comes last, a crash anywhere before it means a redelivery, which finds the record terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from consumers import metrics
+from consumers.acks import Action, decide, for_stored
+from consumers.outage import StoreOutage
+from consumers.requests import Job
+from consumers.stats import WorkerStats
+from fleet.brokers.base import Broker, Delivery
+from fleet.deadletter import dead_letter_bytes, publish_dead_letter
+from fleet.errors import BrokerError, StoreError
+from fleet.store.base import Finish, ResultStore
+from schemas.jobs import JobError, JobRecord, JobState
+
+log = logging.getLogger(__name__)
+
+OnSettled = Callable[[Job, JobRecord, bool], Awaitable[None]]
+"""A hook: ``(job, terminal record, won)``, awaited before the message is settled; ``won`` when this worker's write
+made the record terminal. It must be idempotent: a redelivery of a terminal job calls it again."""
+
+HOOK_RETRY_DELAY_S = 1.0
+
+
+class Held:
+    """The deliveries a worker holds (fetched, not yet settled), keyed by identity; ``on_release`` hears of each
+    one let go (the idle announcer counts free slots)."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, Delivery] = {}
+        self.on_release: Callable[[], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, deliveries: Iterable[Delivery]) -> None:
+        for delivery in deliveries:
+            self._items[id(delivery)] = delivery
+
+    def values(self) -> list[Delivery]:
+        return list(self._items.values())
+
+    def forget(self, delivery: Delivery) -> None:
+        if self._items.pop(id(delivery), None) is not None and self.on_release is not None:
+            self.on_release()
+
+
+class Settler:
+    """Settles one model's messages for one worker. ``stop`` is the worker's stop event: once it is set, the
+    store writes of messages that have not run yet give up and hand their messages back."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        worker_id: str,
+        broker: Broker,
+        store: ResultStore,
+        max_deliveries: int,
+        held: Held,
+        outage: StoreOutage,
+        stats: WorkerStats,
+        stop: asyncio.Event,
+    ) -> None:
+        self.model = model
+        self.worker_id = worker_id
+        self.broker = broker
+        self.store = store
+        self.max_deliveries = max_deliveries
+        self.held = held
+        self.outage = outage
+        self.stats = stats
+        self.stop = stop
+        self.on_settled: list[OnSettled] = []
+        self._counters: dict[str, Any] = {}
+
+    # -- outcomes -------------------------------------------------------------------------------------------
+    async def results(self, jobs: list[Job], results: list[Any]) -> None:
+        """A computed batch: outputs (JSON-ready) or ``JobError`` per job. Stored in one call, then settled."""
+        final: list[tuple[Job, Finish]] = []
+        retries = []
+        for job, result in zip(jobs, results, strict=True):
+            if isinstance(result, JobError):
+                decision = decide(result, job.attempt, self.max_deliveries)
+                if decision.action is Action.retry:
+                    retries.append(self._retry(job, result, decision.delay_s))
+                    continue
+                final.append((job, self._finish(job, JobState.failed, error=result)))
+            else:
+                final.append((job, self._finish(job, JobState.succeeded, output=result)))
+        if retries:
+            await asyncio.gather(*retries)
+        # Computed work is never handed back for want of a store: only a drain deadline (a cancel) ends the wait.
+        await self._store_and_settle(final, patient=True)
+
+    async def reject(self, rejected: list[tuple[Job, JobError]]) -> None:
+        """Messages that must not run: stored ``failed`` (when they have a job id), then dead-lettered."""
+        letters = [self._dead_letter(job, error) for job, error in rejected if job.job_id is None]
+        with_id = [(job, self._finish(job, JobState.failed, error=error)) for job, error in rejected if job.job_id]
+        await asyncio.gather(*letters, self._store_and_settle(with_id, patient=False))
+
+    async def expire(self, jobs: list[Job]) -> None:
+        error = JobError(type="expired", message="the job's deadline passed before a worker could start it")
+        await self._store_and_settle([(job, self._finish(job, JobState.expired, error=error)) for job in jobs], False)
+
+    async def stored(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
+        """Settle messages whose jobs have a terminal record (maybe written elsewhere): hooks, then ack or letter.
+        Acks go one after the other (an ack does not wait for the broker), dead letters concurrently."""
+        letters = []
+        counts: dict[str, int] = {}
+        for job, record, won in settled:
+            if self.on_settled and not await self._run_hooks(job, record, won):
+                continue
+            if for_stored(record.state) is Action.dead_letter:
+                letters.append(self._dead_letter(job, record.error or _NO_ERROR))
+                continue
+            await self.ack(job)
+            outcome = record.state.value if won else "duplicate"
+            counts[outcome] = counts.get(outcome, 0) + 1
+        for outcome, amount in counts.items():
+            self.count(outcome, amount)
+        if letters:
+            await asyncio.gather(*letters)
+
+    async def release(self, delivery: Delivery, delay_s: float = 0.0) -> None:
+        """Hand a message back to the broker, unsettled; it is delivered again (a lost nak: after the ack wait)."""
+        self.held.forget(delivery)
+        try:
+            await delivery.nak(delay_s)
+        except Exception as exc:
+            log.warning(
+                "worker %s: nak not confirmed (%s); the message returns after the ack wait", self.worker_id, exc
+            )
+
+    async def ack(self, job: Job) -> None:
+        """Settle a message whose result is stored. A lost ack only means a redelivery, acked as a duplicate."""
+        self.held.forget(job.delivery)
+        try:
+            await job.delivery.ack()
+        except BrokerError as exc:
+            log.warning("job %s: ack not confirmed (%s); a redelivery will be acked as a duplicate", job.job_id, exc)
+
+    def count(self, outcome: str, amount: int = 1) -> None:
+        counter = self._counters.get(outcome)
+        if counter is None:
+            counter = self._counters[outcome] = metrics.ITEMS.labels(self.model, outcome)
+        counter.inc(amount)
+
+    # -- steps ----------------------------------------------------------------------------------------------
+    def _finish(self, job: Job, state: JobState, *, output: Any = None, error: JobError | None = None) -> Finish:
+        assert job.job_id is not None
+        return Finish(job.job_id, state, self.model, output=output, error=error, worker_id=self.worker_id)
+
+    async def _store_and_settle(self, items: list[tuple[Job, Finish]], patient: bool) -> None:
+        if not items:
+            return
+        finishes = [finish for _, finish in items]
+        try:
+            stored = await self.outage.call(
+                lambda: self.store.finish_many(finishes),
+                f"store {len(finishes)} results",
+                stop=None if patient else self.stop,
+            )
+        except StoreError as exc:  # only when stopping: the messages go back, nothing was decided
+            log.warning(
+                "worker %s: stopping with the store away (%s); handing %d back", self.worker_id, exc, len(items)
+            )
+            await asyncio.gather(*(self.release(job.delivery) for job, _ in items))
+            return
+        await self.stored([(job, record, won) for (job, _), (won, record) in zip(items, stored, strict=True)])
+
+    async def _run_hooks(self, job: Job, record: JobRecord, won: bool) -> bool:
+        try:
+            for hook in self.on_settled:
+                await hook(job, record, won)
+        except Exception:
+            log.exception("job %s: a settle hook failed; handing the message back to run it again", job.job_id)
+            await self.release(job.delivery, HOOK_RETRY_DELAY_S)
+            return False
+        return True
+
+    async def _retry(self, job: Job, error: JobError, delay_s: float) -> None:
+        log.info("job %s failed (%s), run %d; retrying in %.1fs", job.job_id, error.message, job.attempt, delay_s)
+        self.stats.failures += 1
+        self.count("retried")
+        await self.release(job.delivery, delay_s)
+
+    async def _dead_letter(self, job: Job, error: JobError) -> None:
+        """Publish to the dead-letter subject, then terminate the message; its failure is already stored."""
+        self.stats.failures += 1
+        request = job.body if job.request is None else _request_json(job)
+        letter = dead_letter_bytes(
+            job_id=job.job_id,
+            model=self.model,
+            error=error,
+            deliveries=job.delivery.delivery_count,
+            sender=self.worker_id,
+            request=request,
+            data=job.delivery.data,
+        )
+        log.warning("job %s dead-lettered: %s", job.job_id, error.message)
+        try:
+            await publish_dead_letter(self.broker, self.model, job.job_id, error, letter)
+            self.held.forget(job.delivery)
+            await job.delivery.term()
+        except BrokerError as exc:
+            log.warning("job %s: dead letter not published (%s); handing the message back", job.job_id, exc)
+            await self.release(job.delivery, HOOK_RETRY_DELAY_S)
+            return
+        self.count("dead_lettered")
+
+
+def _request_json(job: Job) -> dict[str, Any] | None:
+    try:
+        return job.request.model_dump(mode="json") if job.request is not None else None
+    except Exception:  # the letter then carries the raw body
+        return None
+
+
+_NO_ERROR = JobError(type="failed", message="the job failed (its record has no error)")
