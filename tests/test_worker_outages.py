@@ -25,7 +25,7 @@ from fleet.brokers import make_broker
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from schemas.jobs import JobState
-from tests import services
+from tests import kafka_service, services
 from tests.handlers_for_tests import Items
 from tests.infra import TEST_SETTINGS, eventually, request_bytes, wait_terminal
 
@@ -39,7 +39,10 @@ class Restartable:
 
     def start(self) -> None:
         self.proc, log = services.start_server(self.argv, self.workdir)
-        services.wait_port("127.0.0.1", self.port, self.proc, log, 20, self.what)
+        if self.what.startswith("kafka"):
+            kafka_service._wait_ready(f"127.0.0.1:{self.port}", self.proc, log)
+        else:
+            services.wait_port("127.0.0.1", self.port, self.proc, log, 20, self.what)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -55,7 +58,14 @@ class Restartable:
 def restartable(kind: str) -> Iterator[tuple[str, Restartable]]:
     port = services.free_port()
     with tempfile.TemporaryDirectory(prefix=f"fleet-{kind}-outage-") as tmp:
-        if kind == "redis":
+        if kind == "kafka":
+            java = services.require_binary("java", "openjdk-17-jre-headless", "Apache Kafka")
+            jars = kafka_service.kafka_jars()
+            config = kafka_service.write_config(Path(tmp), port, services.free_port())
+            kafka_service.format_storage(java, jars, Path(tmp), config)
+            argv = [*kafka_service._java_argv(java, jars, Path(tmp), "kafka.Kafka"), str(config)]
+            url = f"kafka://127.0.0.1:{port}"
+        elif kind == "redis":
             binary = services.require_binary("redis-server", "redis-server")
             argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp]
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
@@ -125,3 +135,9 @@ async def test_a_redis_restart_mid_run_fails_no_job_and_the_worker_says_it_is_de
 async def test_a_nats_restart_mid_run_fails_no_job(redis_url, unique) -> None:
     with restartable("nats") as (nats_url, server):
         await _run_through_outage(outage_settings(nats_url, redis_url), server, unique, 80)
+
+
+@pytest.mark.timeout(300)
+async def test_a_kafka_restart_mid_run_fails_no_job(redis_url, unique) -> None:
+    with restartable("kafka") as (kafka_url, server):
+        await _run_through_outage(outage_settings(kafka_url, redis_url), server, unique, 80)
