@@ -83,7 +83,9 @@ class PubSubMux:
         """Register a waiter on ``channel``; return its future once the subscription is confirmed, the future is
         resolved or ``timeout_s`` passed. Always pair with ``release``."""
         if self._closed:
-            raise StoreError(f"the result store for {self._display_url} is closed")
+            error = StoreError(f"the result store for {self._display_url} is closed")
+            error.retriable = False  # waiting will not reopen it
+            raise error
         self._start()
         future: asyncio.Future[bytes | str | None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(channel, set()).add(future)
