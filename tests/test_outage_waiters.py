@@ -3,7 +3,8 @@
 A real gateway (uvicorn, in-process) and three real workers of the ``sleep`` model on the session's NATS, over a
 redis-server of this test's own that persists to an append-only file. N jobs are submitted and every kind of
 waiter is held on each: a WebSocket per job, one multiplexed ``/v1/ws`` for all, an event stream per job, a
-long-poll per job (wait up to the gateway's maximum) and the SDK's ``wait``. While jobs still run, redis-server is
+long-poll per job (wait up to the gateway's maximum) and the SDK's ``wait`` (with its default long-polls, and with
+0.5 s long-polls that end inside the outage). While jobs still run, redis-server is
 SIGKILLed, kept down for a few seconds and restarted from its AOF on the same port; completion notices published
 around the outage are lost with it. Every accepted job must end terminal, every waiter must answer with the job's
 terminal record (the one in the store), none with an error, and no job may end ``failed``.
@@ -39,7 +40,7 @@ SERVICE_MS = 800  # per job; 3 workers take ~8 s for all, so the outage falls ea
 OUTAGE_S = 2.5
 WORKERS = 3
 ANSWER_TIMEOUT_S = 90
-KINDS = ("ws", "mux", "sse", "long_poll", "sdk")
+KINDS = ("ws", "mux", "sse", "long_poll", "sdk", "sdk_short")
 
 
 @pytest.fixture
@@ -55,17 +56,23 @@ class Waiters:
     loop that also serves the gateway).
     """
 
-    def __init__(self, base: str, job_ids: list[str], http: httpx.AsyncClient, sdk: FleetClient) -> None:
+    def __init__(self, base: str, job_ids: list[str], http: httpx.AsyncClient, sdks: list[FleetClient]) -> None:
         self.base = base
         self.job_ids = job_ids
         self.http = http
-        self.sdk = sdk
+        self.sdk, self.sdk_short = sdks
         self.results: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
         self.errors: list[str] = []
 
     def tasks(self) -> dict[tuple[str, str], asyncio.Task[None]]:
         """One task per waiter, by (kind, job id); the multiplexed socket's job id is ``*``."""
-        per_job = {"ws": self._ws, "sse": self._sse, "long_poll": self._long_poll, "sdk": self._sdk}
+        per_job = {
+            "ws": self._ws,
+            "sse": self._sse,
+            "long_poll": self._long_poll,
+            "sdk": self._sdk,
+            "sdk_short": self._sdk_short,
+        }
         tasks = {("mux", "*"): asyncio.create_task(self._guard("mux", "*", self._mux()))}
         for job_id in self.job_ids:
             for kind, waiter in per_job.items():
@@ -120,6 +127,11 @@ class Waiters:
         record = await self.sdk.wait(job_id, timeout_s=ANSWER_TIMEOUT_S)
         self.results["sdk"][job_id] = record.model_dump(mode="json")
 
+    async def _sdk_short(self, job_id: str) -> None:
+        """Long-polls of 0.5 s: some end inside the outage with a 503, which ``wait`` must retry, not raise."""
+        record = await self.sdk_short.wait(job_id, timeout_s=ANSWER_TIMEOUT_S)
+        self.results["sdk_short"][job_id] = record.model_dump(mode="json")
+
 
 async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
     name = None
@@ -172,6 +184,7 @@ async def test_every_waiter_gets_its_terminal_record_through_a_redis_restart(
             served(app) as base,
             httpx.AsyncClient(base_url=base, timeout=ANSWER_TIMEOUT_S, limits=limits) as http,
             FleetClient(base, timeout_s=10) as sdk,
+            FleetClient(base, timeout_s=10, long_poll_s=0.5) as sdk_short,
         ):
             workers = await start_workers(settings, sleep, redis_aof.url)
             job_ids = []
@@ -180,7 +193,7 @@ async def test_every_waiter_gets_its_terminal_record_through_a_redis_restart(
                 response = await http.post("/v1/jobs", json=body)
                 assert response.status_code == 202, response.text
                 job_ids.append(response.json()["job_id"])
-            waiters = Waiters(base, job_ids, http, sdk)
+            waiters = Waiters(base, job_ids, http, [sdk, sdk_short])
             tasks = waiters.tasks()
             await asyncio.sleep(1.5)  # the waiters are held, the first jobs done, most still queued or running
 

@@ -83,9 +83,7 @@ class PubSubMux:
         """Register a waiter on ``channel``; return its future once the subscription is confirmed, the future is
         resolved or ``timeout_s`` passed. Always pair with ``release``."""
         if self._closed:
-            error = StoreError(f"the result store for {self._display_url} is closed")
-            error.retriable = False  # waiting will not reopen it
-            raise error
+            raise self._closed_error()
         self._start()
         future: asyncio.Future[bytes | str | None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(channel, set()).add(future)
@@ -101,12 +99,20 @@ class PubSubMux:
         except BaseException:
             self.release(channel, future)
             raise
+        if self._closed:  # closed while it waited: nothing will wake it any more
+            self.release(channel, future)
+            raise self._closed_error()
         if future.done() and future.result() is None:
             # Woken by the reconnection it was waiting for: the caller reads next anyway, so start afresh.
             self._waiters[channel].discard(future)
             future = asyncio.get_running_loop().create_future()
             self._waiters[channel].add(future)
         return future
+
+    def _closed_error(self) -> StoreError:
+        error = StoreError(f"the result store for {self._display_url} is closed")
+        error.retriable = False  # waiting will not reopen it
+        return error
 
     def deliver(self, channel: str, data: bytes | str) -> None:
         """Resolve the waiters of ``channel`` with ``data`` as if it had been published there."""
