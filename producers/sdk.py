@@ -41,6 +41,8 @@ from schemas.jobs import JobRecord, JobState
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
 SUBSCRIBE_IDS_PER_FRAME = 100  # the gateway's default ws_max_ids_per_frame
+RETRY_FIRST_S = 0.1  # first pause of wait/subscribe after a retriable failure
+RETRY_MAX_S = 2.0  # and the longest
 
 
 class GatewayError(FleetError):
@@ -196,25 +198,40 @@ class FleetClient:
     async def wait(self, job_id: str, timeout_s: float = 60.0) -> JobRecord:
         """Long-poll until the job is terminal and return its record (whatever the terminal state).
 
+        An outage of the gateway or of its store shorter than ``timeout_s`` is waited out: a long-poll that fails
+        with a retriable error (``StoreError``, ``BrokerUnavailable``, ``GatewayUnreachable``, a 5xx) is retried
+        with backoff.
+
         Raises:
             TimeoutError: the job is still queued or running after ``timeout_s``.
             JobNotFound: unknown id.
+            StoreError, GatewayUnreachable, GatewayError: the last attempt before ``timeout_s`` ran out failed.
         """
         deadline = time.monotonic() + timeout_s
+        pause_s = RETRY_FIRST_S
         while True:
-            remaining_s = deadline - time.monotonic()
-            step_s = min(self.long_poll_s, remaining_s)
-            if step_s <= 0.001:
-                record = await self.get(job_id)
-            else:
-                answer = await self._request(
-                    "GET", f"/v1/jobs/{job_id}", params={"wait": f"{step_s:.3f}"}, timeout_s=step_s + self.timeout_s
-                )
-                record = JobRecord.model_validate(answer)
+            try:
+                record = await self._poll_once(job_id, deadline - time.monotonic())
+            except FleetError as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(pause_s, max(deadline - time.monotonic(), 0.0)))
+                pause_s = min(pause_s * 2, RETRY_MAX_S)
+                continue
+            pause_s = RETRY_FIRST_S
             if record.terminal:
                 return record
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id!r} is still {record.state} after {timeout_s:g}s")
+
+    async def _poll_once(self, job_id: str, remaining_s: float) -> JobRecord:
+        step_s = min(self.long_poll_s, remaining_s)
+        if step_s <= 0.001:
+            return await self.get(job_id)
+        answer = await self._request(
+            "GET", f"/v1/jobs/{job_id}", params={"wait": f"{step_s:.3f}"}, timeout_s=step_s + self.timeout_s
+        )
+        return JobRecord.model_validate(answer)
 
     async def result(self, job_id: str, *, timeout_s: float = 60.0) -> Any:
         """Wait for the job and return its output.
@@ -244,6 +261,8 @@ class FleetClient:
 
     async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).
+
+        An outage of the gateway's store only delays the records: the gateway waits it out for each watched job.
 
         Args:
             job_ids: the jobs to watch; duplicates are watched once.

@@ -12,7 +12,10 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
 * ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
   order); a worker uses them so that the store costs a handful of round trips per batch, not per job.
 * ``wait`` returns the terminal record as soon as it exists, also when the job finished before the call; on
-  timeout it returns the current (non-terminal) record, or ``None`` for an unknown job.
+  timeout it returns the current (non-terminal) record, or ``None`` for an unknown job. A store outage shorter
+  than the timeout is no error: the waiter retries its reads with backoff and returns the terminal record once the
+  store is back, also when the completion notice was lost. Only a record it cannot read at the deadline raises
+  ``StoreError`` (retriable; not retriable when the stored record itself is corrupt).
 """
 
 from __future__ import annotations

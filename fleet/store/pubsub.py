@@ -6,14 +6,17 @@ watches it, and resolves the waiters' futures with the message data.
 
 Waiters must never miss a completion, so the contract with the caller (``RedisStore.wait``) is:
 
-* ``watch`` returns once the server confirmed the subscription (or after ``timeout_s`` when it could not). The
-  caller then reads the record: a completion published before the subscription is visible in the record.
-* A future resolves with the message data, or with ``None`` meaning "re-check": the connection dropped or was
-  (re-)established, so messages may have been lost; the caller reads the record again and re-watches.
+* ``watch`` returns once the server confirmed the subscription, once the future is already resolved, or after
+  ``timeout_s`` when neither happened. While the connection is down it waits for the reconnection, so an outage
+  costs a waiter no failed reads. The caller then reads the record: a completion published before the subscription
+  is visible in the record.
+* A future resolves with the message data (``deliver`` does the same for a terminal record found another way, see
+  ``fleet.store.recheck``), or with ``None`` meaning "re-check": the connection dropped or was (re-)established,
+  so messages may have been lost; the caller watches again (which waits for the connection) and reads the record.
 
 The connection is opened lazily by the first ``watch``. When it drops (or stops answering PING) the reader logs,
-wakes every waiter with ``None`` (so a Redis outage reaches them as an error from their read, not as a hang),
-reconnects with backoff, resubscribes every watched channel and wakes every waiter with ``None`` once more.
+wakes every waiter with ``None``, reconnects with backoff, resubscribes every watched channel and wakes every
+waiter with ``None`` once more: completions published while it was down are in the records that they then read.
 """
 
 from __future__ import annotations
@@ -77,25 +80,49 @@ class PubSubMux:
         return self._connected.is_set()
 
     async def watch(self, channel: str, timeout_s: float) -> asyncio.Future[bytes | str | None]:
-        """Register a waiter on ``channel``; return its future once the subscription is confirmed or ``timeout_s``
-        passed. Always pair with ``release``."""
+        """Register a waiter on ``channel``; return its future once the subscription is confirmed, the future is
+        resolved or ``timeout_s`` passed. Always pair with ``release``."""
         if self._closed:
-            raise StoreError(f"the result store for {self._display_url} is closed")
+            raise self._closed_error()
         self._start()
         future: asyncio.Future[bytes | str | None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(channel, set()).add(future)
         try:
             async with asyncio.timeout(timeout_s):
-                await self._connected.wait()
-                ack = await self._subscribe(channel)
-                await asyncio.shield(ack)
+                await self._until_connected(future)
+                if not future.done() or future.result() is None:  # no record in hand: the read needs the ack
+                    ack = await self._subscribe(channel)
+                    await asyncio.shield(ack)
         except (TimeoutError, RedisError, OSError) as exc:
             # Degraded: the caller's read covers what happened so far, the re-check after reconnecting the rest.
             log.debug("subscription to %s not confirmed: %r", channel, exc)
         except BaseException:
             self.release(channel, future)
             raise
+        if self._closed:  # closed while it waited: nothing will wake it any more
+            self.release(channel, future)
+            raise self._closed_error()
+        if future.done() and future.result() is None:
+            # Woken by the reconnection it was waiting for: the caller reads next anyway, so start afresh.
+            self._waiters[channel].discard(future)
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[channel].add(future)
         return future
+
+    def _closed_error(self) -> StoreError:
+        error = StoreError(f"the result store for {self._display_url} is closed")
+        error.retriable = False  # waiting will not reopen it
+        return error
+
+    def deliver(self, channel: str, data: bytes | str) -> None:
+        """Resolve the waiters of ``channel`` with ``data`` as if it had been published there."""
+        for future in self._waiters.get(channel, ()):
+            if not future.done():
+                future.set_result(data)
+
+    def watched(self) -> list[str]:
+        """The channels with at least one waiter now."""
+        return list(self._waiters)
 
     def release(self, channel: str, future: asyncio.Future[bytes | str | None]) -> None:
         """Drop one waiter; the last one out unsubscribes the channel (batched, in the background)."""
@@ -121,6 +148,19 @@ class PubSubMux:
             self._conn = None
 
     # -- subscriptions ----------------------------------------------------------------------------------------
+
+    async def _until_connected(self, future: asyncio.Future[bytes | str | None]) -> None:
+        """Wait until the connection is up or ``future`` is resolved (a terminal record found by a re-read)."""
+        if self.connected or future.done():
+            return
+        connected: asyncio.Future[bytes | str | None] = asyncio.ensure_future(self._until_set())
+        try:
+            await asyncio.wait({connected, future}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            connected.cancel()
+
+    async def _until_set(self) -> None:
+        await self._connected.wait()
 
     def _start(self) -> None:
         if self._task is None:
@@ -239,9 +279,7 @@ class PubSubMux:
             return  # PONG outside subscribed mode
         kind, channel = _text(response[0]), _text(response[1])
         if kind == "message":
-            for future in self._waiters.get(channel, ()):
-                if not future.done():
-                    future.set_result(response[2])
+            self.deliver(channel, response[2])
         elif kind == "subscribe":
             acks = self._acks.get(channel)
             if acks:
@@ -252,8 +290,7 @@ class PubSubMux:
                     del self._acks[channel]
 
     def _mark_disconnected(self) -> None:
-        # Every waiter falls back to reading the record now (an outage surfaces as an error, not a hang) and
-        # re-watches; the wake-up after reconnecting makes them read once more.
+        # Every waiter re-watches, which waits for the reconnection; the wake-up after it makes them read the record.
         self._connected.clear()
         self._subs.clear()
         for acks in self._acks.values():

@@ -33,6 +33,7 @@ from fleet.errors import StoreError
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.pubsub import PubSubMux
+from fleet.store.recheck import RECHECK_INTERVAL_S, Rechecker
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ return out
 KNOWN_RECORDS = 65_536  # records this store wrote last, by job id: a batch finish then needs no read first
 MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
 HINT = "is redis-server running and reachable?"
+WAIT_BACKOFF_S = (0.05, 2.0)  # first and longest pause of a waiter between reads that failed
 ABSENT = b""  # the expected value of a key that does not exist (a record is never empty)
 UNKNOWN: tuple[bytes, JobRecord | None] = (b"", None)  # not remembered: read it first (compared by identity)
 JOB_KEY_PREFIX = c.job_key("").encode()  # job_key(id) is this prefix + id (the script cuts it off again)
@@ -108,6 +110,8 @@ class RedisStore:
             surfaces as ``StoreError`` instead of a hang.
         max_connections: size of the command connection pool; more concurrent commands wait (up to
             ``socket_timeout_s``) for a free connection. ``wait`` adds one pub/sub connection outside the pool.
+        recheck_interval_s: how often the records of all waiters are re-read in batches, so a waiter whose
+            completion notice was lost still gets its terminal record (``fleet.store.recheck``).
 
     The client is available as ``redis`` for components that keep their own state in the same Redis.
     """
@@ -123,6 +127,7 @@ class RedisStore:
         socket_timeout_s: float = 5.0,
         connect_timeout_s: float = 3.0,
         max_connections: int = 64,
+        recheck_interval_s: float = RECHECK_INTERVAL_S,
     ) -> None:
         if job_ttl_s < 1:
             raise ValueError(f"job_ttl_s must be at least 1, got {job_ttl_s}")
@@ -136,6 +141,7 @@ class RedisStore:
         self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
         self._known: OrderedDict[str, tuple[bytes, JobRecord]] = OrderedDict()
         self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
+        self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s)
         self._closed = False
 
     @property
@@ -159,6 +165,7 @@ class RedisStore:
         if self._closed:
             return
         self._closed = True
+        await self._recheck.close()
         await self._mux.close()
         if self._owns_client:
             await self.redis.aclose()
@@ -367,33 +374,61 @@ class RedisStore:
         return lost
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
-        record = await self.get(job_id)  # the common poll of a finished job costs no subscription
-        if (record is not None and record.terminal) or timeout_s <= 0:
+        """The terminal record once it exists, else the current record (None: unknown job) after ``timeout_s``.
+
+        An outage shorter than ``timeout_s`` is waited out: a read that fails is retried with backoff, a dropped
+        pub/sub connection is waited for and the record read again once it is back, and the periodic re-read
+        (``fleet.store.recheck``) delivers a terminal record whose notice was lost. Only a record that cannot be
+        read at the deadline raises ``StoreError``.
+        """
+        if timeout_s <= 0:
+            return await self.get(job_id)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        record, _ = await self._try_get(job_id)  # the common poll of a finished job costs no subscription
+        if record is not None and record.terminal:
             return record
+        self._recheck.start()
+        return await self._watch_until(job_id, deadline)
+
+    async def _watch_until(self, job_id: str, deadline: float) -> JobRecord | None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         channel = c.done_channel(job_id)
+        backoff_s = WAIT_BACKOFF_S[0]
         while True:
             future = await self._mux.watch(channel, max(deadline - loop.time(), 0.0))
             try:
-                record = await self.get(job_id)  # after subscribing: a completion in between is seen here
-                remaining_s = deadline - loop.time()
-                if (record is not None and record.terminal) or remaining_s <= 0:
+                record, error = await self._try_get(job_id)  # after subscribing: a completion is seen here
+                if record is not None and record.terminal:
                     return record
+                remaining_s = deadline - loop.time()
+                if remaining_s <= 0:
+                    if error is not None:
+                        raise error
+                    return record
+                # A failed read is retried after a backoff, also while the subscription holds.
+                pause_s = min(remaining_s, backoff_s) if error is not None else remaining_s
+                backoff_s = min(backoff_s * 2, WAIT_BACKOFF_S[1]) if error is not None else WAIT_BACKOFF_S[0]
                 try:
-                    async with asyncio.timeout(remaining_s):
+                    async with asyncio.timeout(pause_s):
                         payload = await future
                 except TimeoutError:
-                    return await self.get(job_id)
+                    continue  # read again (the last time at the deadline)
             finally:
                 self._mux.release(channel, future)
             if payload is not None:
                 return self._parse(job_id, payload)
-            # None: the pub/sub connection dropped or came back, so a message may have been lost. Read now, before
-            # re-watching waits for the connection: during an outage this raises instead of hanging.
-            record = await self.get(job_id)
-            if record is not None and record.terminal:
-                return record
+            # None: the pub/sub connection dropped or came back, so a notice may have been lost. Watching again
+            # waits for the connection; the read after it sees what was written meanwhile.
+
+    async def _try_get(self, job_id: str) -> tuple[JobRecord | None, StoreError | None]:
+        """``get``, with a retriable failure returned instead of raised (a corrupt record still raises)."""
+        try:
+            return await self.get(job_id), None
+        except StoreError as exc:
+            if not exc.retriable:
+                raise
+            log.debug("waiter of job %s could not read its record: %s", job_id, exc.message)
+            return None, exc
 
     async def _get_raw(self, job_id: str) -> bytes | None:
         with self._errors(f"read job {job_id!r}"):
@@ -417,9 +452,9 @@ class RedisStore:
         try:
             return JobRecord.model_validate_json(raw)
         except ValidationError as exc:
-            raise StoreError(
-                f"the record of job {job_id!r} at {self.display_url} is not a valid job record: {exc}"
-            ) from exc
+            error = StoreError(f"the record of job {job_id!r} at {self.display_url} is not a valid job record: {exc}")
+            error.retriable = False  # reading it again will not help
+            raise error from exc
 
     def _contention(self, job_id: str) -> StoreError:
         return StoreError(f"job {job_id!r} changed {MAX_CAS_ATTEMPTS} times while it was being updated; giving up")

@@ -1,14 +1,16 @@
 """Calls into the broker and the store, each bounded by a timeout so a hung dependency cannot hang a request.
 
 A failure becomes ``BrokerUnavailable`` or ``StoreError`` with a message naming the dependency; the error handlers
-turn those into ``503`` answers with ``Retry-After``.
+turn those into ``503`` answers with ``Retry-After``. Waiters are the exception: a client holding a WebSocket, an
+event stream or a long-poll waits out a store outage (``patiently``, ``long_poll``) and gets the terminal record
+once the store is back; only a long-poll whose own deadline passes with the record unreadable answers ``503``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fleet import constants as c
@@ -21,6 +23,9 @@ from schemas.jobs import JobRecord
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+RETRY_FIRST_S = 0.1  # a waiter's first pause after a store call failed
+RETRY_MAX_S = 2.0  # and its longest
 
 
 async def store_call(store: ResultStore, call: Awaitable[T], timeout_s: float) -> T:
@@ -51,6 +56,62 @@ async def read_job(store: ResultStore, job_id: str, timeout_s: float) -> JobReco
     if record is None:
         raise JobNotFound(job_id)
     return record
+
+
+async def patiently(call: Callable[[], Awaitable[T]], job_id: str, deadline: float | None = None) -> T:
+    """``call()`` until it does not raise a retriable ``StoreError``, pausing with backoff in between.
+
+    Args:
+        call: makes a fresh awaitable per attempt (e.g. a ``store_call``).
+        job_id: for the log.
+        deadline: ``loop.time()`` after which the last failure is raised; None: retry as long as it takes (the
+            caller is cancelled when its client leaves).
+
+    Raises:
+        StoreError: not retriable (a corrupt record, a closed store), or still failing at ``deadline``.
+    """
+    loop = asyncio.get_running_loop()
+    pause_s = RETRY_FIRST_S
+    failures = 0
+    while True:
+        try:
+            result = await call()
+        except StoreError as exc:
+            now = loop.time()
+            if not exc.retriable or (deadline is not None and now >= deadline):
+                raise
+            failures += 1
+            if failures == 1:
+                logger.info("waiter of job %s waits for the store: %s", job_id, exc.message)
+            await asyncio.sleep(pause_s if deadline is None else min(pause_s, deadline - now))
+            pause_s = min(pause_s * 2, RETRY_MAX_S)
+            continue
+        if failures:
+            logger.info("waiter of job %s reads the store again after %d failed attempts", job_id, failures)
+        return result
+
+
+async def long_poll(store: ResultStore, job_id: str, wait_s: float, timeout_s: float) -> JobRecord:
+    """``GET /v1/jobs/{id}?wait=S``: the terminal record as soon as it exists, else the current one after ``wait_s``.
+
+    A store outage inside ``wait_s`` is waited out, also one that began before the request.
+
+    Raises:
+        JobNotFound: no such job (known as soon as the record can be read), or it expired while waited for.
+        StoreError: the record could not be read at the deadline: a 503 with Retry-After.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    record = await patiently(lambda: store_call(store, store.get(job_id), timeout_s), job_id, deadline)
+    if record is None:
+        raise JobNotFound(job_id)
+    remaining_s = deadline - loop.time()
+    if record.terminal or remaining_s <= 0:
+        return record
+    latest = await store_call(store, store.wait(job_id, remaining_s), remaining_s + timeout_s)
+    if latest is None:  # the record expired while we waited
+        raise JobNotFound(job_id)
+    return latest
 
 
 async def publish_request(broker: Broker, model: str, job_id: str, data: bytes, limits: GatewayLimits) -> None:

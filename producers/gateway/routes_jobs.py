@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
-from fleet.errors import InvalidInput, JobNotFound, PayloadTooLarge, UnknownModel
+from fleet.errors import InvalidInput, PayloadTooLarge, UnknownModel
 from producers.gateway.app import GatewayState, gateway_state
-from producers.gateway.calls import publish_request, read_job, store_call
+from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
@@ -193,13 +193,9 @@ async def get_job(
     if wait is not None:
         _check_wait(wait, state.settings.max_long_poll_s)
     store, timeout_s = state.store, state.limits.store_timeout_s
-    record = await read_job(store, job_id, timeout_s)
-    if wait is not None and not record.terminal:
-        latest = await store_call(store, store.wait(job_id, wait), wait + timeout_s)
-        if latest is None:  # the record expired while we waited
-            raise JobNotFound(job_id)
-        record = latest
-    return record
+    if wait is not None:
+        return await long_poll(store, job_id, wait, timeout_s)
+    return await read_job(store, job_id, timeout_s)
 
 
 def _already_ended(record: JobRecord) -> ApiError:

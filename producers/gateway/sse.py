@@ -6,15 +6,17 @@ only speak HTTP. The answer is ``text/event-stream``; each event's data is one l
     event: job        the current record, first, when the job has not ended yet; again when its state changes
     : keep-alive      a comment every ``GatewayLimits.sse_keepalive_s`` while nothing else is said
     event: result     the terminal record; the stream then ends
-    event: error      {"error": {...}}: the store failed, or the record vanished (its TTL ran out); the stream ends
+    event: error      {"error": {...}}: the record vanished (its TTL ran out) or is corrupt; the stream ends
 
 A job that ended before the request gets ``event: result`` at once. An unknown job is a plain ``404`` before any
-event, a store that cannot be reached a ``503``, both with the usual error body. ``EventSource`` reconnects when a
+event, a store that cannot be reached a ``503``, both with the usual error body. Once the stream is open, a store
+outage is no error: keep-alives go on and the result comes once the store is back. ``EventSource`` reconnects when a
 stream ends, so a browser client should ``close()`` it on ``result``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 router = APIRouter(tags=["push"])
 
 KEEP_ALIVE = b": keep-alive\n\n"
+OUTAGE_PAUSE_S = 1.0  # between attempts while the store is down (each wait already spent its keep-alive period)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the stream
 
 
@@ -56,7 +59,16 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
             yield sse_event("job", record.model_dump_json())
         while not record.terminal:
             wait_s = limits.sse_keepalive_s
-            latest = await store_call(store, store.wait(job_id, wait_s), wait_s + limits.store_timeout_s)
+            try:
+                latest = await store_call(store, store.wait(job_id, wait_s), wait_s + limits.store_timeout_s)
+            except StoreError as exc:
+                if not exc.retriable:
+                    raise
+                # The store is down: keep the stream (and the client) waiting until it is back.
+                logger.debug("event stream for job %s waits for the store: %s", job_id, exc.message)
+                yield KEEP_ALIVE
+                await asyncio.sleep(OUTAGE_PAUSE_S)
+                continue
             if latest is None:
                 yield error_event("job_not_found", JobNotFound(job_id).message, {"job_id": job_id})
                 return
@@ -84,7 +96,8 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
         "`text/event-stream`: `event: job` with the current record while the job has not ended (again when its "
         "state changes), `: keep-alive` comments while nothing happens, then `event: result` with the terminal "
         "record, after which the stream ends. A job that already ended gets `event: result` at once. "
-        "`event: error` (with the usual error body) ends the stream if the store fails or the record expires."
+        "A store outage while the stream is open only delays the result (keep-alives go on). "
+        "`event: error` (with the usual error body) ends the stream if the record expires or is corrupt."
     ),
     response_class=StreamingResponse,
     responses={

@@ -1,7 +1,8 @@
 """WebSockets that push terminal job records.
 
 ``/v1/jobs/{job_id}/ws`` serves one job: it sends the terminal record once as JSON text and closes with 1000,
-also when the job ended before the socket opened. An unknown job gets ``{"error": {...}}`` and close code 4404.
+also when the job ended before the socket opened, or while the store was unreachable (the socket waits for it).
+An unknown job gets ``{"error": {...}}`` and close code 4404.
 
 ``/v1/ws`` multiplexes many jobs on one connection. The client sends text frames::
 
@@ -9,7 +10,8 @@ also when the job ended before the socket opened. An unknown job gets ``{"error"
     {"unsubscribe": ["id1"]}           stop watching them
 
 and the server sends, once per subscription, ``{"type": "result", "job": {...record...}}`` when the job ends, or
-``{"type": "error", "job_id": "id9", "error": {...}}`` for an unknown job. A frame the server cannot use (not
+``{"type": "error", "job_id": "id9", "error": {...}}`` for an unknown job. A store outage is no error: the
+watchers wait it out and send each result once the store is back. A frame the server cannot use (not
 JSON, wrong shape, more than ``GatewayLimits.ws_max_ids_per_frame`` ids, more than
 ``ws_max_ids_per_connection`` ids watched at once, over ``ws_max_frame_bytes``) gets
 ``{"type": "error", "job_id": null, "error": {...}}`` and the connection stays open. Subscribing again to an id
@@ -28,7 +30,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet.errors import JobNotFound, StoreError
 from producers.gateway.app import GatewayState
-from producers.gateway.calls import store_call
+from producers.gateway.calls import patiently, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import WEBSOCKETS_OPEN
 from schemas.jobs import JobRecord
@@ -43,12 +45,18 @@ CLOSE_NOT_FOUND = 4404
 
 
 async def wait_terminal(state: GatewayState, job_id: str) -> JobRecord | None:
-    """The job's terminal record, waiting as long as it takes in bounded steps; None for an unknown job."""
+    """The job's terminal record, waiting as long as it takes in bounded steps; None for an unknown job.
+
+    A socket has no deadline, so a store outage is waited out however long it lasts (``calls.patiently``): the
+    client gets the terminal record once the store is back. Raises ``StoreError`` only when it is not retriable.
+    """
     store, limits = state.store, state.limits
-    record = await store_call(store, store.get(job_id), limits.store_timeout_s)
+    record = await patiently(lambda: store_call(store, store.get(job_id), limits.store_timeout_s), job_id)
+    chunk_s = limits.ws_wait_chunk_s
     while record is not None and not record.terminal:
-        chunk_s = limits.ws_wait_chunk_s
-        record = await store_call(store, store.wait(job_id, chunk_s), chunk_s + limits.store_timeout_s)
+        record = await patiently(
+            lambda: store_call(store, store.wait(job_id, chunk_s), chunk_s + limits.store_timeout_s), job_id
+        )
     return record
 
 

@@ -23,6 +23,7 @@ from fleet.store.memory import MemoryStore
 from fleet.store.redis import RedisStore
 from schemas.jobs import JobError, JobRecord, JobState
 from tests import services
+from tests.aof_redis import AofRedis, aof_redis
 from tests.contract import store_fixtures
 from tests.contract.store_fixtures import STORE_KINDS, StoreFactory
 
@@ -398,8 +399,12 @@ async def test_redis_finish_publishes_the_terminal_record(redis_store: RedisStor
 async def test_redis_waiters_share_one_pubsub_connection(redis_store: RedisStore) -> None:
     job_ids = [new_id() for _ in range(200)]
     waiters = [asyncio.create_task(redis_store.wait(job_id, timeout_s=20)) for job_id in job_ids]
-    await asyncio.sleep(0.5)
-    connections = await subscriber_connections(redis_store)
+    await eventually(lambda: redis_store.pubsub.watched_channels == 200)
+    for _ in range(100):  # confirmed subscriptions, counted by the server (a loaded machine may take a while)
+        connections = await subscriber_connections(redis_store)
+        if len(connections) != 1 or int(connections[0]["sub"]) == 200:
+            break
+        await asyncio.sleep(0.05)
     assert len(connections) == 1
     assert int(connections[0]["sub"]) == 200
     assert redis_store.pubsub.watched_channels == 200
@@ -464,7 +469,7 @@ def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
             proc.wait()
 
 
-async def test_redis_outage_raises_store_error_instead_of_hanging(
+async def test_redis_outage_fails_calls_but_not_a_waiter_until_its_deadline(
     private_redis: tuple[str, subprocess.Popen[bytes]],
 ) -> None:
     url, proc = private_redis
@@ -472,7 +477,7 @@ async def test_redis_outage_raises_store_error_instead_of_hanging(
     await store.connect()
     try:
         job_id = new_id()
-        waiter = asyncio.create_task(store.wait(job_id, timeout_s=30))
+        waiter = asyncio.create_task(store.wait(job_id, timeout_s=3))
         await asyncio.sleep(0.2)
         proc.kill()
         await asyncio.to_thread(proc.wait)
@@ -481,8 +486,89 @@ async def test_redis_outage_raises_store_error_instead_of_hanging(
             await store.get(job_id)
         with pytest.raises(StoreError, match="redis-server running"):
             await succeed(store, job_id)
-        with pytest.raises(StoreError):
-            await asyncio.wait_for(waiter, 10)  # the waiter's re-check after the drop fails loudly
+        await asyncio.sleep(1.5)
+        assert not waiter.done(), "an outage shorter than the waiter's deadline is not an error for it"
+        with pytest.raises(StoreError, match="redis-server running"):
+            await asyncio.wait_for(waiter, 10)  # its read at the deadline fails: now it says so
         assert time.monotonic() - started < 10
     finally:
+        await store.close()
+
+
+@pytest.fixture
+def aof_server() -> Iterator[AofRedis]:
+    with aof_redis() as server:
+        yield server
+
+
+async def test_redis_wait_survives_a_server_restart_and_gets_the_record_written_meanwhile(
+    aof_server: AofRedis,
+) -> None:
+    store = RedisStore(aof_server.url, job_ttl_s=60)
+    writer = RedisStore(aof_server.url, job_ttl_s=60)  # another process's store: its notices reach nobody here
+    await store.connect()
+    await writer.connect()
+    try:
+        job_id = new_id()
+        await store.create(queued(job_id))
+        waiter = asyncio.create_task(store.wait(job_id, timeout_s=30))
+        await eventually(lambda: store.pubsub.watched_channels == 1)
+        aof_server.kill()
+        await eventually(lambda: not store.pubsub.connected)
+        await asyncio.sleep(2)
+        assert not waiter.done(), "the waiter keeps waiting through the outage"
+        await asyncio.to_thread(aof_server.start)
+        # Written at once, before (or while) the waiter's subscription comes back: only a re-read can see it.
+        subscribed_before = store.pubsub.connected
+        _, done = await succeed(writer, job_id, output="after the restart")
+        assert await asyncio.wait_for(waiter, 10) == done, f"subscription up before the write: {subscribed_before}"
+        assert store.pubsub.connects == 2
+    finally:
+        await writer.close()
+        await store.close()
+
+
+async def test_redis_wait_gets_a_terminal_record_whose_notice_was_lost(redis_url: str) -> None:
+    store = RedisStore(redis_url, job_ttl_s=60, recheck_interval_s=0.3)
+    await store.connect()
+    try:
+        job_id = new_id()
+        await store.create(queued(job_id))
+        waiter = asyncio.create_task(store.wait(job_id, timeout_s=20))
+        await eventually(lambda: store.pubsub.watched_channels == 1)
+        done = queued(job_id).model_copy(update={"state": JobState.succeeded, "output": "no notice"})
+        await store.redis.set(c.job_key(job_id), done.model_dump_json())  # the record, without its PUBLISH
+        started = time.monotonic()
+        assert await asyncio.wait_for(waiter, 5) == done
+        assert time.monotonic() - started < 2, "the periodic re-read delivered it"
+    finally:
+        await store.close()
+
+
+async def test_redis_rechecks_every_waiter_in_a_few_batched_reads(redis_url: str) -> None:
+    store = RedisStore(redis_url, job_ttl_s=60, recheck_interval_s=3600)  # this test runs the passes itself
+    await store.connect()
+    ids = [new_id() for _ in range(1200)]
+    gets_before = (await command_calls(store)).get("get", 0)
+    waiters = [asyncio.create_task(store.wait(job_id, timeout_s=30)) for job_id in ids]
+    try:
+        for _ in range(400):  # each waiter reads twice (before and after subscribing), then only waits
+            if (await command_calls(store)).get("get", 0) - gets_before >= 2 * len(ids):
+                break
+            await asyncio.sleep(0.05)
+        assert store.pubsub.watched_channels == len(ids)
+        ended = ids[::3]
+        done = {job_id: queued(job_id).model_copy(update={"state": JobState.failed}) for job_id in ended}
+        await store.redis.mset({c.job_key(job_id): r.model_dump_json() for job_id, r in done.items()})
+        before = await command_calls(store)
+        assert await store._recheck.recheck() == len(ended)
+        after = await command_calls(store)
+        assert after["mget"] - before.get("mget", 0) == 3  # 1200 watched jobs, 500 keys per MGET
+        finished = [await asyncio.wait_for(waiters[i], 5) for i in range(0, len(ids), 3)]
+        assert finished == [done[job_id] for job_id in ended]
+        assert not any(waiters[i].done() for i in range(1, len(ids), 3))
+    finally:
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
         await store.close()

@@ -1,0 +1,97 @@
+"""The periodic re-read that heals lost completion notices.
+
+A completion is announced once, on ``fleet:done:<id>``. Redis pub/sub keeps nothing: a notice published while the
+gateway's pub/sub connection was down (or while the server itself was restarting, by a writer whose PUBLISH was
+lost with it) never arrives. The reconnection wake-up of ``PubSubMux`` covers the drops it notices; this loop
+covers the rest, whatever their cause: every ``interval_s`` it reads the records of every watched job, in batches
+of ``batch`` keys per MGET, and hands each terminal one to its waiters as if its notice had arrived. A thousand
+waiters cost one MGET of a thousand small records (a job that has not ended has no output yet) per interval, not a
+thousand timers and reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pydantic import ValidationError
+from redis import asyncio as aioredis
+from redis.exceptions import RedisError
+
+from fleet import constants as c
+from fleet.store.pubsub import PubSubMux
+from fleet.tasks import cancel_and_wait
+from schemas.jobs import JobRecord
+
+log = logging.getLogger(__name__)
+
+RECHECK_INTERVAL_S = 5.0  # the longest a waiter waits for a terminal record whose notice was lost
+RECHECK_BATCH = 500  # keys per MGET
+CHANNEL_PREFIX = c.done_channel("")
+
+
+class Rechecker:
+    """Re-reads the records of ``mux``'s watched jobs every ``interval_s`` and delivers the terminal ones."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        mux: PubSubMux,
+        *,
+        interval_s: float = RECHECK_INTERVAL_S,
+        batch: int = RECHECK_BATCH,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self._redis = redis
+        self._mux = mux
+        self.interval_s = interval_s
+        self._batch = batch
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.delivered = 0  # terminal records handed over by a re-read (their notice was lost or late)
+
+    def start(self) -> None:
+        """Start the loop (idempotent); ``RedisStore.wait`` calls it with the first waiter."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.create_task(self._run(), name="fleet-store-recheck")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.recheck()
+            except (RedisError, OSError) as exc:
+                # The store is down: the waiters wait for the reconnection, and the next tick tries again.
+                log.debug("re-reading the watched records failed: %r", exc)
+            except Exception:
+                log.exception("re-reading the watched records failed")
+
+    async def recheck(self) -> int:
+        """One pass over every watched job; returns how many terminal records it delivered."""
+        channels = [ch for ch in self._mux.watched() if ch.startswith(CHANNEL_PREFIX)]
+        found = 0
+        for start in range(0, len(channels), self._batch):
+            chunk = channels[start : start + self._batch]
+            raws = await self._redis.mget([c.job_key(ch[len(CHANNEL_PREFIX) :]) for ch in chunk])
+            for channel, raw in zip(chunk, raws, strict=True):
+                if raw and _is_terminal(raw):
+                    self._mux.deliver(channel, raw)
+                    found += 1
+        if found:
+            self.delivered += found
+            log.debug("re-read %d watched records: %d had ended", len(channels), found)
+        return found
+
+
+def _is_terminal(raw: bytes | str) -> bool:
+    try:
+        return JobRecord.model_validate_json(raw).terminal
+    except ValidationError:
+        return False  # the waiter's own read reports a corrupt record
