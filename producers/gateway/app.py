@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from fleet.brokers.base import Broker
 from fleet.lag import LagMonitor
@@ -20,10 +19,11 @@ from fleet.models import resolve_specs
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
-from schemas.models import ModelSpec
+from producers.gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
@@ -34,23 +34,6 @@ OPENAPI_TAGS = [
     {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
     {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
 ]
-
-
-@dataclass(slots=True)
-class GatewayState:
-    """What the request handlers share: settings, the connected clients and the served models' specs."""
-
-    settings: FleetSettings
-    broker: Broker
-    store: ResultStore
-    specs: dict[str, ModelSpec]
-    limits: GatewayLimits = field(default_factory=GatewayLimits)
-
-
-def gateway_state(request: Request) -> GatewayState:
-    """FastAPI dependency: the state the lifespan built (also reachable as ``app.state.gateway``)."""
-    state: GatewayState = request.app.state.gateway
-    return state
 
 
 def _build_broker(settings: FleetSettings) -> Broker:
@@ -138,8 +121,6 @@ def create_app(
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
         BrokerUnavailable / StoreError: a client the app builds itself cannot connect.
     """
-    from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
-
     app = FastAPI(
         title="Fleet gateway",
         version="1",

@@ -20,11 +20,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
 from fleet.errors import InvalidInput, JobNotFound, PayloadTooLarge, UnknownModel
-from producers.gateway.app import GatewayState, gateway_state
 from producers.gateway.calls import publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
+from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
 from schemas.jobs import JobError, JobRecord, JobState
 from schemas.models import ModelSpec
