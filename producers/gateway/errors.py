@@ -13,7 +13,7 @@ job_not_found          404     no record for the job id
 not_found              404     no such route
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)
-job_id_conflict        409     a job id reused for another model
+job_id_conflict        409     a job id reused for another model or another input (details: job_id)
 payload_too_large      413     body over ``max_body_bytes`` (details: size, limit)
 broker_unavailable     503     the broker did not acknowledge the publish (Retry-After)
 store_unavailable      503     the result store cannot be reached (Retry-After)

@@ -1,9 +1,11 @@
 """``/v1/jobs``: submit, poll (optionally long-poll) and cancel.
 
-Submitting an id that already has a record is idempotent: the answer is ``202`` with the existing job's current
-status and nothing new is created. When that job is still ``queued`` the request is published again with the same
-message id; the broker's de-duplication drops it when the first publish got through, and it recovers a job whose
-first publish never happened (a gateway that died between writing the record and publishing). A failed re-publish
+Submitting an id that already has a record with the same model and input (same canonical JSON, key order aside:
+``schemas.jobs.input_digest``) is idempotent: the answer is ``202`` with the existing job's current status and
+nothing new is created. Another model or another input is ``409 job_id_conflict``. When that job is still
+``queued`` the request is published again with the same message id; the broker's de-duplication drops it when the
+first publish got through, and it recovers a job whose first publish never happened (a gateway that died between
+writing the record and publishing). A failed re-publish
 answers ``503`` but leaves the existing record alone: it belongs to the first submission.
 """
 
@@ -26,7 +28,7 @@ from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
 from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
-from schemas.jobs import JobError, JobRecord, JobState
+from schemas.jobs import JobError, JobRecord, JobState, input_digest
 from schemas.models import ModelSpec
 from schemas.wire import RequestMessage
 
@@ -57,6 +59,8 @@ def parse_submit(raw: bytes) -> SubmitRequest:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed_json", "the request body nests too deeply to be read") from None
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:
@@ -75,12 +79,25 @@ def validate_input(spec: ModelSpec, value: dict[str, Any]) -> None:
         raise InvalidInput(validation_message(errors, f"invalid input for model {spec.name!r}"), errors) from None
 
 
+def _digest(value: dict[str, Any]) -> str:
+    try:
+        return input_digest(value)
+    except (RecursionError, ValueError) as exc:
+        raise ApiError(422, "invalid_request", f"the input cannot be encoded as JSON: {exc}") from None
+
+
 def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
     """The queued record and the wire message of a new job."""
     job_id = body.job_id or uuid.uuid4().hex
     expires_at = now + body.timeout_s if body.timeout_s else None
     record = JobRecord(
-        job_id=job_id, model=body.model, state=JobState.queued, created_at=now, expires_at=expires_at, deliveries=0
+        job_id=job_id,
+        model=body.model,
+        state=JobState.queued,
+        created_at=now,
+        expires_at=expires_at,
+        deliveries=0,
+        input_digest=_digest(body.input),
     )
     message = RequestMessage(
         v=1,
@@ -112,18 +129,33 @@ async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> N
         raise
 
 
+def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
+    """Raises 409 ``job_id_conflict`` when ``record`` reuses the id of a job with another model or input.
+
+    A record without a digest (published straight to the topic, or written by an older Fleet) cannot be compared
+    and is taken as the same job.
+    """
+    if existing.model != record.model:
+        what = f"a job of model {existing.model!r}"
+    elif existing.input_digest is not None and existing.input_digest != record.input_digest:
+        what = "a job with another input"
+    else:
+        return
+    raise ApiError(
+        409,
+        "job_id_conflict",
+        f"job id {record.job_id!r} is already used by {what}; resubmit the same model and input, or choose another id",
+        {"job_id": record.job_id, "model": existing.model},
+    )
+
+
 async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> SubmitResponse:
     """The job id already has a record: answer with it (see the module docstring)."""
     store, timeout_s = state.store, state.limits.store_timeout_s
     existing = await store_call(store, store.get(record.job_id), timeout_s)
     if existing is None:
         raise ApiError(409, "job_id_conflict", f"job {record.job_id!r} changed while it was resubmitted; retry")
-    if existing.model != record.model:
-        raise ApiError(
-            409,
-            "job_id_conflict",
-            f"job id {record.job_id!r} is already used by a job of model {existing.model!r}; choose another id",
-        )
+    _check_same_job(existing, record)
     if existing.state == JobState.queued:
         await publish_request(state.broker, record.model, record.job_id, data, state.limits)
     return SubmitResponse(job_id=existing.job_id, status=existing.state)
