@@ -20,6 +20,7 @@ from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
+from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
@@ -127,7 +128,10 @@ def create_app(
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
         lifespan=_lifespan(settings, broker, store, limits or GatewayLimits(), scaling),
+        docs_url=None,  # served from installed assets instead of a CDN: producers.gateway.docs
+        redoc_url=None,
     )
+    install_docs(app)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
