@@ -1,12 +1,17 @@
 """``/v1/jobs``: submit, poll (optionally long-poll) and cancel.
 
+A submission is checked (model, input, size), counted against its model's queue bound (``backlog``: 429
+``queue_full`` beyond it), written ``queued`` together with an unpublished mark that keeps the request message
+(one store command), published with the job id as message id, and marked published once the broker acknowledged
+it; only then is the answer ``202``. A publish that fails deletes the record and the mark; a gateway killed
+before the acknowledgement leaves the mark, and a reconcile sweep (``reconcile``) publishes the job again.
+
 Submitting an id that already has a record with the same model and input (same canonical JSON, key order aside:
 ``schemas.jobs.input_digest``) is idempotent: the answer is ``202`` with the existing job's current status and
-nothing new is created. Another model or another input is ``409 job_id_conflict``. When that job is still
-``queued`` the request is published again with the same message id; the broker's de-duplication drops it when the
-first publish got through, and it recovers a job whose first publish never happened (a gateway that died between
-writing the record and publishing). A failed re-publish
-answers ``503`` but leaves the existing record alone: it belongs to the first submission.
+nothing new is created, also when the queue is full. Another model or another input is ``409 job_id_conflict``.
+When that job is still ``queued`` the request is published again with the same message id; the broker's
+de-duplication drops it when the first publish got through. A failed re-publish answers ``503`` but leaves the
+existing record alone: it belongs to the first submission.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
-from fleet.errors import InvalidInput, JobNotFound, PayloadTooLarge, UnknownModel
+from fleet.errors import InvalidInput, JobNotFound, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from producers.gateway.calls import publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
@@ -112,21 +117,34 @@ def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
 
 
 async def _forget(state: GatewayState, job_id: str) -> None:
-    """Delete the record of a job whose publish failed, so that no record claims a job that is not queued."""
+    """Delete the record (and its unpublished mark) of a job whose publish failed, so that no record claims a job
+    that is not queued."""
     try:
         await store_call(state.store, state.store.delete(job_id), state.limits.store_timeout_s)
     except Exception:
         logger.exception("job %s was not published and its record could not be deleted", job_id)
 
 
-async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> None:
+async def _publish(state: GatewayState, record: JobRecord, data: bytes) -> None:
+    """``publish_request``, with a broker that refused the message for its own bound answered as 429 too."""
     try:
         await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+    except QueueFull as exc:
+        raise state.backlog.refused_by_broker(record.model, exc) from exc
+
+
+async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> None:
+    try:
+        await _publish(state, record, data)
     except BaseException:
         # Cancelled or failed: either way the client gets no 202, so the record must go. The shield lets the
         # delete finish when the request task itself is being cancelled.
         await asyncio.shield(_forget(state, record.job_id))
         raise
+    try:
+        await store_call(state.store, state.store.published(record.job_id), state.limits.store_timeout_s)
+    except StoreError as exc:  # the job is queued all the same; a reconcile sweep clears the mark later
+        logger.warning("job %s is published but still marked unpublished: %s", record.job_id, exc.message)
 
 
 def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
@@ -157,8 +175,25 @@ async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> Subm
         raise ApiError(409, "job_id_conflict", f"job {record.job_id!r} changed while it was resubmitted; retry")
     _check_same_job(existing, record)
     if existing.state == JobState.queued:
-        await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+        await _publish(state, record, data)
+        await store_call(state.store, state.store.published(record.job_id), state.limits.store_timeout_s)
     return SubmitResponse(job_id=existing.job_id, status=existing.state)
+
+
+async def _admit(state: GatewayState, body: SubmitRequest, record: JobRecord, data: bytes) -> SubmitResponse | None:
+    """Count the job against its model's bound; None when admitted, else the answer to give.
+
+    A queue at its bound raises ``QueueFull`` (429), except for a resubmit of a job that exists already: that
+    creates nothing, so it gets its usual answer.
+    """
+    try:
+        await state.backlog.admit(record.model)
+    except QueueFull:
+        store = state.store
+        if body.job_id is None or await store_call(store, store.get(body.job_id), state.limits.store_timeout_s) is None:
+            raise
+        return await _resubmit(state, record, data)
+    return None
 
 
 async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
@@ -171,10 +206,18 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     record, data = new_job(body, time.time())
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
-    created = await store_call(state.store, state.store.create(record), state.limits.store_timeout_s)
-    if not created:
-        return await _resubmit(state, record, data)
-    await _publish_new(state, record, data)
+    answer = await _admit(state, body, record, data)
+    if answer is not None:
+        return answer
+    published = False
+    try:
+        created = await store_call(state.store, state.store.create(record, data), state.limits.store_timeout_s)
+        if not created:
+            return await _resubmit(state, record, data)
+        await _publish_new(state, record, data)
+        published = True
+    finally:
+        state.backlog.published(record.model, published)
     JOBS_SUBMITTED.labels(record.model).inc()
     return SubmitResponse(job_id=record.job_id, status=JobState.queued)
 
@@ -186,9 +229,11 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     summary="Submit a job",
     description=(
         "Validates the model and its input, records the job as `queued` and publishes it to the model's subject. "
-        "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` is idempotent."
+        "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` with the same model and "
+        "input is idempotent; another model or input is `409 job_id_conflict`. A model whose queue holds its "
+        "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate."
     ),
-    responses=_errors(400, 404, 409, 413, 422, 503),
+    responses=_errors(400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_SUBMIT_BODY,
 )
 async def submit_job(request: Request, state: GatewayState = Depends(gateway_state)) -> SubmitResponse:

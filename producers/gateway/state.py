@@ -6,6 +6,7 @@ It lives apart from ``app`` so that the route modules, which ``app`` imports, ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -15,15 +16,20 @@ from fleet.store.base import ResultStore
 from producers.gateway.limits import GatewayLimits
 from schemas.models import ModelSpec
 
+if TYPE_CHECKING:
+    from producers.gateway.backlog import Backlog
+
 
 @dataclass(slots=True)
 class GatewayState:
-    """What the request handlers share: settings, the connected clients and the served models' specs."""
+    """What the request handlers share: settings, the connected clients, the served models' specs and their
+    queue bounds (``backlog``)."""
 
     settings: FleetSettings
     broker: Broker
     store: ResultStore
     specs: dict[str, ModelSpec]
+    backlog: Backlog
     limits: GatewayLimits = field(default_factory=GatewayLimits)
 
 
