@@ -17,7 +17,7 @@ from fleet import constants as c
 from fleet.store.base import ResultStore
 from fleet.store.redis import RedisStore
 from producers.gateway.reconcile import Reconciler
-from schemas.jobs import JobRecord, JobState
+from schemas.jobs import JobRecord, JobState, input_digest
 from tests import services
 from tests.contract import store_fixtures
 from tests.crashing_gateway import EXIT_CODE
@@ -185,3 +185,20 @@ async def test_a_gateway_killed_between_record_and_publish(
             done = (await wait_terminal(jobs, [job_id], timeout_s=AFTER_S + 10))[job_id]
         assert done.state == JobState.succeeded and done.output == {"k": "v"}
         assert time.monotonic() - started < AFTER_S + 8
+
+
+async def test_a_client_resubmit_publishes_an_orphan_at_once_and_clears_its_mark(
+    request: pytest.FixtureRequest, unique: str
+) -> None:
+    refs, (echo,) = model_refs(unique, "echo")
+    settings = settings_for("memory", {}, models=refs)  # the sweep would only come after 30 s
+    job_id = f"again-{unique}"
+    async with connected_pair(settings) as (broker, jobs), asgi_gateway(settings, broker, jobs) as (_, client):
+        record = queued(job_id, echo).model_copy(update={"input_digest": input_digest({"a": 1})})
+        await jobs.create(record, request_bytes(echo, job_id, {"a": 1}))
+        again = await client.post("/v1/jobs", json={"model": echo, "input": {"a": 1}, "job_id": job_id})
+        assert again.status_code == 202 and again.json()["status"] == "queued"
+        async with ObservedWorker(broker, jobs, echo):
+            done = (await wait_terminal(jobs, [job_id]))[job_id]
+        assert done.state == JobState.succeeded and done.output == {"a": 1}
+        assert mine(await jobs.claim_unpublished(0, 1000), {job_id}) == {}

@@ -141,10 +141,16 @@ async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> N
         # delete finish when the request task itself is being cancelled.
         await asyncio.shield(_forget(state, record.job_id))
         raise
+    await _mark_published(state, record.job_id)
+
+
+async def _mark_published(state: GatewayState, job_id: str) -> None:
+    """Clear the job's unpublished mark; a store that fails here changes nothing for the client (the broker has
+    the job) and a reconcile sweep clears the mark later (its republish is a duplicate the broker drops)."""
     try:
-        await store_call(state.store, state.store.published(record.job_id), state.limits.store_timeout_s)
-    except StoreError as exc:  # the job is queued all the same; a reconcile sweep clears the mark later
-        logger.warning("job %s is published but still marked unpublished: %s", record.job_id, exc.message)
+        await store_call(state.store, state.store.published(job_id), state.limits.store_timeout_s)
+    except StoreError as exc:
+        logger.warning("job %s is published but still marked unpublished: %s", job_id, exc.message)
 
 
 def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
@@ -176,7 +182,7 @@ async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> Subm
     _check_same_job(existing, record)
     if existing.state == JobState.queued:
         await _publish(state, record, data)
-        await store_call(state.store, state.store.published(record.job_id), state.limits.store_timeout_s)
+        await _mark_published(state, record.job_id)
     return SubmitResponse(job_id=existing.job_id, status=existing.state)
 
 
