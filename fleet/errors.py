@@ -76,9 +76,9 @@ class QueueFull(PublishFailed):
     def __init__(
         self, model: str, limit: int | None, *, depth: int | None = None, retry_after_s: float | None = None
     ) -> None:
-        held = f"{depth} requests waiting or in flight" if depth is not None else "its limit of requests"
-        bound = f", its bound is {limit}" if limit is not None else ""
-        super().__init__(f"the queue of model {model!r} is full ({held}{bound}); retry later")
+        held = f"{depth} requests waiting or in flight" if depth is not None else ""
+        why = ", ".join(f for f in (held, f"bound {limit}" if limit else "") if f) or "the broker refused the request"
+        super().__init__(f"the queue of model {model!r} is full ({why}); retry later")
         self.model = model
         self.limit = limit
         self.depth = depth

@@ -252,3 +252,11 @@ def test_the_broker_bound_is_the_largest_and_none_when_any_model_is_unbounded() 
     assert (settings.max_queued_for("sleep"), settings.max_queued_for("echo")) == (50, c.DEFAULT_MAX_QUEUED)
     with pytest.raises(ValueError, match="MODEL=COUNT"):
         FleetSettings.model_validate({"max_queued_per_model": "sleep"})
+
+
+async def test_a_large_concurrent_burst_gets_exactly_the_bound(unique: str) -> None:
+    refs, (sleep,) = model_refs(unique, "sleep")
+    settings = settings_for("memory", {}, models=refs, max_queued_per_model={sleep: 50}, lag_interval_s=3600)
+    async with gateway(settings) as (_, _store, client):
+        codes = [r.status_code for r in await burst(client, sleep, 600, f"big-{unique}")]
+    assert (codes.count(202), codes.count(429)) == (50, 550)
