@@ -21,6 +21,7 @@ from fleet.brokers.base import Broker
 from fleet.errors import QueueFull
 from fleet.settings import FleetSettings
 from producers.gateway.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
+from producers.sdk import error_from_response
 from schemas.jobs import JobState
 from tests.gateway_helpers import WORKER_SETTINGS, asgi_gateway, error_of, model_refs, private_server
 from tests.infra import connected_pair, eventually, request_bytes, settings_for
@@ -260,3 +261,15 @@ async def test_a_large_concurrent_burst_gets_exactly_the_bound(unique: str) -> N
     async with gateway(settings) as (_, _store, client):
         codes = [r.status_code for r in await burst(client, sleep, 600, f"big-{unique}")]
     assert (codes.count(202), codes.count(429)) == (50, 550)
+
+
+async def test_the_sdk_raises_queue_full_with_the_retry_hint(unique: str) -> None:
+    refs, (sleep,) = model_refs(unique, "sleep")
+    settings = settings_for("memory", {}, models=refs, max_queued_per_model={sleep: 1}, lag_interval_s=3600)
+    async with gateway(settings) as (_, _store, client):
+        assert (await client.post("/v1/jobs", json={"model": sleep, "input": {}})).status_code == 202
+        refused = await client.post("/v1/jobs", json={"model": sleep, "input": {}})
+    exc = error_from_response(refused.status_code, refused.json())
+    assert isinstance(exc, QueueFull) and exc.retriable
+    assert (exc.model, exc.limit, exc.depth) == (sleep, 1, 1)
+    assert exc.retry_after_s == float(refused.headers["retry-after"])
