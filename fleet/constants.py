@@ -83,6 +83,16 @@ def done_channel(job_id: str) -> str:
     return f"{KEY_PREFIX}:done:{job_id}"
 
 
+# Jobs the gateway wrote ``queued`` but has not yet seen the broker acknowledge: a sorted set of job ids scored by
+# the (Redis) time they were written or last claimed by a reconcile sweep, and each one's request message.
+PENDING_KEY = f"{KEY_PREFIX}:pending"
+
+
+def pending_message_key(job_id: str) -> str:
+    """The request message of a job in ``PENDING_KEY``, kept so that a reconcile sweep can publish it."""
+    return f"{PENDING_KEY}:{job_id}"
+
+
 def dag_key(run_id: str) -> str:
     return f"{KEY_PREFIX}:dag:{run_id}"
 
@@ -134,3 +144,5 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_LONG_POLL_S = 60.0
 DEFAULT_AUTOSCALER_INTERVAL_S = 2.0
 DEFAULT_SCALING_DECISIONS_KEPT = 50
+DEFAULT_MAX_QUEUED = 100_000  # requests waiting or in flight per model (FLEET_MAX_QUEUED; 0: unbounded)
+DEFAULT_RECONCILE_AFTER_S = 30.0

@@ -8,6 +8,7 @@ FleetError
  +-- BrokerError                 retriable: the broker is unreachable or did not acknowledge
  |    +-- BrokerUnavailable
  |    +-- PublishFailed
+ |         +-- QueueFull(model, limit)  the model's queue holds its bound: the gateway or the broker refused
  +-- StoreError                  retriable: the result store is unreachable
  +-- JobNotFound(job_id)
  +-- ModelError(message)         the model raised while computing; retriable unless it says otherwise
@@ -63,6 +64,25 @@ class BrokerUnavailable(BrokerError):
 
 class PublishFailed(BrokerError):
     pass
+
+
+class QueueFull(PublishFailed):
+    """A model's queue holds ``limit`` requests (waiting or in flight): the gateway (429) or the broker refused one.
+
+    ``depth`` is how many the queue was seen to hold, ``retry_after_s`` when it should have room again; either may be
+    unknown (None), e.g. when the broker refused a direct publish.
+    """
+
+    def __init__(
+        self, model: str, limit: int | None, *, depth: int | None = None, retry_after_s: float | None = None
+    ) -> None:
+        held = f"{depth} requests waiting or in flight" if depth is not None else ""
+        why = ", ".join(f for f in (held, f"bound {limit}" if limit else "") if f) or "the broker refused the request"
+        super().__init__(f"the queue of model {model!r} is full ({why}); retry later")
+        self.model = model
+        self.limit = limit
+        self.depth = depth
+        self.retry_after_s = retry_after_s
 
 
 class StoreError(FleetError):

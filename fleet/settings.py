@@ -30,6 +30,22 @@ def url_scheme(url: str, allowed: tuple[str, ...], what: str) -> str:
     return scheme
 
 
+def parse_pairs(value: object, name: str, form: str) -> object:
+    """``'a=1,b=2'`` or a JSON object as a dict (values still strings or as given; the field's type checks them)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} {value!r} is not a JSON object: {exc}") from None
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"{name} {value!r}: write {form} pairs separated by commas, or a JSON object")
+    return {key.strip(): item.strip() for key, item in pairs}
+
+
 class FleetSettings(BaseSettings):
     """Settings shared by every Fleet process. Defaults run everything embedded in one process."""
 
@@ -84,6 +100,22 @@ class FleetSettings(BaseSettings):
     max_body_bytes: int = Field(c.DEFAULT_MAX_BODY_BYTES, ge=1024)
     max_long_poll_s: float = Field(c.DEFAULT_MAX_LONG_POLL_S, gt=0)
     lag_interval_s: float = Field(5.0, gt=0, description="how often the gateway refreshes the fleet_queue_lag gauge")
+    max_queued: int = Field(
+        c.DEFAULT_MAX_QUEUED,
+        ge=0,
+        description="per model: requests waiting or in flight beyond which POST /v1/jobs answers 429 queue_full "
+        "(0: unbounded); on NATS the request stream also refuses direct publishes beyond the largest bound",
+    )
+    max_queued_per_model: Annotated[dict[str, Annotated[int, Field(ge=0)]], NoDecode] = Field(
+        default_factory=dict,
+        description="per-model overrides of max_queued, e.g. 'sleep=50,embed=1000' or a JSON object",
+    )
+    reconcile_after_s: float = Field(
+        c.DEFAULT_RECONCILE_AFTER_S,
+        gt=0,
+        description="a job still unpublished this long after its record was written is republished by a gateway's "
+        "reconcile sweep (the gateway that accepted it died in between)",
+    )
 
     # autoscaler (`fleet up` and `fleet autoscaler`)
     autoscale: bool = Field(True, description="fleet up: scale workers on lag (false: one worker per model)")
@@ -111,15 +143,26 @@ class FleetSettings(BaseSettings):
     @field_validator("routing", mode="before")
     @classmethod
     def _parse_routing(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        if text.startswith("{"):
-            return json.loads(text)
-        pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise ValueError(f"routing {value!r}: write MODEL=pull|dispatch pairs separated by commas")
-        return {model.strip(): mode.strip() for model, mode in pairs}
+        return parse_pairs(value, "routing", "MODEL=pull|dispatch")
+
+    @field_validator("max_queued_per_model", mode="before")
+    @classmethod
+    def _parse_max_queued(cls, value: object) -> object:
+        return parse_pairs(value, "max_queued_per_model", "MODEL=COUNT")
+
+    def max_queued_for(self, model: str) -> int:
+        """The bound on ``model``'s queued requests (0: unbounded)."""
+        return self.max_queued_per_model.get(model, self.max_queued)
+
+    @property
+    def broker_max_queued(self) -> int:
+        """The per-subject limit of the NATS request stream: the largest bound, or 0 (none) when any is unbounded.
+
+        One stream holds every model's subject and JetStream has one per-subject limit per stream, so the broker
+        cannot hold each model to its own bound; the gateway does.
+        """
+        bounds = [self.max_queued, *self.max_queued_per_model.values()]
+        return 0 if 0 in bounds else max(bounds)
 
     @field_validator("dispatch_policy")
     @classmethod

@@ -33,6 +33,7 @@ from fleet.errors import (
     InvalidInput,
     JobNotFound,
     PayloadTooLarge,
+    QueueFull,
     StoreError,
     UnknownModel,
 )
@@ -94,6 +95,9 @@ def error_from_response(status: int, body: Any) -> FleetError:
         exc = PayloadTooLarge(int(info.get("size", 0)), int(info.get("limit", 0)))
     elif type_ == "job_not_found":
         exc = JobNotFound(str(info.get("job_id", "")))
+    elif type_ == "queue_full":
+        limit, depth, wait_s = info.get("limit"), info.get("depth"), info.get("retry_after_s")
+        exc = QueueFull(str(info.get("model", "")), limit, depth=depth, retry_after_s=wait_s)
     elif type_ == "broker_unavailable":
         exc = BrokerUnavailable(message)
     elif type_ == "store_unavailable":
@@ -181,6 +185,7 @@ class FleetClient:
         Raises:
             UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong; fix it.
             BrokerUnavailable, StoreError: retriable; the gateway's dependencies are down.
+            QueueFull: retriable; the model's queue holds its bound, retry after ``exc.retry_after_s``.
             GatewayUnreachable: retriable; resubmit with the same ``job_id`` to stay idempotent.
         """
         body: dict[str, Any] = {"model": model, "input": input, "priority": priority}

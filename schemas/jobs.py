@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from enum import StrEnum
 from typing import Any
@@ -51,7 +53,22 @@ class JobRecord(BaseModel):
     deliveries: int = Field(0, description="how many times a worker started running the job")
     worker_id: str | None = None
     expires_at: float | None = Field(None, description="unix seconds after which a queued job is expired")
+    input_digest: str | None = Field(
+        None,
+        description="sha256 (hex) of the input's canonical JSON, set by the gateway at submit: a resubmit of the "
+        "job id with another input is refused; null for jobs published straight to the topic",
+    )
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+def input_digest(value: object) -> str:
+    """sha256 (hex) of ``value``'s canonical JSON: keys sorted, no spaces, non-ASCII escaped.
+
+    Two inputs that differ only in key order or whitespace have the same digest. Raises ``ValueError`` (or
+    ``RecursionError`` for nesting deeper than the interpreter allows) when ``value`` is not JSON data.
+    """
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import signal
@@ -48,6 +49,8 @@ def _env_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, list | tuple):
         return ",".join(str(v) for v in value)
+    if isinstance(value, dict):  # FLEET_ROUTING, FLEET_MAX_QUEUED_PER_MODEL: the JSON object form parses back
+        return json.dumps(value)
     return str(value)
 
 

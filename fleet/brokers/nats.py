@@ -19,6 +19,14 @@ Streams (created, or brought in line, at ``connect``):
 All streams de-duplicate on ``Nats-Msg-Id`` within ``dedup_window_s`` and accept messages up to
 ``max_message_bytes`` (plus room for headers).
 
+``FLEET_REQ`` also bounds each subject (each model's queue) to ``max_queued`` messages (waiting or in flight, as
+the stream keeps a message until its group acks it), with discard-new per subject: a publish beyond the bound is
+refused (JetStream error 10077) and raises ``QueueFull``, so direct publishers are bounded as the gateway is. A
+duplicate of a stored message is still acknowledged as a duplicate. JetStream has one per-subject limit per
+stream, so it is the largest of Fleet's per-model bounds (``FleetSettings.broker_max_queued``); 0 leaves the
+subjects unbounded. Like the window and size limit, every Fleet process that connects brings the stream in line
+with its own settings: give them all the same ``FLEET_MAX_QUEUED*``.
+
 Groups are durable pull consumers, one per ``(subject, group)``, named ``durable_name(subject, group)``, with
 explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries: the worker dead-letters by itself after
 ``max_deliveries`` by reading ``delivery_count``, which also covers poison messages that crash it.
@@ -46,6 +54,7 @@ from nats.js.api import (
     ConsumerConfig,
     ConsumerInfo,
     DeliverPolicy,
+    DiscardPolicy,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -55,7 +64,7 @@ from fleet import constants as c
 from fleet.brokers.nats_client import FleetNatsClient
 from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
-from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
+from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed, QueueFull
 
 if TYPE_CHECKING:
     from fleet.settings import FleetSettings
@@ -74,6 +83,7 @@ MAX_ACK_PENDING = 20_000  # per group: messages out to workers but not yet settl
 HEADER_ALLOWANCE_BYTES = 16 * 1024  # stream max_msg_size = max_message_bytes + this, for headers
 DLQ_MAX_AGE_S = 7 * 24 * 3600.0
 _STREAM_NAME_IN_USE = 10058  # JetStream error code: stream exists with a different configuration
+_MAX_MSGS_PER_SUBJECT = 10077  # JetStream error code: a discard-new subject holds its limit of messages
 # JetStream error codes: a work-queue stream refuses a consumer whose subjects overlap another consumer's.
 _WORK_QUEUE_OVERLAP = (10099, 10100)
 WORK_QUEUE_STREAMS = frozenset({c.REQ_STREAM, INBOX_STREAM})
@@ -105,11 +115,12 @@ class NatsBroker:
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         request_max_age_s: float = float(c.DEFAULT_JOB_TTL_S),
         ping_timeout_s: float = PING_TIMEOUT_S,
+        max_queued: int = 0,
     ) -> None:
         """``url`` is ``nats://host:port`` (comma-separate several servers of one cluster).
 
         ``request_max_age_s`` is the ``max_age`` of the request and inbox streams (the job TTL); ``ping_timeout_s``
-        bounds one ``ping``.
+        bounds one ``ping``; ``max_queued`` bounds the messages of each request subject (0: unbounded).
         """
         self.url = url
         self.ack_wait_s = ack_wait_s
@@ -119,6 +130,7 @@ class NatsBroker:
         self.request_timeout_s = request_timeout_s
         self.request_max_age_s = request_max_age_s
         self.ping_timeout_s = ping_timeout_s
+        self.max_queued = max_queued
         self._servers = [s.strip() for s in url.split(",") if s.strip()]
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
@@ -135,6 +147,7 @@ class NatsBroker:
             "dedup_window_s": settings.dedup_window_s,
             "max_message_bytes": settings.max_message_bytes,
             "request_max_age_s": float(settings.job_ttl_s),
+            "max_queued": settings.broker_max_queued,
         }
         kwargs.update(overrides)
         return cls(settings.broker_url, **kwargs)
@@ -274,12 +287,20 @@ class NatsBroker:
         queue, limits = RetentionPolicy.WORK_QUEUE, RetentionPolicy.LIMITS
         age = self.request_max_age_s
         return [
-            StreamConfig(c.REQ_STREAM, subjects=[c.REQ_PREFIX + ".>"], retention=queue, max_age=age, **common),
+            StreamConfig(
+                c.REQ_STREAM, subjects=[c.REQ_PREFIX + ".>"], retention=queue, max_age=age, **common, **self._bound()
+            ),
             StreamConfig(INBOX_STREAM, subjects=[c.INBOX_PREFIX + ".>"], retention=queue, max_age=age, **common),
             StreamConfig(
                 c.DLQ_STREAM, subjects=[c.DLQ_PREFIX + ".>"], retention=limits, max_age=DLQ_MAX_AGE_S, **common
             ),
         ]
+
+    def _bound(self) -> dict[str, Any]:
+        """The per-subject limit of the request stream: discard-new beyond ``max_queued``, or none."""
+        if self.max_queued <= 0:
+            return {"max_msgs_per_subject": -1, "discard": DiscardPolicy.OLD, "discard_new_per_subject": False}
+        return {"max_msgs_per_subject": self.max_queued, "discard": DiscardPolicy.NEW, "discard_new_per_subject": True}
 
     async def _ensure_stream(self, js: JetStreamContext, config: StreamConfig) -> None:
         """Create the stream, or bring an existing one in line (``ConfigError`` when its retention differs)."""
@@ -314,9 +335,12 @@ class NatsBroker:
             duplicate_window=config.duplicate_window,
             max_msg_size=config.max_msg_size,
             max_age=config.max_age,
+            max_msgs_per_subject=config.max_msgs_per_subject,
+            discard=config.discard,
+            discard_new_per_subject=config.discard_new_per_subject,
         )
         if aligned != current:
-            log.info("stream %s: updating its duplicate window, size limit and max age to Fleet's settings", name)
+            log.info("stream %s: updating its duplicate window, limits and max age to Fleet's settings", name)
             await js.update_stream(aligned)
 
     def _stream_of(self, subject: str) -> str:
@@ -424,8 +448,9 @@ class NatsBroker:
     ) -> None:
         """Publish and wait for the PubAck; a repeated ``msg_id`` within the window is dropped by the server.
 
-        Raises ``PayloadTooLarge``, ``BrokerUnavailable`` (closed or disconnected: nothing was sent) or
-        ``PublishFailed`` (no stream, no PubAck in time, or rejected: the message may or may not be stored).
+        Raises ``PayloadTooLarge``, ``BrokerUnavailable`` (closed or disconnected: nothing was sent),
+        ``QueueFull`` (the subject holds ``max_queued`` messages: nothing was stored) or ``PublishFailed`` (no
+        stream, no PubAck in time, or rejected: the message may or may not be stored).
         """
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes, what="message")
@@ -444,6 +469,8 @@ class NatsBroker:
                 f"NATS at {self.url} did not acknowledge a publish to {subject} within {self.request_timeout_s}s"
             ) from exc
         except nats.js.errors.APIError as exc:
+            if exc.err_code == _MAX_MSGS_PER_SUBJECT:
+                raise QueueFull(subject.removeprefix(c.REQ_PREFIX + "."), self.max_queued or None) from exc
             raise PublishFailed(f"JetStream at {self.url} rejected a publish to {subject}: {exc.description}") from exc
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"cannot publish to {subject} on NATS at {self.url}: {exc!r}") from exc

@@ -11,6 +11,11 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
 * ``get_many`` reads a batch of records in one round trip (``None`` for an unknown job), in order.
 * ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
   order); a worker uses them so that the store costs a handful of round trips per batch, not per job.
+* ``create(record, message)`` also marks the job *unpublished*, keeping its request message, atomically with the
+  record; ``published`` clears the mark once the broker acknowledged the message, ``delete`` clears it with the
+  record. ``claim_unpublished(older_than_s, limit)`` returns the jobs marked longer ago than that, with their
+  messages (None when lost), and restarts their clock, so that concurrent sweeps (one per gateway) each get
+  different jobs and a job claimed by a sweep that died is claimed again ``older_than_s`` later.
 * ``wait`` returns the terminal record as soon as it exists, also when the job finished before the call; on
   timeout it returns the current (non-terminal) record, or ``None`` for an unknown job. A store outage shorter
   than the timeout is no error: the waiter retries its reads with backoff and returns the terminal record once the
@@ -58,13 +63,17 @@ class ResultStore(Protocol):
 
     async def ping(self) -> None: ...
 
-    async def create(self, record: JobRecord) -> bool: ...
+    async def create(self, record: JobRecord, message: bytes | None = None) -> bool: ...
 
     async def get(self, job_id: str) -> JobRecord | None: ...
 
     async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]: ...
 
     async def delete(self, job_id: str) -> None: ...
+
+    async def published(self, job_id: str) -> None: ...
+
+    async def claim_unpublished(self, older_than_s: float, limit: int) -> list[tuple[str, bytes | None]]: ...
 
     async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord: ...
 

@@ -31,6 +31,7 @@ class MemoryStore:
         # so the dict is ordered by expiry and the sweep only ever looks at its head.
         self._records: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._waiters: dict[str, set[asyncio.Future[str]]] = {}
+        self._unpublished: dict[str, tuple[float, bytes]] = {}  # job id -> (marked or claimed at, message)
 
     async def connect(self) -> None:
         """Nothing to reach: the store lives in this process."""
@@ -45,10 +46,12 @@ class MemoryStore:
         self._sweep()
         return len(self._records)
 
-    async def create(self, record: JobRecord) -> bool:
+    async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
         if self._read(record.job_id) is not None:
             return False
         self._write(record.job_id, record.model_dump_json())
+        if message is not None:
+            self._unpublished[record.job_id] = (time.time(), bytes(message))
         return True
 
     async def get(self, job_id: str) -> JobRecord | None:
@@ -60,6 +63,21 @@ class MemoryStore:
 
     async def delete(self, job_id: str) -> None:
         self._records.pop(job_id, None)
+        self._unpublished.pop(job_id, None)
+
+    async def published(self, job_id: str) -> None:
+        self._unpublished.pop(job_id, None)
+
+    async def claim_unpublished(self, older_than_s: float, limit: int) -> list[tuple[str, bytes | None]]:
+        now = time.time()
+        cutoff = now - older_than_s
+        due = sorted((at, job_id) for job_id, (at, _) in self._unpublished.items() if at <= cutoff)[:limit]
+        out: list[tuple[str, bytes | None]] = []
+        for _, job_id in due:
+            message = self._unpublished[job_id][1]
+            self._unpublished[job_id] = (now, message)
+            out.append((job_id, message))
+        return out
 
     async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord:
         current = await self.get(job_id)

@@ -7,6 +7,10 @@ the write happens only when the key still holds what the caller read, so nothing
 no JSON is decoded or re-encoded inside Redis. ``finish`` publishes the terminal record on
 ``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens there through one pub/sub
 connection shared by all waiters (``fleet.store.pubsub``).
+
+Unpublished jobs (``create`` with a message): the sorted set ``fleet.constants.PENDING_KEY`` of job ids scored by
+Redis's clock, and each message under ``pending_message_key(job_id)`` with the record's TTL. Creating the record
+and marking it is one script; ``published`` is one pipelined round trip.
 """
 
 from __future__ import annotations
@@ -79,6 +83,29 @@ for expected_len in string.gmatch(ARGV[5], '%d+') do
 end
 return out
 """
+# KEYS: job key, pending set, message key; ARGV: record, ttl_s, job id, message. The record only when absent, and
+# then the job marked unpublished, scored by Redis's own clock (the same for every gateway). Returns 1 if created.
+CREATE_PENDING_LUA = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+local t = redis.call('TIME')
+redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[2])
+redis.call('ZADD', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1000000, ARGV[3])
+return 1
+"""
+# KEYS[1] pending set; ARGV: older_than_s, limit, message key prefix. Returns id1, message1, id2, ... of the jobs
+# marked longer ago than older_than_s, each re-scored to now so that no other sweep claims it meanwhile.
+CLAIM_PENDING_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {}
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], now, id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('GET', ARGV[3] .. id) or ''
+end
+return out
+"""
 KNOWN_RECORDS = 65_536  # records this store wrote last, by job id: a batch finish then needs no read first
 MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
 HINT = "is redis-server running and reachable?"
@@ -139,6 +166,8 @@ class RedisStore:
         self.redis: aioredis.Redis = client or _client(url, socket_timeout_s, connect_timeout_s, max_connections)
         self._cas = self.redis.register_script(CAS_LUA)
         self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
+        self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
+        self._claim_pending = self.redis.register_script(CLAIM_PENDING_LUA)
         self._known: OrderedDict[str, tuple[bytes, JobRecord]] = OrderedDict()
         self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
         self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s)
@@ -156,6 +185,8 @@ class RedisStore:
                 await self.redis.ping()
             await self.redis.script_load(CAS_LUA)
             await self.redis.script_load(CAS_MANY_LUA)
+            await self.redis.script_load(CREATE_PENDING_LUA)
+            await self.redis.script_load(CLAIM_PENDING_LUA)
         except (RedisError, OSError) as exc:
             raise StoreError(f"cannot reach the result store at {self.display_url} ({exc}); {HINT}") from exc
         log.debug("result store connected: %s", self.display_url)
@@ -174,10 +205,27 @@ class RedisStore:
         with self._errors("answer PING"):
             await self.redis.ping()
 
-    async def create(self, record: JobRecord) -> bool:
-        raw = record.model_dump_json()
-        with self._errors(f"create job {record.job_id!r}"):
-            return bool(await self.redis.set(c.job_key(record.job_id), raw, nx=True, ex=self.job_ttl_s))
+    async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
+        raw, job_id = record.model_dump_json(), record.job_id
+        with self._errors(f"create job {job_id!r}"):
+            if message is None:
+                return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
+            keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id)]
+            return bool(await self._create_pending(keys=keys, args=[raw, self.job_ttl_s, job_id, message]))
+
+    async def published(self, job_id: str) -> None:
+        with self._errors(f"mark job {job_id!r} published"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zrem(c.PENDING_KEY, job_id)
+                pipe.delete(c.pending_message_key(job_id))
+                await pipe.execute()
+
+    async def claim_unpublished(self, older_than_s: float, limit: int) -> list[tuple[str, bytes | None]]:
+        args: list[float | int | str] = [older_than_s, limit, c.pending_message_key("")]
+        with self._errors("claim unpublished jobs"):
+            flat = await self._claim_pending(keys=[c.PENDING_KEY], args=args)
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        return [(_as_bytes(job_id).decode(), _as_bytes(message) or None) for job_id, message in pairs]
 
     async def get(self, job_id: str) -> JobRecord | None:
         with self._errors(f"read job {job_id!r}"):
@@ -201,7 +249,10 @@ class RedisStore:
 
     async def delete(self, job_id: str) -> None:
         with self._errors(f"delete job {job_id!r}"):
-            await self.redis.delete(c.job_key(job_id))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.delete(c.job_key(job_id), c.pending_message_key(job_id))
+                pipe.zrem(c.PENDING_KEY, job_id)
+                await pipe.execute()
 
     async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord:
         raw = await self._get_raw(job_id)

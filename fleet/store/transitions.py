@@ -49,6 +49,7 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
         "deliveries": 0,
         "worker_id": None,
         "expires_at": None,
+        "input_digest": None,
     }
     values.update(fields)
     return trusted(values)

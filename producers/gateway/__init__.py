@@ -3,7 +3,8 @@
 ``create_app(settings)`` builds the FastAPI application; see ``producers.gateway.app``.
 """
 
-from producers.gateway.app import GatewayState, create_app
+from producers.gateway.app import create_app
 from producers.gateway.limits import GatewayLimits
+from producers.gateway.state import GatewayState
 
 __all__ = ["GatewayLimits", "GatewayState", "create_app"]

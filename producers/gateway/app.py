@@ -10,20 +10,23 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from fleet.brokers.base import Broker
-from fleet.lag import LagMonitor
+from fleet.errors import ConfigError
 from fleet.models import resolve_specs
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
+from producers.gateway.backlog import Backlog
+from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
-from schemas.models import ModelSpec
+from producers.gateway.reconcile import Reconciler
+from producers.gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
@@ -34,23 +37,6 @@ OPENAPI_TAGS = [
     {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
     {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
 ]
-
-
-@dataclass(slots=True)
-class GatewayState:
-    """What the request handlers share: settings, the connected clients and the served models' specs."""
-
-    settings: FleetSettings
-    broker: Broker
-    store: ResultStore
-    specs: dict[str, ModelSpec]
-    limits: GatewayLimits = field(default_factory=GatewayLimits)
-
-
-def gateway_state(request: Request) -> GatewayState:
-    """FastAPI dependency: the state the lifespan built (also reachable as ``app.state.gateway``)."""
-    state: GatewayState = request.app.state.gateway
-    return state
 
 
 def _build_broker(settings: FleetSettings) -> Broker:
@@ -106,8 +92,10 @@ def _lifespan(
             app.state.scaling = await _open_scaling(stack, settings, scaling)
             for name in specs:
                 await b.ensure_model(name)
-            await stack.enter_async_context(LagMonitor(b, specs, settings.lag_interval_s))
-            app.state.gateway = GatewayState(settings, b, s, specs, limits)
+            bounds = {name: settings.max_queued_for(name) for name in specs}
+            backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
+            await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
+            app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits)
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")
@@ -134,19 +122,30 @@ def create_app(
         scaling: the autoscaler's state (``fleet up`` shares its embedded one); when None, one is built next to
             the result store (``fleet.scaling.make_scaling_store``), connected and closed at shutdown.
 
+    Raises:
+        ConfigError: ``settings.reconcile_after_s`` is not longer than ``limits.publish_timeout_s`` (a sweep would
+            republish jobs whose first publish is still in progress).
+
     Raises (at start-up, from the lifespan):
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
         BrokerUnavailable / StoreError: a client the app builds itself cannot connect.
     """
-    from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
-
+    limits = limits or GatewayLimits()
+    if settings.reconcile_after_s <= limits.publish_timeout_s:
+        raise ConfigError(
+            f"reconcile_after_s ({settings.reconcile_after_s:g}s) must be longer than the publish timeout "
+            f"({limits.publish_timeout_s:g}s)"
+        )
     app = FastAPI(
         title="Fleet gateway",
         version="1",
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
-        lifespan=_lifespan(settings, broker, store, limits or GatewayLimits(), scaling),
+        lifespan=_lifespan(settings, broker, store, limits, scaling),
+        docs_url=None,  # served from installed assets instead of a CDN: producers.gateway.docs
+        redoc_url=None,
     )
+    install_docs(app)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)

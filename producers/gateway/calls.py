@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
-from fleet.errors import BrokerUnavailable, JobNotFound, StoreError
+from fleet.errors import BrokerUnavailable, JobNotFound, QueueFull, StoreError
 from fleet.store.base import ResultStore
 from producers.gateway.limits import GatewayLimits
 from schemas.jobs import JobRecord
@@ -120,6 +120,7 @@ async def publish_request(broker: Broker, model: str, job_id: str, data: bytes, 
     The job id is the message id, so the broker drops a repeated publish inside its de-duplication window.
 
     Raises:
+        QueueFull: the broker refused the message for its per-subject limit (nothing was stored).
         BrokerUnavailable: no acknowledgement within ``limits.publish_timeout_s``, or the publish raised. Any
             failure counts: the gateway must not claim a job is queued unless the broker confirmed it.
     """
@@ -128,6 +129,8 @@ async def publish_request(broker: Broker, model: str, job_id: str, data: bytes, 
     try:
         async with asyncio.timeout(timeout_s):
             await broker.publish(c.request_subject(model), data, msg_id=job_id, headers=headers)
+    except QueueFull:
+        raise
     except TimeoutError as exc:
         logger.warning("publish of job %s to %s timed out after %gs", job_id, broker.scheme, timeout_s)
         raise BrokerUnavailable(

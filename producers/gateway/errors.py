@@ -13,8 +13,10 @@ job_not_found          404     no record for the job id
 not_found              404     no such route
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)
-job_id_conflict        409     a job id reused for another model
+job_id_conflict        409     a job id reused for another model or another input (details: job_id)
 payload_too_large      413     body over ``max_body_bytes`` (details: size, limit)
+queue_full             429     the model's queue holds its bound (``FLEET_MAX_QUEUED``); Retry-After from its
+                               drain rate (details: model, limit, depth, retry_after_s)
 broker_unavailable     503     the broker did not acknowledge the publish (Retry-After)
 store_unavailable      503     the result store cannot be reached (Retry-After)
 not_ready              503     ``/readyz``: a dependency does not answer (details: which)
@@ -25,6 +27,7 @@ internal_error         500     a bug; the server log has the traceback
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,6 +42,7 @@ from fleet.errors import (
     InvalidInput,
     JobNotFound,
     PayloadTooLarge,
+    QueueFull,
     StoreError,
     UnknownModel,
 )
@@ -84,11 +88,24 @@ def describe_fleet_error(exc: FleetError) -> tuple[int, str, Any]:
         return 413, "payload_too_large", {"size": exc.size, "limit": exc.limit}
     if isinstance(exc, JobNotFound):
         return 404, "job_not_found", {"job_id": exc.job_id}
+    if isinstance(exc, QueueFull):
+        return 429, "queue_full", _queue_details(exc)
     if isinstance(exc, BrokerError):
         return 503, "broker_unavailable", None
     if isinstance(exc, StoreError):
         return 503, "store_unavailable", None
     return 500, "internal_error", None
+
+
+def _queue_details(exc: QueueFull) -> dict[str, Any]:
+    return {"model": exc.model, "limit": exc.limit, "depth": exc.depth, "retry_after_s": exc.retry_after_s}
+
+
+def retry_after(exc: FleetError, status: int) -> dict[str, str] | None:
+    """The Retry-After header (integer seconds) of a 429 or 503 answer."""
+    if isinstance(exc, QueueFull):
+        return {"Retry-After": str(math.ceil(exc.retry_after_s or RETRY_AFTER_S))}
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
 
 
 def error_type(exc: BaseException) -> str:
@@ -122,7 +139,7 @@ async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
 async def _on_fleet_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FleetError)
     status, type_, details = describe_fleet_error(exc)
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    headers = retry_after(exc, status)
     if status >= 500:
         logger.warning("%s %s answered %d %s: %s", request.method, request.url.path, status, type_, exc.message)
     return error_response(status, type_, exc.message, details, headers)

@@ -19,6 +19,12 @@ JOBS_SUBMITTED = Counter(
 SUBMIT_ERRORS = Counter(
     "fleet_gateway_submit_errors_total", "POST /v1/jobs answered with an error, by error type.", ["type"]
 )
+REJECTED = Counter(
+    "fleet_gateway_rejected_total",
+    "Submissions refused with 429 queue_full, by model and reason: queue_full (the gateway's bound) or "
+    "broker_full (the broker refused the publish for its own per-subject limit).",
+    ["model", "reason"],
+)
 HTTP_REQUESTS = Counter(
     "fleet_gateway_http_requests_total",
     "HTTP requests, by method, route template and status.",
@@ -38,6 +44,7 @@ __all__ = [
     "HTTP_REQUESTS",
     "JOBS_SUBMITTED",
     "REGISTRY",
+    "REJECTED",
     "SSE_STREAMS_OPEN",
     "SUBMIT_ERRORS",
     "WEBSOCKETS_OPEN",

@@ -1,10 +1,17 @@
 """``/v1/jobs``: submit, poll (optionally long-poll) and cancel.
 
-Submitting an id that already has a record is idempotent: the answer is ``202`` with the existing job's current
-status and nothing new is created. When that job is still ``queued`` the request is published again with the same
-message id; the broker's de-duplication drops it when the first publish got through, and it recovers a job whose
-first publish never happened (a gateway that died between writing the record and publishing). A failed re-publish
-answers ``503`` but leaves the existing record alone: it belongs to the first submission.
+A submission is checked (model, input, size), counted against its model's queue bound (``backlog``: 429
+``queue_full`` beyond it), written ``queued`` together with an unpublished mark that keeps the request message
+(one store command), published with the job id as message id, and marked published once the broker acknowledged
+it; only then is the answer ``202``. A publish that fails deletes the record and the mark; a gateway killed
+before the acknowledgement leaves the mark, and a reconcile sweep (``reconcile``) publishes the job again.
+
+Submitting an id that already has a record with the same model and input (same canonical JSON, key order aside:
+``schemas.jobs.input_digest``) is idempotent: the answer is ``202`` with the existing job's current status and
+nothing new is created, also when the queue is full. Another model or another input is ``409 job_id_conflict``.
+When that job is still ``queued`` the request is published again with the same message id; the broker's
+de-duplication drops it when the first publish got through. A failed re-publish answers ``503`` but leaves the
+existing record alone: it belongs to the first submission.
 """
 
 from __future__ import annotations
@@ -19,14 +26,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
-from fleet.errors import InvalidInput, PayloadTooLarge, UnknownModel
-from producers.gateway.app import GatewayState, gateway_state
+from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
+from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
-from schemas.jobs import JobError, JobRecord, JobState
+from schemas.jobs import JobError, JobRecord, JobState, input_digest
 from schemas.models import ModelSpec
 from schemas.wire import RequestMessage
 
@@ -57,6 +64,8 @@ def parse_submit(raw: bytes) -> SubmitRequest:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed_json", "the request body nests too deeply to be read") from None
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:
@@ -75,12 +84,25 @@ def validate_input(spec: ModelSpec, value: dict[str, Any]) -> None:
         raise InvalidInput(validation_message(errors, f"invalid input for model {spec.name!r}"), errors) from None
 
 
+def _digest(value: dict[str, Any]) -> str:
+    try:
+        return input_digest(value)
+    except (RecursionError, ValueError) as exc:
+        raise ApiError(422, "invalid_request", f"the input cannot be encoded as JSON: {exc}") from None
+
+
 def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
     """The queued record and the wire message of a new job."""
     job_id = body.job_id or uuid.uuid4().hex
     expires_at = now + body.timeout_s if body.timeout_s else None
     record = JobRecord(
-        job_id=job_id, model=body.model, state=JobState.queued, created_at=now, expires_at=expires_at, deliveries=0
+        job_id=job_id,
+        model=body.model,
+        state=JobState.queued,
+        created_at=now,
+        expires_at=expires_at,
+        deliveries=0,
+        input_digest=_digest(body.input),
     )
     message = RequestMessage(
         v=1,
@@ -95,21 +117,60 @@ def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
 
 
 async def _forget(state: GatewayState, job_id: str) -> None:
-    """Delete the record of a job whose publish failed, so that no record claims a job that is not queued."""
+    """Delete the record (and its unpublished mark) of a job whose publish failed, so that no record claims a job
+    that is not queued."""
     try:
         await store_call(state.store, state.store.delete(job_id), state.limits.store_timeout_s)
     except Exception:
         logger.exception("job %s was not published and its record could not be deleted", job_id)
 
 
-async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> None:
+async def _publish(state: GatewayState, record: JobRecord, data: bytes) -> None:
+    """``publish_request``, with a broker that refused the message for its own bound answered as 429 too."""
     try:
         await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+    except QueueFull as exc:
+        raise state.backlog.refused_by_broker(record.model, exc) from exc
+
+
+async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> None:
+    try:
+        await _publish(state, record, data)
     except BaseException:
         # Cancelled or failed: either way the client gets no 202, so the record must go. The shield lets the
         # delete finish when the request task itself is being cancelled.
         await asyncio.shield(_forget(state, record.job_id))
         raise
+    await _mark_published(state, record.job_id)
+
+
+async def _mark_published(state: GatewayState, job_id: str) -> None:
+    """Clear the job's unpublished mark; a store that fails here changes nothing for the client (the broker has
+    the job) and a reconcile sweep clears the mark later (its republish is a duplicate the broker drops)."""
+    try:
+        await store_call(state.store, state.store.published(job_id), state.limits.store_timeout_s)
+    except StoreError as exc:
+        logger.warning("job %s is published but still marked unpublished: %s", job_id, exc.message)
+
+
+def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
+    """Raises 409 ``job_id_conflict`` when ``record`` reuses the id of a job with another model or input.
+
+    A record without a digest (published straight to the topic, or written by an older Fleet) cannot be compared
+    and is taken as the same job.
+    """
+    if existing.model != record.model:
+        what = f"a job of model {existing.model!r}"
+    elif existing.input_digest is not None and existing.input_digest != record.input_digest:
+        what = "a job with another input"
+    else:
+        return
+    raise ApiError(
+        409,
+        "job_id_conflict",
+        f"job id {record.job_id!r} is already used by {what}; resubmit the same model and input, or choose another id",
+        {"job_id": record.job_id, "model": existing.model},
+    )
 
 
 async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> SubmitResponse:
@@ -118,15 +179,27 @@ async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> Subm
     existing = await store_call(store, store.get(record.job_id), timeout_s)
     if existing is None:
         raise ApiError(409, "job_id_conflict", f"job {record.job_id!r} changed while it was resubmitted; retry")
-    if existing.model != record.model:
-        raise ApiError(
-            409,
-            "job_id_conflict",
-            f"job id {record.job_id!r} is already used by a job of model {existing.model!r}; choose another id",
-        )
+    _check_same_job(existing, record)
     if existing.state == JobState.queued:
-        await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+        await _publish(state, record, data)
+        await _mark_published(state, record.job_id)
     return SubmitResponse(job_id=existing.job_id, status=existing.state)
+
+
+async def _admit(state: GatewayState, body: SubmitRequest, record: JobRecord, data: bytes) -> SubmitResponse | None:
+    """Count the job against its model's bound; None when admitted, else the answer to give.
+
+    A queue at its bound raises ``QueueFull`` (429), except for a resubmit of a job that exists already: that
+    creates nothing, so it gets its usual answer.
+    """
+    try:
+        await state.backlog.admit(record.model)
+    except QueueFull:
+        store = state.store
+        if body.job_id is None or await store_call(store, store.get(body.job_id), state.limits.store_timeout_s) is None:
+            raise
+        return await _resubmit(state, record, data)
+    return None
 
 
 async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
@@ -139,10 +212,18 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     record, data = new_job(body, time.time())
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
-    created = await store_call(state.store, state.store.create(record), state.limits.store_timeout_s)
-    if not created:
-        return await _resubmit(state, record, data)
-    await _publish_new(state, record, data)
+    answer = await _admit(state, body, record, data)
+    if answer is not None:
+        return answer
+    published = False
+    try:
+        created = await store_call(state.store, state.store.create(record, data), state.limits.store_timeout_s)
+        if not created:
+            return await _resubmit(state, record, data)
+        await _publish_new(state, record, data)
+        published = True
+    finally:
+        state.backlog.published(record.model, published)
     JOBS_SUBMITTED.labels(record.model).inc()
     return SubmitResponse(job_id=record.job_id, status=JobState.queued)
 
@@ -154,9 +235,11 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     summary="Submit a job",
     description=(
         "Validates the model and its input, records the job as `queued` and publishes it to the model's subject. "
-        "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` is idempotent."
+        "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` with the same model and "
+        "input is idempotent; another model or input is `409 job_id_conflict`. A model whose queue holds its "
+        "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate."
     ),
-    responses=_errors(400, 404, 409, 413, 422, 503),
+    responses=_errors(400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_SUBMIT_BODY,
 )
 async def submit_job(request: Request, state: GatewayState = Depends(gateway_state)) -> SubmitResponse:

@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from producers.gateway.app import GatewayState, gateway_state
 from producers.gateway.errors import error_response
 from producers.gateway.metrics import REGISTRY
+from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import ErrorResponse
 
 router = APIRouter()

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
 from fleet.scaling import ScalingStore
-from producers.gateway.app import GatewayState, gateway_state
 from producers.gateway.errors import ApiError
+from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import ErrorResponse
 from schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
 

@@ -25,10 +25,10 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
 from fleet.errors import JobNotFound, StoreError
-from producers.gateway.app import GatewayState, gateway_state
 from producers.gateway.calls import read_job, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN
+from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import ErrorResponse
 from schemas.jobs import JobRecord
 

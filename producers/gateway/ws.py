@@ -29,10 +29,10 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet.errors import JobNotFound, StoreError
-from producers.gateway.app import GatewayState
 from producers.gateway.calls import patiently, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import WEBSOCKETS_OPEN
+from producers.gateway.state import GatewayState
 from schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)

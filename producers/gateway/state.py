@@ -1,0 +1,39 @@
+"""What the gateway's request handlers share, built by the lifespan in ``producers.gateway.app``.
+
+It lives apart from ``app`` so that the route modules, which ``app`` imports, never import ``app`` back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+from fleet.brokers.base import Broker
+from fleet.settings import FleetSettings
+from fleet.store.base import ResultStore
+from producers.gateway.limits import GatewayLimits
+from schemas.models import ModelSpec
+
+if TYPE_CHECKING:
+    from producers.gateway.backlog import Backlog
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """What the request handlers share: settings, the connected clients, the served models' specs and their
+    queue bounds (``backlog``)."""
+
+    settings: FleetSettings
+    broker: Broker
+    store: ResultStore
+    specs: dict[str, ModelSpec]
+    backlog: Backlog
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+
+
+def gateway_state(request: Request) -> GatewayState:
+    """FastAPI dependency: the state the lifespan built (also reachable as ``app.state.gateway``)."""
+    state: GatewayState = request.app.state.gateway
+    return state

@@ -1,0 +1,50 @@
+"""``/docs`` and ``/redoc`` work air-gapped: every asset they reference is served by the gateway itself."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.test_gateway import Env, open_env
+
+# src= and href= of script and link tags (the favicon is a link tag too).
+ASSET_RE = re.compile(r"<(?:script|link)\b[^>]*?\b(?:src|href)=[\"']([^\"']+)[\"']", re.IGNORECASE)
+TYPES = {".js": "javascript", ".css": "text/css", ".png": "image/png"}
+
+
+@pytest.fixture
+async def env(request: pytest.FixtureRequest, unique: str) -> AsyncIterator[Env]:
+    async with open_env(request, "memory", unique) as e:
+        yield e
+
+
+@pytest.mark.parametrize(("page", "expected"), [("/docs", 3), ("/redoc", 2)])
+async def test_the_page_references_no_other_host_and_each_asset_answers(env: Env, page: str, expected: int) -> None:
+    response = await env.client.get(page)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    html = response.text
+    assert not re.search(r"https?://", html), f"{page} names an external URL: {re.findall(r'https?://[^ ]+', html)}"
+    assets = ASSET_RE.findall(html)
+    assert len(assets) == expected, assets  # js (+ css) + favicon
+    for url in assets:
+        assert url.startswith("/docs-assets/"), url
+        asset = await env.client.get(url)
+        assert asset.status_code == 200, url
+        kind = TYPES[url[url.rindex(".") :]]
+        assert kind in asset.headers["content-type"], (url, asset.headers["content-type"])
+        assert len(asset.content) > 1000, url
+    assert "/openapi.json" in html
+    assert (await env.client.get("/openapi.json")).json()["info"]["title"] == "Fleet gateway"
+
+
+async def test_swagger_ui_oauth2_redirect_page_is_served(env: Env) -> None:
+    response = await env.client.get("/docs/oauth2-redirect")
+    assert response.status_code == 200 and "oauth2" in response.text.lower()
+    assert not re.search(r"<script[^>]+src=[\"']https?://", response.text)
+
+
+async def test_docs_pages_stay_out_of_the_openapi_document(env: Env) -> None:
+    paths = (await env.client.get("/openapi.json")).json()["paths"]
+    assert not {"/docs", "/redoc", "/docs/oauth2-redirect"} & set(paths)
