@@ -152,6 +152,8 @@ def _step_id(data: Any, index: int) -> str | None:
 def _message(error: Any) -> str:
     if error["type"] == "string_pattern_mismatch":
         return f"{error['input']!r} is not a valid name: use 1-63 of a-z, 0-9, '_' or '-', starting with a-z or 0-9"
+    if error["type"] == "string_type" and isinstance(error["input"], bool):
+        return f"{error['msg']}: YAML reads an unquoted yes/no/on/off/true/false as a boolean; quote it"
     if error["type"] == "extra_forbidden":
         return "unknown field"
     return str(error["msg"])
