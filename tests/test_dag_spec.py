@@ -453,3 +453,18 @@ def test_a_spec_is_a_frozen_model() -> None:
     assert isinstance(spec, DagSpec)
     with pytest.raises(Exception, match="frozen"):
         spec.steps[0].model = "embed"  # type: ignore[misc]
+
+
+def test_the_readme_example_validates() -> None:
+    readme = (EXAMPLES.parent.parent / "README.md").read_text()
+    section = readme.split("## DAG workflows (the DSL)")[1]
+    text = section.split("```yaml\n")[1].split("```")[0]
+    assert validate(load_spec(text), BUILTIN_SPECS).order == ("split", "embed_each", "collect", "many")
+
+
+def test_problems_are_json_for_a_422() -> None:
+    with pytest.raises(DagInvalid) as caught:
+        validate(load_spec(spec_dict(step("a", model="gpt"))), BUILTIN_SPECS)
+    assert json.loads(json.dumps(caught.value.problems)) == [
+        {"step": "a", "path": "model", "message": "unknown model 'gpt'; known models: echo, embed, sleep"}
+    ]
