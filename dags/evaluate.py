@@ -268,4 +268,6 @@ def _job_error(record_state: str, error: Mapping[str, Any] | None) -> dict[str, 
 
 
 def _set(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
-    return (*values[:index], value, *values[index + 1 :])
+    copy = list(values)
+    copy[index] = value
+    return tuple(copy)
