@@ -6,7 +6,7 @@
   problem's step and path.
 - ``dags.state``: ``RunState``, JSON-friendly, and deterministic job ids ``<run>.<step>.<index>``.
 - ``dags.evaluate``: what runs next, as pure functions of ``(CompiledDag, RunState)``: ``new_run``, ``advance``,
-  ``apply_result``, ``cancel``, ``run_state``.
+  ``apply_result``, ``cancel``, ``run_state``, ``run_view``.
 - ``dags.graph``: nodes, edges and Mermaid text of a DAG.
 
 Still to come: runs chained through topics by the workers' settle hook, fan-in state under ``fleet:dag:<run>``

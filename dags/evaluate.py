@@ -15,7 +15,7 @@
   pending steps; ``continue`` lets the dependants run, the failed jobs' outputs being null.
 - ``cancel``: ends a running run as ``cancelled`` or ``expired``; pending steps are not started.
 - ``run_state``: ``running``, ``succeeded`` (every step settled; the DAG's ``output`` evaluated), ``failed``,
-  ``cancelled`` or ``expired``, with the error.
+  ``cancelled`` or ``expired``, with the error; ``run_view`` the same with each step's state, job ids and error.
 """
 
 from __future__ import annotations
@@ -156,6 +156,28 @@ def run_state(dag: CompiledDag, state: RunState) -> RunStatus:
         return RunStatus("succeeded", output=render(dag.spec.output, context, dag.expressions, "output"))
     except ExpressionError as exc:
         return RunStatus("failed", {"step": None, "type": "dag_output", "message": exc.message})
+
+
+def run_view(dag: CompiledDag, state: RunState) -> dict[str, Any]:
+    """What ``GET /v1/runs/{id}`` shows (without timestamps, which live in the job records):
+    ``{run_id, dag, state, error, output, steps: {<id>: {state, job_ids, error}}}``."""
+    status = run_state(dag, state)
+    steps = {
+        sid: {
+            "state": run.state,
+            "job_ids": [job_id(state.run_id, sid, i) for i in range(len(run.items))],
+            "error": run.error,
+        }
+        for sid, run in state.steps.items()
+    }
+    return {
+        "run_id": state.run_id,
+        "dag": state.dag,
+        "state": status.state,
+        "error": status.error,
+        "output": status.output,
+        "steps": steps,
+    }
 
 
 def context(dag: CompiledDag, state: RunState) -> dict[str, Any]:

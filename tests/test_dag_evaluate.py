@@ -14,7 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dags.evaluate import StepLaunch, advance, apply_result, cancel, context, new_run, ready_steps, run_state
+from dags.evaluate import (
+    StepLaunch,
+    advance,
+    apply_result,
+    cancel,
+    context,
+    new_run,
+    ready_steps,
+    run_state,
+    run_view,
+)
 from dags.spec import load_spec
 from dags.state import RunState
 from dags.validate import CompiledDag, validate
@@ -457,3 +467,18 @@ def test_under_on_error_fail_each_step_launches_at_most_once_and_the_run_fails_o
     else:
         assert status.state == "succeeded"
         assert "cancelled" not in steps_states(final).values()
+
+
+def test_the_run_view_lists_each_step_with_its_job_ids() -> None:
+    dag, state, launches = triage_until_collect(["a", "b"])
+    view = run_view(dag, state)
+    assert view["state"] == "running" and view["output"] is None and view["error"] is None
+    assert view["steps"]["embed_each"] == {
+        "state": "succeeded",
+        "job_ids": ["t1.embed_each.0", "t1.embed_each.1"],
+        "error": None,
+    }
+    assert view["steps"]["many"] == {"state": "skipped", "job_ids": [], "error": None}
+    assert view["steps"]["collect"]["state"] == "running"
+    done = run_view(dag, echo(dag, state, launches["collect"]))
+    assert (done["state"], done["output"]) == ("succeeded", {"n": 2, "first": 384})
