@@ -4,6 +4,7 @@ FleetError
  +-- ConfigError                 bad settings or flags; raised at start-up
  +-- UnknownModel(model, known)  a model name or import path that resolves to nothing
  +-- InvalidInput(errors)        input that does not match a model's schema
+ +-- DagInvalid(problems)        a DAG spec refused at registration: each problem names its step and path
  +-- PayloadTooLarge(size, limit)
  +-- BrokerError                 retriable: the broker is unreachable or did not acknowledge
  |    +-- BrokerUnavailable
@@ -45,6 +46,23 @@ class InvalidInput(FleetError):
     def __init__(self, message: str, errors: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.errors = errors or []
+
+
+class DagInvalid(FleetError):
+    """Every problem found in a DAG spec, each ``{"step", "path", "message"}`` (``step`` is None for the spec's own
+    fields); the message lists them all, e.g. ``step 'collect': input.n: unknown step 'embed_eachh'``."""
+
+    def __init__(self, problems: list[dict[str, Any]]) -> None:
+        lines = [self.line(p) for p in problems]
+        head = "the DAG spec is invalid" if len(lines) == 1 else f"the DAG spec has {len(lines)} problems"
+        super().__init__(f"{head}: " + "; ".join(lines))
+        self.problems = problems
+
+    @staticmethod
+    def line(problem: dict[str, Any]) -> str:
+        where = [f"step {problem['step']!r}"] if problem.get("step") else []
+        where += [problem["path"]] if problem.get("path") else []
+        return ": ".join([*where, problem["message"]])
 
 
 class PayloadTooLarge(FleetError):

@@ -1,0 +1,175 @@
+"""The DAG DSL: ``DagSpec`` and ``StepSpec``, and ``load_spec`` from YAML text, JSON text or a dict.
+
+Loading checks the shape only (types, names, sizes); what the steps mean together (references, cycles, models,
+inputs) is ``dags.validate``. Every refusal is one ``DagInvalid`` listing all the problems found.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleet.errors import DagInvalid
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+"""DAG names and step ids: they become Redis keys, job ids (``<run>.<step>.<index>``) and Mermaid labels."""
+NAME_RE = re.compile(NAME_PATTERN)
+
+MAX_SPEC_BYTES = 256 * 1024
+MAX_STEPS = 256
+MAX_SPEC_NODES = 100_000
+"""Values (dicts, lists, scalars) a loaded spec may hold, counted with repeats: YAML aliases can make a small text
+expand into a huge structure (the "billion laughs"), which the byte limit alone would not catch."""
+
+OnError = Literal["fail", "continue"]
+
+
+class StepSpec(BaseModel):
+    """One step: a job (or, with ``for_each``, one job per item) on ``model`` with ``input``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=NAME_PATTERN, description="unique in the DAG; 1-63 of a-z 0-9 _ -")
+    model: str = Field(min_length=1, description="the model's name, e.g. echo")
+    input: Any = Field(default_factory=dict, description="the model's input; '${...}' values are expressions")
+    after: list[str] = Field(default_factory=list, description="steps to wait for beyond those referenced")
+    for_each: str | None = Field(None, description="'${...}' giving a list: one job per item (a fan-out)")
+    when: str | None = Field(None, description="'${...}': the step runs only when it is truthy, else is skipped")
+    timeout_s: float | None = Field(None, gt=0, description="deadline of each of the step's jobs")
+    retries: int | None = Field(None, ge=0, description="runs after the first for a job that fails retriably")
+    on_error: OnError = Field("fail", description="fail: a failed step fails the run; continue: its output is null")
+
+    @property
+    def fan_out(self) -> bool:
+        return self.for_each is not None
+
+
+class DagSpec(BaseModel):
+    """A DAG: named steps, what they depend on, and the run's ``output`` (an expression or a template)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    input_schema: dict[str, Any] | None = Field(None, description="a JSON Schema the run's input must match")
+    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
+    output: Any = Field(description="the run's output, evaluated once every step has settled")
+
+
+def load_spec(source: str | bytes | Mapping[str, Any]) -> DagSpec:
+    """Parse a DAG from YAML or JSON text (bytes are UTF-8) or from a mapping of the same structure.
+
+    Raises ``DagInvalid`` for text that does not parse (with the line and column), is over ``MAX_SPEC_BYTES``, has
+    over ``MAX_STEPS`` steps, or does not have the DSL's shape (each problem with its path).
+    """
+    data = _parse(source) if isinstance(source, str | bytes) else dict(source)
+    _check_size(data)
+    try:
+        return DagSpec.model_validate(data)
+    except ValidationError as exc:
+        raise DagInvalid([_problem(data, error) for error in exc.errors()]) from None
+
+
+def _parse(source: str | bytes) -> Any:
+    raw = source.encode() if isinstance(source, str) else source
+    if len(raw) > MAX_SPEC_BYTES:
+        raise _invalid(f"the spec is {len(raw)} bytes, over the limit of {MAX_SPEC_BYTES} bytes")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"the spec is not UTF-8 text (byte {exc.start})") from None
+    data = _parse_json(text) if text.lstrip().startswith("{") else _parse_yaml(text)
+    if not isinstance(data, dict):
+        raise _invalid(f"the spec must be a mapping with name, steps and output, not {_kind(data)}")
+    return data
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        error = _invalid(f"line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}")
+    try:  # a YAML flow mapping ({name: x, ...}) starts like JSON
+        return _parse_yaml(text)
+    except DagInvalid:
+        raise error from None
+
+
+def _parse_yaml(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        raise _invalid(f"{where}invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise _invalid(f"invalid YAML: {exc}") from None
+
+
+def _check_size(data: Any) -> None:
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if isinstance(steps, list) and len(steps) > MAX_STEPS:
+        raise _invalid(f"the spec has {len(steps)} steps, over the limit of {MAX_STEPS}", "steps")
+    budget = [MAX_SPEC_NODES]
+    if not _within(data, budget):
+        raise _invalid(f"the spec holds over {MAX_SPEC_NODES} values (YAML aliases expand into copies)")
+
+
+def _within(value: Any, budget: list[int]) -> bool:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return all(_within(child, budget) for child in children)
+
+
+def _problem(data: Any, error: Any) -> dict[str, Any]:
+    """A pydantic error as a problem: ``steps[2].model`` becomes step 'embed', path ``model`` when the step has
+    a usable id, else the path stays whole."""
+    loc = list(error["loc"])
+    step = None
+    if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
+        candidate = _step_id(data, loc[1])
+        if candidate is not None and loc[2:] != ["id"]:
+            step, loc = candidate, loc[2:]
+    return {"step": step, "path": format_path(loc), "message": _message(error)}
+
+
+def _step_id(data: Any, index: int) -> str | None:
+    try:
+        candidate = data["steps"][index]["id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return candidate if isinstance(candidate, str) and NAME_RE.match(candidate) else None
+
+
+def _message(error: Any) -> str:
+    if error["type"] == "string_pattern_mismatch":
+        return f"{error['input']!r} is not a valid name: use 1-63 of a-z, 0-9, '_' or '-', starting with a-z or 0-9"
+    if error["type"] == "string_type" and isinstance(error["input"], bool):
+        return f"{error['msg']}: YAML reads an unquoted yes/no/on/off/true/false as a boolean; quote it"
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    return str(error["msg"])
+
+
+def format_path(loc: list[Any] | tuple[Any, ...]) -> str:
+    """``['input', 'texts', 0]`` -> ``input.texts[0]``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _invalid(message: str, path: str = "") -> DagInvalid:
+    return DagInvalid([{"step": None, "path": path, "message": message}])
