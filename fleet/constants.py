@@ -94,7 +94,24 @@ def pending_message_key(job_id: str) -> str:
 
 
 def dag_key(run_id: str) -> str:
+    """A DAG run's document: its state (every step, item and output), version, times (``fleet.dagstore``)."""
     return f"{KEY_PREFIX}:dag:{run_id}"
+
+
+DAG_SPECS_KEY = f"{KEY_PREFIX}:dagspecs"  # set of registered DAG names
+
+
+def dag_spec_key(name: str) -> str:
+    """Hash of a DAG's registered versions: field ``<n>`` the spec as JSON, ``latest`` the newest n."""
+    return f"{KEY_PREFIX}:dagspec:{name}"
+
+
+def dag_events_channel(run_id: str) -> str:
+    """Pub/sub channel that carries a run's document after each change (WebSocket and SSE followers)."""
+    return f"{KEY_PREFIX}:dagevents:{run_id}"
+
+
+DAG_START_SUBJECT = "fleet.req._dagrun"  # publish {"dag", "input", "run_id"?} here to start a run (no gateway)
 
 
 def scale_key(model: str) -> str:

@@ -19,6 +19,19 @@ WIRE_VERSION = 1
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
+class DagContext(BaseModel):
+    """Where a job stands in a DAG run: the settling worker continues the run from it (``dags.runner``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(description="the run id; the job id is '<run>.<step>.<index>'")
+    dag: str = Field(description="the DAG's name")
+    version: int = Field(ge=1, description="the registered version of the DAG the run follows")
+    step: str = Field(description="the step's id")
+    index: int = Field(0, ge=0, description="the item of a for_each step (0 otherwise)")
+    runs: int | None = Field(None, ge=1, description="most runs of this job (the step's retries + 1)")
+
+
 class RequestMessage(BaseModel):
     """One inference request on ``fleet.req.<model>``."""
 
@@ -33,6 +46,7 @@ class RequestMessage(BaseModel):
         None, description="unix seconds; a job still waiting at this time ends 'expired' instead of running"
     )
     priority: int = Field(0, ge=0, le=9, description="0 is normal; reserved for priority scheduling")
+    dag: DagContext | None = Field(None, description="set on the jobs of a DAG run's steps")
 
 
 class Heartbeat(BaseModel):

@@ -1,0 +1,267 @@
+"""Where DAG specs and runs live: next to the job records, in Redis (or in memory for ``fleet up``).
+
+* Specs: ``register(name, spec)`` adds an immutable version (1, 2, ...) under ``fleet:dagspec:<name>``.
+* Runs: one JSON document per run under ``fleet:dag:<run>`` (``RunDoc``: the run's state, the spec version it
+  runs, its times), created once (``create_run`` is idempotent on the run id) and changed only through
+  ``update_run``: read, apply a pure function, write back with one atomic compare-and-set script that also
+  publishes the new document on ``fleet:dagevents:<run>``. Two workers settling two items of one fan-out at once
+  cannot both win: the loser reads again and re-applies its change, so a join fires exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from fleet import constants as c
+from fleet.errors import StoreError
+from fleet.store.base import ResultStore
+
+RunDoc = dict[str, Any]
+"""``{"run": RunState.to_dict(), "version": int, "created_at": float, "deadline": float | None,
+"finished_at": float | None, "times": {<step>: {"started_at": float | None, "finished_at": float | None}}}``"""
+
+MAX_CAS_ATTEMPTS = 64
+
+
+class DagStore(Protocol):
+    async def register(self, name: str, spec: dict[str, Any]) -> int: ...
+
+    async def spec(self, name: str, version: int | None = None) -> tuple[int, dict[str, Any]] | None: ...
+
+    async def names(self) -> list[str]: ...
+
+    async def versions(self, name: str) -> list[int]: ...
+
+    async def create_run(self, run_id: str, doc: RunDoc) -> tuple[bool, RunDoc]: ...
+
+    async def get_run(self, run_id: str) -> RunDoc | None: ...
+
+    async def update_run(self, run_id: str, change: Callable[[RunDoc], RunDoc | None]) -> tuple[RunDoc, RunDoc]: ...
+
+    async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None: ...
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=True)
+
+
+class MemoryDagStore:
+    """The in-memory DAG store of ``fleet up``: one per process, shared by its gateway and workers."""
+
+    def __init__(self, *, job_ttl_s: int) -> None:
+        self.job_ttl_s = job_ttl_s
+        self._specs: dict[str, dict[int, dict[str, Any]]] = {}
+        self._runs: dict[str, tuple[str, float]] = {}
+        self._changed = asyncio.Condition()
+
+    async def register(self, name: str, spec: dict[str, Any]) -> int:
+        versions = self._specs.setdefault(name, {})
+        same = [v for v, s in versions.items() if s == spec]
+        if same:
+            return max(same)
+        version = max(versions, default=0) + 1
+        versions[version] = json.loads(_dumps(spec))
+        return version
+
+    async def spec(self, name: str, version: int | None = None) -> tuple[int, dict[str, Any]] | None:
+        versions = self._specs.get(name)
+        if not versions:
+            return None
+        chosen = max(versions) if version is None else version
+        return (chosen, versions[chosen]) if chosen in versions else None
+
+    async def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    async def versions(self, name: str) -> list[int]:
+        return sorted(self._specs.get(name, {}))
+
+    async def create_run(self, run_id: str, doc: RunDoc) -> tuple[bool, RunDoc]:
+        current = self._read(run_id)
+        if current is not None:
+            return False, current
+        await self._write(run_id, _dumps(doc))
+        return True, json.loads(_dumps(doc))
+
+    async def get_run(self, run_id: str) -> RunDoc | None:
+        return self._read(run_id)
+
+    async def update_run(self, run_id: str, change: Callable[[RunDoc], RunDoc | None]) -> tuple[RunDoc, RunDoc]:
+        current = self._read(run_id)
+        if current is None:
+            raise StoreError(f"no DAG run {run_id!r} (it may have expired)")
+        new = change(json.loads(_dumps(current)))
+        if new is None:
+            return current, current
+        await self._write(run_id, _dumps(new))
+        return current, json.loads(_dumps(new))
+
+    async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None:
+        async with self._changed:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._changed.wait_for(lambda: self._read(run_id) != seen)
+            except TimeoutError:
+                pass
+        return self._read(run_id)
+
+    def _read(self, run_id: str) -> RunDoc | None:
+        entry = self._runs.get(run_id)
+        if entry is None or entry[1] < time.monotonic():
+            self._runs.pop(run_id, None)
+            return None
+        result: RunDoc = json.loads(entry[0])
+        return result
+
+    async def _write(self, run_id: str, raw: str) -> None:
+        self._runs[run_id] = (raw, time.monotonic() + self.job_ttl_s)
+        async with self._changed:
+            self._changed.notify_all()
+
+
+class RedisDagStore:
+    """The DAG store in the Redis of ``store`` (a ``RedisStore``): its client, TTL and pub/sub connection."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.redis = store.redis
+        self.job_ttl_s: int = store.job_ttl_s
+        self._cas = self.redis.register_script(REDIS_CAS_LUA)
+        self._register = self.redis.register_script(REGISTER_LUA)
+
+    async def register(self, name: str, spec: dict[str, Any]) -> int:
+        raw = _dumps(spec)
+        key = c.dag_spec_key(name)
+        async with self._errors("register a DAG"):
+            version = await self._register(keys=[key, c.DAG_SPECS_KEY], args=[name, raw])
+        return int(version)
+
+    async def spec(self, name: str, version: int | None = None) -> tuple[int, dict[str, Any]] | None:
+        key = c.dag_spec_key(name)
+        async with self._errors(f"read DAG {name!r}"):
+            chosen = version if version is not None else await self.redis.hget(key, "latest")
+            if chosen is None:
+                return None
+            raw = await self.redis.hget(key, str(int(chosen)))
+        return None if raw is None else (int(chosen), json.loads(raw))
+
+    async def names(self) -> list[str]:
+        async with self._errors("list DAGs"):
+            names = await self.redis.smembers(c.DAG_SPECS_KEY)
+        return sorted(n.decode() if isinstance(n, bytes) else n for n in names)
+
+    async def versions(self, name: str) -> list[int]:
+        async with self._errors(f"read DAG {name!r}"):
+            fields = await self.redis.hkeys(c.dag_spec_key(name))
+        return sorted(int(f) for f in (x.decode() if isinstance(x, bytes) else x for x in fields) if f.isdigit())
+
+    async def create_run(self, run_id: str, doc: RunDoc) -> tuple[bool, RunDoc]:
+        raw = _dumps(doc)
+        async with self._errors(f"create DAG run {run_id!r}"):
+            created = await self.redis.set(c.dag_key(run_id), raw, nx=True, ex=self.job_ttl_s)
+        if created:
+            return True, json.loads(raw)
+        current = await self.get_run(run_id)
+        if current is None:  # expired between the two calls: try once more
+            return await self.create_run(run_id, doc)
+        return False, current
+
+    async def get_run(self, run_id: str) -> RunDoc | None:
+        async with self._errors(f"read DAG run {run_id!r}"):
+            raw = await self.redis.get(c.dag_key(run_id))
+        return None if raw is None else json.loads(raw)
+
+    async def update_run(self, run_id: str, change: Callable[[RunDoc], RunDoc | None]) -> tuple[RunDoc, RunDoc]:
+        key = c.dag_key(run_id)
+        async with self._errors(f"read DAG run {run_id!r}"):
+            raw = await self.redis.get(key)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            if raw is None:
+                raise StoreError(f"no DAG run {run_id!r} (it may have expired)")
+            current = json.loads(raw)
+            new = change(json.loads(raw))
+            if new is None:
+                return current, current
+            new_raw = _dumps(new)
+            async with self._errors(f"update DAG run {run_id!r}"):
+                result = await self._cas(keys=[key], args=[raw, new_raw, self.job_ttl_s, c.dag_events_channel(run_id)])
+            if int(result[0]) == 1:
+                return current, json.loads(new_raw)
+            raw = result[1] or None
+        raise StoreError(f"DAG run {run_id!r} changed {MAX_CAS_ATTEMPTS} times while it was being updated")
+
+    async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None:
+        mux = self._store.pubsub
+        channel = c.dag_events_channel(run_id)
+        future = await mux.watch(channel, timeout_s)
+        try:
+            current = await self.get_run(run_id)
+            if current != seen:
+                return current
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await future
+            except TimeoutError:
+                pass
+        finally:
+            mux.release(channel, future)
+        return await self.get_run(run_id)
+
+    def _errors(self, action: str) -> Any:
+        return _RedisErrors(self._store.display_url, action)
+
+
+class _RedisErrors:
+    def __init__(self, url: str, action: str) -> None:
+        self.url, self.action = url, action
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        from redis.exceptions import RedisError
+
+        if isinstance(exc, RedisError | OSError):
+            raise StoreError(f"DAG store at {self.url} could not {self.action}: {exc}") from exc
+        return False
+
+
+# KEYS[1] run key; ARGV: expected value, new value, ttl_s, channel. {1} when written, else {0, current or ''}.
+REDIS_CAS_LUA = """
+local current = redis.call('GET', KEYS[1])
+if not current then current = '' end
+if current ~= ARGV[1] then return {0, current} end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[2])
+return {1}
+"""
+
+# KEYS: spec hash, names set; ARGV: name, spec JSON. A spec equal to a registered version returns that version.
+REGISTER_LUA = """
+local fields = redis.call('HGETALL', KEYS[1])
+local best = 0
+for i = 1, #fields, 2 do
+  if fields[i] ~= 'latest' and fields[i + 1] == ARGV[2] and tonumber(fields[i]) > best then best = tonumber(fields[i]) end
+end
+if best > 0 then return best end
+local version = redis.call('HINCRBY', KEYS[1], 'latest', 1)
+redis.call('HSET', KEYS[1], tostring(version), ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+return version
+"""
+
+
+def make_dag_store(store: ResultStore) -> DagStore:
+    """The DAG store beside ``store``: in its Redis, or in memory for a memory store."""
+    if store.scheme == "memory":
+        existing = getattr(store, "dag_store", None)
+        if existing is None:
+            existing = MemoryDagStore(job_ttl_s=getattr(store, "job_ttl_s", c.DEFAULT_JOB_TTL_S))
+            store.dag_store = existing  # type: ignore[attr-defined]  # one per memory store, shared in-process
+        result: DagStore = existing
+        return result
+    return RedisDagStore(store)
