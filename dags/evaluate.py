@@ -91,6 +91,8 @@ def advance(dag: CompiledDag, state: RunState) -> tuple[RunState, list[StepLaunc
         if run.state in ("failed", "cancelled") and step.spec.on_error == "fail":
             launched = {launch.step_id for launch in launches}
             return _fail(replace(state, steps=steps), sid, run.error, also=launched), []
+    if views is None:  # nothing could start: the same state, so a caller can tell nothing changed
+        return state, []
     return replace(state, steps=steps), launches
 
 

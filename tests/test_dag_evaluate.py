@@ -90,6 +90,7 @@ def test_ready_steps_does_not_record_the_launch() -> None:
     state, _ = advance(dag, state)
     assert ready_steps(dag, state) == []
     assert state.steps["s1"].state == "running"
+    assert advance(dag, state)[0] is state
 
 
 # -- fan-out, fan-in, branch ------------------------------------------------------------------------------------
