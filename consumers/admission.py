@@ -20,7 +20,7 @@ import time
 
 from consumers.acks import exhausted, poisoned
 from consumers.requests import Job, parse_delivery
-from consumers.settle import Settler
+from consumers.settle import Settler, runs_allowed
 from fleet.brokers.base import Delivery
 from fleet.errors import StoreError
 from fleet.store.base import Start
@@ -105,7 +105,7 @@ class Admission:
             if record is not None:
                 job.attempt = record.deliveries + 1
                 job.deadline = job.deadline or record.expires_at
-            if exhausted(job.attempt, self.max_deliveries):
+            if exhausted(job.attempt, runs_allowed(job, self.max_deliveries)):
                 rejected.append((job, self._exhausted_error(job)))
             elif job.deadline is not None and now > job.deadline:
                 late.append(job)

@@ -41,6 +41,12 @@ made the record terminal. It must be idempotent: a redelivery of a terminal job 
 HOOK_RETRY_DELAY_S = 1.0
 
 
+def runs_allowed(job: Job, max_deliveries: int) -> int:
+    """The most runs of a job: its DAG step's ``retries + 1`` when it has them, else ``max_deliveries``."""
+    dag = job.request.dag if job.request is not None else None
+    return dag.runs if dag is not None and dag.runs is not None else max_deliveries
+
+
 class Held:
     """The deliveries a worker holds (fetched, not yet settled), keyed by identity; ``on_release`` hears of each
     one let go (the idle announcer counts free slots)."""
@@ -100,7 +106,7 @@ class Settler:
         retries = []
         for job, result in zip(jobs, results, strict=True):
             if isinstance(result, JobError):
-                decision = decide(result, job.attempt, self.max_deliveries)
+                decision = decide(result, job.attempt, runs_allowed(job, self.max_deliveries))
                 if decision.action is Action.retry:
                     retries.append(self._retry(job, result, decision.delay_s))
                     continue

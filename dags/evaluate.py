@@ -187,6 +187,36 @@ def context(dag: CompiledDag, state: RunState) -> dict[str, Any]:
     return {"input": state.input, "steps": {sid: _view(dag.steps[sid], run) for sid, run in state.steps.items()}}
 
 
+def outstanding(dag: CompiledDag, state: RunState) -> list[StepLaunch]:
+    """The launches of every running step's jobs that have no result yet, rendered again from the run's state.
+
+    Publishing them again is harmless (job ids are deterministic, so the broker or the store drops a repeat) and
+    repairs a launch whose publish was lost: a worker that stored the state recording a launch and died before it
+    published leaves its message unacked, and its redelivery publishes what is outstanding.
+    """
+    if state.outcome is not None:
+        return []
+    views = {sid: _view(dag.steps[sid], run) for sid, run in state.steps.items()}
+    ctx = {"input": state.input, "steps": views}
+    launches = []
+    for sid, run in state.steps.items():
+        if run.state != "running":
+            continue
+        step = dag.steps[sid]
+        try:
+            items = _items(dag, step, ctx)
+            jobs = tuple(
+                JobLaunch(job_id(state.run_id, sid, i), i, item, _input(dag, step, ctx, i, item))
+                for i, item in enumerate(items)
+                if i < len(run.items) and run.items[i] == "pending"
+            )
+        except _LaunchError:  # rendered once already, so this cannot happen unless the spec changed under us
+            continue
+        if jobs:
+            launches.append(StepLaunch(sid, step.spec.model, jobs, step.spec.timeout_s, step.spec.retries))
+    return launches
+
+
 # -- launching ------------------------------------------------------------------------------------------------
 def _start(
     dag: CompiledDag, step: CompiledStep, state: RunState, steps: Mapping[str, StepRun], views: dict[str, Any]

@@ -19,6 +19,7 @@ from autoscaler.service import Autoscaler
 from consumers.device import resolve_device
 from consumers.handlers import resolve_handler
 from consumers.worker import Worker
+from dags.runner import DagRunner
 from dispatcher.service import Dispatcher
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -27,6 +28,7 @@ from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
+from fleet.store.dagstore import make_dag_store
 from producers.gateway.app import create_app
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,9 @@ def build_worker(
     device = resolve_device(settings.device)
     handler_cls = resolve_handler(ref)
     handler = handler_cls(device=device, slowness=settings.slowness)
-    return Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
+    worker = Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
+    worker.settler.on_settled.append(DagRunner(broker, store, make_dag_store(store)).on_settled)  # DAG continuation
+    return worker
 
 
 async def run_workers(workers: list[Worker], stop: asyncio.Event) -> None:

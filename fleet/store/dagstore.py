@@ -245,7 +245,8 @@ REGISTER_LUA = """
 local fields = redis.call('HGETALL', KEYS[1])
 local best = 0
 for i = 1, #fields, 2 do
-  if fields[i] ~= 'latest' and fields[i + 1] == ARGV[2] and tonumber(fields[i]) > best then best = tonumber(fields[i]) end
+  local n = tonumber(fields[i])
+  if n and fields[i + 1] == ARGV[2] and n > best then best = n end
 end
 if best > 0 then return best end
 local version = redis.call('HINCRBY', KEYS[1], 'latest', 1)

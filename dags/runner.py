@@ -1,0 +1,312 @@
+"""Runs chained through topics: start a run, continue it from each settled job, cancel it, show it.
+
+No orchestrator process: ``DagRunner.on_settled`` is a worker's settle hook (``consumers.settle``). When a DAG
+job's terminal record is stored, the settling worker applies the result to the run's document with one atomic
+compare-and-set (``fleet.store.dagstore``), lets the pure evaluator say what starts now (``dags.evaluate``), and
+publishes those jobs before its own message is acked. A worker that dies in between leaves its message unacked;
+the redelivery finds the job terminal, changes nothing in the run, and publishes every job of the run that is still
+outstanding again (``evaluate.outstanding``): their ids are deterministic (``<run>.<step>.<index>``), so the broker
+or the store drops a repeat. A step is launched once, because only the compare-and-set that moves it from
+``pending`` wins; a join therefore fires once, whatever the order, the redeliveries and the number of workers.
+
+When a run fails, is cancelled or expires, its outstanding jobs are cancelled in the store, so a worker that takes
+one skips it, and pending steps are never started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from dags import evaluate
+from dags.spec import load_spec
+from dags.state import SETTLED, RunState, check_run_id, job_id
+from dags.validate import CompiledDag, validate
+from fleet import constants as c
+from fleet.brokers.base import Broker
+from fleet.errors import FleetError, StoreError
+from fleet.store.base import Finish, ResultStore
+from fleet.store.dagstore import DagStore, RunDoc
+from schemas.jobs import JobError, JobRecord, JobState
+from schemas.models import ModelSpec
+from schemas.wire import DagContext, RequestMessage
+
+log = logging.getLogger(__name__)
+
+
+class UnknownDag(FleetError):
+    def __init__(self, name: str, version: int | None = None) -> None:
+        which = f"{name!r} version {version}" if version is not None else repr(name)
+        super().__init__(f"no DAG {which} is registered (POST /v1/dags registers one)")
+        self.name = name
+
+
+class UnknownRun(FleetError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no DAG run {run_id!r} (it may never have existed or its record expired)")
+        self.run_id = run_id
+
+
+class DagRunner:
+    """Starts and continues DAG runs over ``broker`` with their state in ``dags`` beside ``store``.
+
+    Args:
+        models: the models DAGs may use, for validation at registration (a worker passes what it knows; it only
+            continues runs of DAGs that were validated when they were registered).
+    """
+
+    def __init__(
+        self, broker: Broker, store: ResultStore, dags: DagStore, models: Mapping[str, ModelSpec] | None = None
+    ) -> None:
+        self.broker = broker
+        self.store = store
+        self.dags = dags
+        self.models = dict(models or {})
+        self._compiled: dict[tuple[str, int], CompiledDag] = {}
+
+    # -- specs ------------------------------------------------------------------------------------------------
+    async def register(self, source: str | bytes | Mapping[str, Any]) -> tuple[str, int, CompiledDag]:
+        """Validate and store a spec; raises ``DagInvalid`` naming every problem. The same spec again keeps its
+        version."""
+        spec = load_spec(source)
+        compiled = validate(spec, self.models)
+        version = await self.dags.register(spec.name, spec.model_dump(mode="json"))
+        self._compiled[(spec.name, version)] = compiled
+        return spec.name, version, compiled
+
+    async def compiled(self, name: str, version: int | None = None) -> tuple[int, CompiledDag]:
+        if version is not None and (name, version) in self._compiled:
+            return version, self._compiled[(name, version)]
+        found = await self.dags.spec(name, version)
+        if found is None:
+            raise UnknownDag(name, version)
+        chosen, raw = found
+        if (name, chosen) not in self._compiled:
+            spec = load_spec(raw)
+            self._compiled[(name, chosen)] = validate(spec, _Lenient(self.models, spec))
+        return chosen, self._compiled[(name, chosen)]
+
+    # -- runs -------------------------------------------------------------------------------------------------
+    async def start(
+        self, name: str, run_input: Any, run_id: str | None = None, timeout_s: float | None = None
+    ) -> tuple[bool, RunDoc]:
+        """Start a run (idempotent on ``run_id``: a second start returns the first run, and publishes what it has
+        outstanding again, so a start whose publish was lost completes)."""
+        run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
+        version, dag = await self.compiled(name)
+        state = evaluate.new_run(dag, run_id, run_input)
+        state, _ = evaluate.advance(dag, state)
+        now = time.time()
+        doc: RunDoc = {
+            "run": state.to_dict(),
+            "version": version,
+            "created_at": now,
+            "deadline": now + timeout_s if timeout_s else None,
+            "finished_at": None,
+            "times": {},
+        }
+        _stamp(doc, None, state, now)
+        created, doc = await self.dags.create_run(run_id, doc)
+        await self._publish_outstanding(doc)
+        return created, doc
+
+    async def on_settled(self, job: Any, record: JobRecord, won: bool) -> None:
+        """The settle hook: continue the run of a DAG job whose terminal record is stored."""
+        request: RequestMessage | None = getattr(job, "request", None)
+        if request is None or request.dag is None:
+            return
+        ctx = request.dag
+        _, dag = await self.compiled(ctx.dag, ctx.version)
+
+        def change(doc: RunDoc) -> RunDoc | None:
+            old = RunState.from_dict(doc["run"])
+            new = evaluate.apply_result(
+                dag, old, ctx.step, ctx.index, record.state.value, record.output, _error_dict(record.error)
+            )
+            new = _expire_if_late(doc, new)
+            new, _ = evaluate.advance(dag, new)
+            return _updated(doc, old, new, dag)
+
+        try:
+            before, after = await self.dags.update_run(ctx.run, change)
+        except StoreError:
+            if await self.dags.get_run(ctx.run) is None:  # the run expired: nothing to continue
+                log.warning("job %s belongs to DAG run %s, which no longer exists", record.job_id, ctx.run)
+                return
+            raise
+        await self._publish_outstanding(after)
+        if _over(dag, after) and not _over(dag, before):
+            await self._cancel_outstanding(dag, after)
+
+    async def cancel(self, run_id: str, outcome: str = "cancelled", message: str | None = None) -> RunDoc:
+        """End a run as ``cancelled`` (or ``expired``); its outstanding jobs are cancelled in the store."""
+        doc = await self.get(run_id)
+        _, dag = await self.compiled(doc["run"]["dag"], doc["version"])
+        text = message or f"cancelled by a client (POST /v1/runs/{run_id}/cancel)"
+
+        def change(doc: RunDoc) -> RunDoc | None:
+            old = RunState.from_dict(doc["run"])
+            return _updated(doc, old, evaluate.cancel(old, outcome, text), dag)
+
+        _, after = await self.dags.update_run(run_id, change)
+        await self._cancel_outstanding(dag, after)
+        return after
+
+    async def get(self, run_id: str) -> RunDoc:
+        doc = await self.dags.get_run(run_id)
+        if doc is None:
+            raise UnknownRun(run_id)
+        if doc.get("deadline") and doc.get("finished_at") is None and time.time() > doc["deadline"]:
+            return await self.cancel(run_id, "expired", "the run's timeout passed before it finished")
+        return doc
+
+    async def view(self, run_id: str) -> dict[str, Any]:
+        doc = await self.get(run_id)
+        _, dag = await self.compiled(doc["run"]["dag"], doc["version"])
+        return view_of(dag, doc)
+
+    async def wait(self, run_id: str, timeout_s: float) -> RunDoc:
+        """The run's document once it is over, or as it is after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        doc = await self.get(run_id)
+        while doc.get("finished_at") is None and (remaining := deadline - time.monotonic()) > 0:
+            changed = await self.dags.wait_change(run_id, doc, min(remaining, 1.0))
+            doc = await self.get(run_id) if changed is not None else doc
+        return doc
+
+    # -- publishing -------------------------------------------------------------------------------------------
+    async def _publish_outstanding(self, doc: RunDoc) -> None:
+        state = RunState.from_dict(doc["run"])
+        _, dag = await self.compiled(state.dag, doc["version"])
+        for launch in evaluate.outstanding(dag, state):
+            for job in launch.jobs:
+                await self._publish(doc, launch, job)
+
+    async def _publish(self, doc: RunDoc, launch: evaluate.StepLaunch, job: evaluate.JobLaunch) -> None:
+        started = (doc["times"].get(launch.step_id) or {}).get("started_at") or time.time()
+        deadlines = [d for d in (doc.get("deadline"), launch.timeout_s and started + launch.timeout_s) if d]
+        message = RequestMessage(
+            job_id=job.job_id,
+            model=launch.model,
+            input=job.input,
+            submitted_at=started,
+            deadline=min(deadlines) if deadlines else None,
+            dag=DagContext(
+                run=doc["run"]["run_id"],
+                dag=doc["run"]["dag"],
+                version=doc["version"],
+                step=launch.step_id,
+                index=job.index,
+                runs=None if launch.retries is None else launch.retries + 1,
+            ),
+        )
+        await self.broker.publish(
+            c.request_subject(launch.model), message.model_dump_json().encode(), msg_id=job.job_id
+        )
+
+    async def _cancel_outstanding(self, dag: CompiledDag, doc: RunDoc) -> None:
+        """Cancel the jobs of a run that is over which have no result yet, so that no worker computes them."""
+        state = RunState.from_dict(doc["run"])
+        error = JobError(type="cancelled", message=f"its DAG run {state.run_id} ended {_status(dag, doc)}")
+        items = [
+            Finish(job_id(state.run_id, sid, i), JobState.cancelled, dag.steps[sid].spec.model, error=error)
+            for sid, run in state.steps.items()
+            for i, item in enumerate(run.items)
+            if item == "pending"
+        ]
+        if items:
+            await self.store.finish_many(items)
+
+
+class _Lenient(Mapping[str, ModelSpec]):
+    """The models a stored spec names: known ones as they are; one this process does not serve passes as a stand-in
+    (the spec was checked against it when it was registered)."""
+
+    def __init__(self, known: Mapping[str, ModelSpec], spec: Any) -> None:
+        from schemas.models import BUILTIN_SPECS
+
+        self._known = {**BUILTIN_SPECS, **known}
+        self._names = {step.model for step in spec.steps}
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        if name in self._known:
+            return self._known[name]
+        if name in self._names:
+            from schemas.models import BUILTIN_SPECS
+
+            return _any_input(BUILTIN_SPECS["echo"], name)
+        raise KeyError(name)
+
+    def __iter__(self) -> Any:
+        return iter({*self._known, *self._names})
+
+    def __len__(self) -> int:
+        return len({*self._known, *self._names})
+
+
+def _any_input(spec: ModelSpec, name: str) -> ModelSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, name=name)
+
+
+def _error_dict(error: JobError | None) -> dict[str, Any] | None:
+    return None if error is None else {"type": error.type, "message": error.message}
+
+
+def _expire_if_late(doc: RunDoc, state: RunState) -> RunState:
+    deadline = doc.get("deadline")
+    if deadline and time.time() > deadline:
+        return evaluate.cancel(state, "expired", "the run's timeout passed before it finished")
+    return state
+
+
+def _updated(doc: RunDoc, old: RunState, new: RunState, dag: CompiledDag) -> RunDoc | None:
+    if new == old:
+        return None
+    doc = dict(doc)
+    doc["run"] = new.to_dict()
+    doc["times"] = dict(doc["times"])
+    now = time.time()
+    _stamp(doc, old, new, now)
+    if doc.get("finished_at") is None and evaluate.run_state(dag, new).state != "running":
+        doc["finished_at"] = now
+    return doc
+
+
+def _stamp(doc: RunDoc, old: RunState | None, new: RunState, now: float) -> None:
+    for sid, run in new.steps.items():
+        before = old.steps[sid].state if old is not None else "pending"
+        times = dict(doc["times"].get(sid) or {"started_at": None, "finished_at": None})
+        if before == "pending" and run.state != "pending" and run.state not in ("skipped", "cancelled"):
+            times["started_at"] = now
+        if before not in SETTLED and run.state in SETTLED:
+            times["finished_at"] = now
+        if times["started_at"] is not None or times["finished_at"] is not None:
+            doc["times"][sid] = times
+
+
+def _over(dag: CompiledDag, doc: RunDoc) -> bool:
+    return evaluate.run_state(dag, RunState.from_dict(doc["run"])).state != "running"
+
+
+def _status(dag: CompiledDag, doc: RunDoc) -> str:
+    return evaluate.run_state(dag, RunState.from_dict(doc["run"])).state
+
+
+def view_of(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
+    """``GET /v1/runs/{id}``: ``{run_id, dag, version, state, steps: {<id>: {state, job_ids, started_at,
+    finished_at, error}}, output, error, created_at, finished_at}``."""
+    state = RunState.from_dict(doc["run"])
+    view = evaluate.run_view(dag, state)
+    for sid, step in view["steps"].items():
+        times = doc["times"].get(sid) or {}
+        step["started_at"] = times.get("started_at")
+        step["finished_at"] = times.get("finished_at")
+    view["version"] = doc["version"]
+    view["created_at"] = doc["created_at"]
+    view["finished_at"] = doc.get("finished_at")
+    return view
