@@ -20,6 +20,7 @@ from consumers.device import resolve_device
 from consumers.handlers import resolve_handler
 from consumers.worker import Worker
 from dags.runner import DagRunner
+from dags.starter import DagStarter
 from dispatcher.service import Dispatcher
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -93,6 +94,17 @@ async def run_workers(workers: list[Worker], stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def dag_starter(broker: Broker, store: ResultStore, owner: str) -> AsyncIterator[DagStarter]:
+    """This process's consumer of ``fleet.req._dagrun``: runs started by publishing, without the gateway."""
+    starter = DagStarter(DagRunner(broker, store, make_dag_store(store)), owner)
+    await starter.start()
+    try:
+        yield starter
+    finally:
+        await starter.stop()
 
 
 def _server(
@@ -172,7 +184,7 @@ async def run_up(settings: FleetSettings) -> None:
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
-        async with connected(settings) as (broker, store):
+        async with connected(settings) as (broker, store), dag_starter(broker, store, "fleet up"):
             scaling = make_scaling_store(settings)
             await scaling.connect()
             dispatchers = up_dispatchers(settings, broker, store)
@@ -197,7 +209,7 @@ async def run_worker(settings: FleetSettings, ref: str, **overrides: object) -> 
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
-        async with connected(settings) as (broker, store):
+        async with connected(settings) as (broker, store), dag_starter(broker, store, f"fleet worker {ref}"):
             await run_workers([build_worker(ref, broker, store, settings, **overrides)], stop)
     finally:
         restore()
