@@ -7,8 +7,10 @@ store in a directory kept across restarts), or on one single-node Kafka shared b
 127.0.0.1 ports chosen here. ``--workers`` ``fleet worker`` processes serve ``benchmarks.chaos_model:CountingSleep``
 (``sleep`` with a fixed 2 ms per item, batches of up to 8, that logs every job it computes). Then:
 
-a. NATS + Redis: every ``--kill-every-s`` the longest-running *ready* worker is SIGKILLed and a new one is started
-   (a worker that is still starting is not killed: on a loaded machine start-up takes longer than the period).
+a. NATS + Redis: every ``--kill-every-s`` the longest-running *ready* worker is SIGKILLed and a new one is started.
+   A worker that is still starting is not killed, nor the last ready one unless ``--kill-last``: on a loaded
+   machine start-up takes far longer than the period (60-100 s on a busy 2-core machine), and killing every
+   worker would measure the start-up time, with jobs counted lost only because the deadline came first.
 b. the same on Kafka + Redis.
 c. nats-server SIGKILLed once ``--fault-at`` of the jobs are published, restarted ``--down-s`` later.
 d. redis-server SIGKILLed the same way and restarted from its AOF.
@@ -378,6 +380,7 @@ class Run:
         self.fleet = Fleet(env, workdir, sc.routing)
         self.row = Row(sc.key, sc.title)
         self.terminal: set[str] = set()
+        self.fault_over = asyncio.Event()
 
     def note(self, message: str) -> None:
         self.row.notes.append(message)
@@ -461,25 +464,31 @@ class Run:
         return Publisher(broker, items, a.rate, deadline)
 
     async def _fault(self, beats: Beats, publisher: Publisher) -> None:
+        """Inject the scenario's fault; ``fault_over`` is set once a one-off fault is repaired."""
         fault = self.sc.fault
-        if fault == "kill-workers":
-            await self._kill_workers(beats)
-        elif fault in ("kill-nats", "kill-redis", "kill-dispatcher"):
+        if fault in ("kill-nats", "kill-redis", "kill-dispatcher"):
             await self._until_published(publisher, self.args.fault_at)
             await self._restart(fault)
+        self.fault_over.set()
+        if fault == "kill-workers":
+            await self._kill_workers(beats)
 
     async def _kill_workers(self, beats: Beats) -> None:
-        kills = 0
+        """Every period, SIGKILL the longest-running ready worker and start a new one; with ``--kill-last`` off
+        (the default) the last ready worker is spared, so the fleet keeps serving while replacements start."""
+        kills = spared = 0
         try:
             while True:
                 await asyncio.sleep(self.args.kill_every_s)
                 ready = [m for m in self.fleet.of("worker") if beats.ready(m)]
-                if ready:
-                    self.fleet.kill(min(ready, key=lambda m: m.spawned))
-                    self.fleet.spawn("worker")
-                    kills += 1
+                if not ready or (len(ready) == 1 and not self.args.kill_last):
+                    spared += 1
+                    continue
+                self.fleet.kill(min(ready, key=lambda m: m.spawned))
+                self.fleet.spawn("worker")
+                kills += 1
         finally:
-            self.row.notes.append(f"{kills} workers SIGKILLed and replaced")
+            self.row.notes.append(f"{kills} workers SIGKILLed and replaced; {spared} periods without a kill")
 
     async def _until_published(self, publisher: Publisher, fraction: float) -> None:
         while len(publisher.acked_good) < fraction * self.args.jobs and not publisher.done.is_set():  # noqa: ASYNC110 - polled
@@ -498,8 +507,10 @@ class Run:
             raise HarnessError(f"scenario {self.sc.key} has no server to kill for {fault}")
         server.kill()
         self.note(f"SIGKILLed {server.name}")
-        await asyncio.sleep(self.args.down_s)
-        await server.start()
+        try:
+            await asyncio.sleep(self.args.down_s)
+        finally:  # also when the scenario ends meanwhile: the records are read back from this server
+            await server.start()
         self.note(f"restarted {server.name} on port {server.port} after {self.args.down_s:g}s")
 
     async def _watch(self, store: aioredis.Redis, publisher: Publisher, letters: DeadLetters, started: float) -> None:
@@ -511,8 +522,7 @@ class Run:
                 say(self.sc.key, event)
             reachable = await self._refresh_terminal(store, publisher)
             now = time.monotonic()
-            garbage_done = all(letters.by_marker[m] for m in publisher.acked_bad)
-            if publisher.done.is_set() and garbage_done and self.terminal >= publisher.acked_good:
+            if self._finished(publisher, letters):
                 return
             if publisher.done.is_set() and now > (publisher.finished_at or now) + self.args.grace_s:
                 self.note(f"deadline: {len(publisher.acked_good) - len(self.terminal)} published jobs not terminal")
@@ -520,6 +530,12 @@ class Run:
             if now - last_progress >= self.args.progress_s:
                 last_progress = now
                 self._progress(now - started, publisher, letters, reachable)
+
+    def _finished(self, publisher: Publisher, letters: DeadLetters) -> bool:
+        """Everything published is settled: jobs terminal, garbage dead-lettered, the fault repaired."""
+        garbage_done = all(letters.by_marker[m] for m in publisher.acked_bad)
+        quiet = publisher.done.is_set() and self.fault_over.is_set()
+        return quiet and garbage_done and self.terminal >= publisher.acked_good
 
     async def _refresh_terminal(self, store: aioredis.Redis, publisher: Publisher) -> bool:
         pending = [j for j in publisher.acked_good if j not in self.terminal]
@@ -672,6 +688,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grace-s", type=float, help="how long after the last publish a scenario may run (default 240)")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--kill-every-s", type=float, default=3.0, help="a and b: period of the worker kills")
+    p.add_argument(
+        "--kill-last", action="store_true", help="a and b: also kill the last ready worker (none serves meanwhile)"
+    )
     p.add_argument("--fault-at", type=float, default=0.5, help="c, d, e: the fraction published when it hits")
     p.add_argument("--down-s", type=float, default=5.0, help="c, d, e: how long the killed process stays down")
     p.add_argument("--depth", type=int, default=1000, help="f: nesting depth of the deep JSON body")
