@@ -98,24 +98,32 @@ class DeadLetters:
         self.letters: dict[str, str] = {}  # digest -> text
         self.by_marker: Counter[str] = Counter()  # garbage marker (bad-NNNNN) -> letters naming it
         self.by_job: Counter[str] = Counter()
+        self._sub: Subscription | None = None
 
     async def run(self) -> None:
-        sub: Subscription | None = None
+        try:
+            await self._read()
+        finally:  # cancelled at the end of the scenario: leave the group
+            if self._sub is not None:
+                with contextlib.suppress(Exception):
+                    await self._sub.close()
+
+    async def _read(self) -> None:
         failures = 0
         while True:
             try:
-                if sub is None:
-                    sub = await self.broker.subscribe(c.dlq_subject(MODEL), DLQ_GROUP)
-                for delivery in await sub.fetch(256, 1.0):
+                if self._sub is None:
+                    self._sub = await self.broker.subscribe(c.dlq_subject(MODEL), DLQ_GROUP)
+                for delivery in await self._sub.fetch(256, 1.0):
                     self._record(delivery.data)
                     await delivery.ack()
                 failures = 0
             except Exception as exc:  # the broker is down: retry, and subscribe again after repeated failures
                 failures += 1
-                if failures % 5 == 0 and sub is not None:
+                if failures % 5 == 0 and self._sub is not None:
                     with contextlib.suppress(Exception):
-                        await sub.close()
-                    sub = None
+                        await self._sub.close()
+                    self._sub = None
                 say("-", f"dead letters: {exc!r}; retrying")
                 await asyncio.sleep(1)
 
