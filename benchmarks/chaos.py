@@ -401,7 +401,7 @@ class Run:
                         await self._watch(store, publisher, letters, started)
                 finally:
                     self.row.seconds = time.monotonic() - started
-                    self.fleet.stop()
+                    await asyncio.to_thread(self.fleet.stop)  # SIGTERM, up to 10 s to drain; notices still count
                 await asyncio.sleep(2)  # the last dead letters and notices arrive
                 tally = await self._tally(store, publisher, watcher, letters)
             tally.fill(self.row)
