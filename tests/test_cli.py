@@ -53,7 +53,8 @@ def test_bad_configuration_is_refused_with_a_clear_message(args: list[str], env:
 
 
 def test_an_unreachable_broker_fails_fast_with_its_url() -> None:
-    result = run_fleet("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
+    args = ("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
+    result = run_fleet(*args, env={"FLEET_STARTUP_TIMEOUT_S": "0"})  # one attempt: start-up retries are off
     assert result.returncode == 1
     assert "127.0.0.1:1" in result.stderr and "Traceback" not in result.stderr
 
