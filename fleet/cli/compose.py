@@ -11,6 +11,7 @@ import functools
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 import uvicorn
 
@@ -18,7 +19,7 @@ from autoscaler.backends import default_backend_name, make_backend
 from autoscaler.config import ScalingConfig
 from autoscaler.service import Autoscaler
 from consumers.device import resolve_device
-from consumers.handlers import resolve_handler
+from consumers.handlers import ModelHandler, resolve_handler
 from consumers.handlers.echo import EchoHandler
 from consumers.handlers.sleep import SleepHandler
 from consumers.worker import Worker
@@ -102,10 +103,16 @@ def build_worker(
     settings: FleetSettings,
     **overrides: object,
 ) -> Worker:
+    handler, device = build_handler(ref, settings)
+    return Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
+
+
+def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, Any], str]:
+    """The (not yet loaded) handler and its device; raises ``UnknownModel``/``ConfigError`` for a bad reference,
+    option or device, so the CLI calls it once before connecting anything."""
     handler_cls = resolve_handler(ref)
     device = "cpu" if issubclass(handler_cls, DEVICELESS_HANDLERS) else resolve_device(settings.device)
-    handler = handler_cls(device=device, slowness=settings.slowness)
-    return Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
+    return handler_cls(device=device, slowness=settings.slowness), device
 
 
 async def start_worker(build: Callable[[], Worker], deadline: Deadline) -> Worker:
@@ -275,6 +282,8 @@ async def _serve_up(
     if settings.autoscale:
         task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
     else:
+        for ref in settings.models:
+            build_handler(ref, settings)  # a bad model or device fails before the gateway starts
         builds = [functools.partial(build_worker, ref, broker, store, settings) for ref in settings.models]
         task = asyncio.create_task(run_workers(builds, stop, deadline))
     task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
@@ -297,6 +306,7 @@ async def run_worker(
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     deadline = startup_deadline(settings)
+    build_handler(ref, settings)  # a bad model, option or device fails before anything connects
     probe = WorkerProbe(resolve_spec(ref).name)
     server = serve_probes(probe, metrics_port) if metrics_port is not None else None
     try:
