@@ -149,7 +149,7 @@ def test_the_first_embed_job_after_fleet_up_says_ready_runs_at_normal_latency(tm
     log = tmp_path / "up.log"
     base = f"http://127.0.0.1:{port}"
     with fleet_process("up", "--port", str(port), "--models", "echo,embed", log=log) as proc:
-        wait_http_ready(f"{base}/readyz", proc, log, timeout_s=180)
+        wait_http_ready(f"{base}/readyz", proc, log, timeout_s=240)  # embed loads: minutes when loaded
         with httpx.Client(base_url=base, timeout=60) as http:
             latencies = []
             for text in ("the very first job", "a second job, for comparison"):

@@ -303,12 +303,12 @@ async def run_worker(
 ) -> None:
     """One worker on its own broker and store connections; with ``metrics_port``, ``/metrics``, ``/healthz`` and
     ``/readyz`` on that port from the start (``/readyz`` 503 until the model is warm)."""
-    stop = asyncio.Event()
-    restore = stop_on_signals(stop)
     deadline = startup_deadline(settings)
     build_handler(ref, settings)  # a bad model, option or device fails before anything connects
     probe = WorkerProbe(resolve_spec(ref).name)
-    server = serve_probes(probe, metrics_port) if metrics_port is not None else None
+    server = serve_probes(probe, metrics_port) if metrics_port is not None else None  # /healthz from the start
+    stop = asyncio.Event()
+    restore = stop_on_signals(stop)
     try:
         async with connected(settings, deadline) as (broker, store):
             await ensure_models(broker, [probe.model], deadline)
