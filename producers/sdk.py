@@ -332,6 +332,12 @@ class FleetClient:
             answer = await self._request("POST", "/v1/dags", json=dict(spec))
         return str(answer["name"]), int(answer["version"])
 
+    async def get_dag(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """A registered DAG: ``{name, version, versions, spec, graph: {nodes, edges}, mermaid}``. Raises UnknownDag."""
+        params = {"version": version} if version is not None else None
+        shown: dict[str, Any] = await self._request("GET", f"/v1/dags/{name}", params=params)
+        return shown
+
     async def start_run(
         self, name: str, input: Any, *, run_id: str | None = None, timeout_s: float | None = None
     ) -> str:
