@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -63,7 +64,7 @@ async def run_events(runner: DagRunner, doc: RunDoc, wait_s: float) -> AsyncIter
     yield {"type": "run", "run": view}
     while doc.get("finished_at") is None:
         try:
-            changed = await runner.dags.wait_change(doc["run"]["run_id"], doc, wait_s)
+            changed = await runner.dags.wait_change(doc["run"]["run_id"], doc, _until_deadline(doc, wait_s))
             latest = await runner.get(doc["run"]["run_id"]) if changed is not None else None
         except StoreError as exc:
             if not exc.retriable:
@@ -82,6 +83,12 @@ async def run_events(runner: DagRunner, doc: RunDoc, wait_s: float) -> AsyncIter
         for event in step_changes(before, view):
             yield event
     yield {"type": "result", "run": view}
+
+
+def _until_deadline(doc: RunDoc, wait_s: float) -> float:
+    """``wait_s``, or less when the run's deadline comes first (``runner.get`` then ends it ``expired``)."""
+    deadline = doc.get("deadline")
+    return wait_s if not deadline else max(0.05, min(wait_s, deadline - time.time() + 0.05))
 
 
 def _error_event(exc: Exception, run_id: str) -> Event:
