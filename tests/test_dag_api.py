@@ -19,8 +19,10 @@ from websockets.asyncio.client import connect as ws_connect
 from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
-from dags.runner import DagRunner
+from dags.runner import DagRunner, UnknownDag, UnknownRun
+from dags.spec import MAX_SPEC_BYTES
 from fleet.brokers.base import Broker
+from fleet.errors import DagInvalid
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
@@ -374,6 +376,29 @@ async def test_sdk_registers_starts_waits_follows_and_cancels(env: DagEnv) -> No
         with pytest.raises(GatewayError) as ended:
             await fleet.cancel_run(other)
         assert ended.value.status == 409
+        assert (await fleet.get_dag(chain))["graph"]["nodes"][4]["id"] == "s5"
+
+
+async def test_sdk_raises_the_refusals_as_fleet_errors(env: DagEnv) -> None:
+    async with FleetClient("http://gateway", transport=httpx.ASGITransport(app=env.app)) as fleet:
+        with pytest.raises(DagInvalid) as invalid:
+            await fleet.register_dag({"name": "x", "steps": [{"id": "a", "model": "nosuchmodel"}], "output": 1})
+        assert invalid.value.problems[0]["step"] == "a" and invalid.value.problems[0]["path"] == "model"
+        with pytest.raises(DagInvalid) as malformed:
+            await fleet.register_dag("name: x\nsteps: [\n")
+        assert "line" in malformed.value.problems[0]["message"]
+        with pytest.raises(UnknownDag):
+            await fleet.start_run("nope", {})
+        with pytest.raises(UnknownRun):
+            await fleet.get_run("nope")
+        with pytest.raises(UnknownRun):
+            await fleet.wait_run("nope", timeout_s=1)
+
+
+async def test_a_spec_over_the_size_limit_is_413(env: DagEnv) -> None:
+    huge = "name: big\ndescription: " + "x" * (MAX_SPEC_BYTES + 1) + "\n"
+    response = await env.client.post("/v1/dags", content=huge, headers=YAML)
+    assert response.status_code == 413 and error_of(response)["type"] == "payload_too_large"
 
 
 def _as_dict(echo: str, unique: str) -> dict[str, Any]:
