@@ -29,16 +29,17 @@ def resolve_device(pref: str = "auto") -> str:
         ConfigError: CUDA was asked for but is not available, ``N`` is not a visible GPU, or ``pref`` is none of
             the above.
     """
+    pref = pref.strip().lower()
+    if pref == "cpu":
+        return "cpu"  # no torch import: a CPU worker of a model without torch stays light
+    match = _CUDA_RE.match(pref)
+    if pref != "auto" and match is None:
+        raise ConfigError(f"device {pref!r} is not supported; use auto, cpu, cuda or cuda:N")
     import torch
 
-    pref = pref.strip().lower()
     if pref == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if pref == "cpu":
-        return "cpu"
-    match = _CUDA_RE.match(pref)
-    if match is None:
-        raise ConfigError(f"device {pref!r} is not supported; use auto, cpu, cuda or cuda:N")
+    assert match is not None
     if not torch.cuda.is_available():
         raise ConfigError(
             f"device {pref!r} was asked for but CUDA is not available to torch {torch.__version__} "

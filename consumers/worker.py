@@ -239,6 +239,7 @@ class Worker:
             self._stopped = True
             raise
         self.state = "ready"
+        await self._send_heartbeat()  # readiness (the gateway's /readyz, fleet up) hears of it now, not a beat later
         self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
         self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
         keepalive = keep_alive(self.held.values, self.settings.ack_wait_s, self._aux_stop, f"worker {self.worker_id}")

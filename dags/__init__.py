@@ -1,4 +1,4 @@
-"""DAG workflows: the DSL and its pure core (no I/O yet).
+"""DAG workflows chained through topics: the DSL, its pure core, and the runner that workers and the gateway use.
 
 - ``dags.spec``: ``DagSpec`` / ``StepSpec`` and ``load_spec`` (YAML, JSON or a dict; size limits).
 - ``dags.expressions``: ``${...}`` JMESPath expressions, what they read, their rendering into inputs.
@@ -9,7 +9,10 @@
   ``apply_result``, ``cancel``, ``run_state``, ``run_view``.
 - ``dags.graph``: nodes, edges and Mermaid text of a DAG.
 
-Still to come: runs chained through topics by the workers' settle hook, fan-in state under ``fleet:dag:<run>``
-(``fleet.constants.dag_key``) changed by one atomic script per settled step, the API and the CLI. Examples are in
-``dags/examples/``.
+- ``dags.runner``: ``DagRunner`` registers specs, starts runs, continues them from a worker's settle hook
+  (``on_settled``: one compare-and-set of the run's document under ``fleet:dag:<run>`` per settled job, then the
+  successors are published before the ack), cancels and shows them. State lives in ``fleet.store.dagstore``.
+- ``dags.starter``: ``DagStarter`` starts runs published on ``fleet.req._dagrun`` (no gateway needed).
+
+Examples are in ``dags/examples/``.
 """

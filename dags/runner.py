@@ -123,10 +123,10 @@ class DagRunner:
 
         def change(doc: RunDoc) -> RunDoc | None:
             old = RunState.from_dict(doc["run"])
+            late = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
             new = evaluate.apply_result(
-                dag, old, ctx.step, ctx.index, record.state.value, record.output, _error_dict(record.error)
+                dag, late, ctx.step, ctx.index, record.state.value, record.output, _error_dict(record.error)
             )
-            new = _expire_if_late(doc, new)
             new, _ = evaluate.advance(dag, new)
             return _updated(doc, old, new, dag)
 
@@ -143,7 +143,9 @@ class DagRunner:
 
     async def cancel(self, run_id: str, outcome: str = "cancelled", message: str | None = None) -> RunDoc:
         """End a run as ``cancelled`` (or ``expired``); its outstanding jobs are cancelled in the store."""
-        doc = await self.get(run_id)
+        doc = await self.dags.get_run(run_id)  # not ``get``: it expires late runs through this method
+        if doc is None:
+            raise UnknownRun(run_id)
         _, dag = await self.compiled(doc["run"]["dag"], doc["version"])
         text = message or f"cancelled by a client (POST /v1/runs/{run_id}/cancel)"
 

@@ -15,6 +15,7 @@ FleetError
  +-- ModelError(message)         the model raised while computing; retriable unless it says otherwise
  +-- ServiceUnavailable(service, hint)  a test or start-up dependency that is not running
  +-- ScalerError(backend, target)  a scaler backend could not read or set replicas; retriable unless it says otherwise
+ +-- StartupTimeout(what, attempts, waited_s)  a broker or store still unreachable at the start-up deadline
 """
 
 from __future__ import annotations
@@ -138,3 +139,17 @@ class ScalerError(FleetError):
         self.backend = backend
         self.target = target
         self.retriable = retriable
+
+
+class StartupTimeout(FleetError):
+    """A start-up step (connect, create a group, ...) kept failing with retriable errors until the deadline."""
+
+    def __init__(self, what: str, attempts: int, waited_s: float, last: FleetError) -> None:
+        super().__init__(
+            f"could not {what} within {waited_s:.0f}s ({attempts} attempts): {last.message} "
+            "(FLEET_STARTUP_TIMEOUT_S sets how long start-up retries)"
+        )
+        self.what = what
+        self.attempts = attempts
+        self.waited_s = waited_s
+        self.last = last

@@ -131,6 +131,14 @@ class FleetSettings(BaseSettings):
         30.0, gt=0, description="rate mode: run enough workers to drain the current backlog within this many seconds"
     )
 
+    # start-up (every process)
+    startup_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="how long a starting process retries a broker or store it cannot reach before it exits "
+        "(0: try once)",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("models", mode="before")

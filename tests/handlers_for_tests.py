@@ -61,3 +61,10 @@ class Items(ModelHandler[ItemIn, ItemOut]):
     @property
     def predicted(self) -> list[int]:
         return [v for call in self.calls for v in call]
+
+
+class SlowLoad(Items):
+    """``Items`` whose ``load`` takes ``FLEET_TEST_LOAD_S`` seconds: a model that is slow to get warm."""
+
+    def load(self) -> None:
+        time.sleep(float(os.environ.get("FLEET_TEST_LOAD_S", "3")))

@@ -53,7 +53,8 @@ def test_bad_configuration_is_refused_with_a_clear_message(args: list[str], env:
 
 
 def test_an_unreachable_broker_fails_fast_with_its_url() -> None:
-    result = run_fleet("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
+    args = ("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
+    result = run_fleet(*args, env={"FLEET_STARTUP_TIMEOUT_S": "0"})  # one attempt: start-up retries are off
     assert result.returncode == 1
     assert "127.0.0.1:1" in result.stderr and "Traceback" not in result.stderr
 
@@ -64,7 +65,8 @@ def test_fleet_up_serves_echo_and_embed_over_rest(tmp_path: Path) -> None:
     log = tmp_path / "up.log"
     base = f"http://127.0.0.1:{port}"
     with fleet_process("up", "--port", str(port), "--models", "echo,embed", log=log) as proc:
-        wait_http_ready(f"{base}/readyz", proc, log)
+        # /readyz waits for the embed model to load and warm up: 20 s on an idle machine, minutes on a loaded one
+        wait_http_ready(f"{base}/readyz", proc, log, timeout_s=240)
         with httpx.Client(base_url=base, timeout=30) as http:
             echo = http.post("/v1/jobs", json={"model": "echo", "input": {"hello": "world"}})
             assert echo.status_code == 202, echo.text

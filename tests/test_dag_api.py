@@ -428,11 +428,6 @@ def test_every_dag_route_is_tagged_and_documented() -> None:
     assert "dags" in {t["name"] for t in spec["tags"]}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dags/runner.py: DagRunner.get ends a late run through cancel(), which calls get() again: RecursionError "
-    "(the fix: cancel reads self.dags.get_run instead of self.get); remove this mark with the fix",
-)
 async def test_event_stream_ends_expired_when_the_run_timeout_passes(env: DagEnv) -> None:
     chain = await env.register_example("chain")
     run_id = (await env.start(chain, input={"value": 1}, timeout_s=0.5))["run_id"]  # no worker: it cannot finish

@@ -314,15 +314,26 @@ def test_probes_hit_each_process_health_endpoints() -> None:
     (dispatcher,) = named(docs, "Deployment", "dispatcher")
     assert container(dispatcher)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container(dispatcher)["ports"][0]["containerPort"] == 9000
+    assert probes["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # the gateway retries its broker and store for FLEET_STARTUP_TIMEOUT_S (60 s) before it listens
+    assert probes["startupProbe"]["periodSeconds"] * probes["startupProbe"]["failureThreshold"] >= 90
     worker = container(workers(docs)["embed"])
-    assert (
-        worker["readinessProbe"]["httpGet"]
-        == worker["livenessProbe"]["httpGet"]
-        == {"path": "/metrics", "port": "metrics"}
-    )
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}  # 200 once warm
+    assert worker["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    startup = worker["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # generous: a model load takes minutes
     assert worker["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
     (service,) = of_kind(docs, "Service")
     assert service["spec"]["selector"] == gateway["spec"]["selector"]["matchLabels"]
+
+
+def test_a_model_can_give_its_workers_a_longer_start_up() -> None:
+    docs = render(*SCENARIOS["no-autoscaler"], "--set", "workers.models.embed.startupProbe.failureThreshold=120")
+    startup = container(workers(docs)["embed"])["startupProbe"]
+    assert startup == {"httpGet": {"path": "/readyz", "port": "metrics"}, "failureThreshold": 120}
+    error = render_error(*SCENARIOS["no-autoscaler"], "--set", "workers.defaults.startupProbe.exec=x")
+    assert "startupProbe" in error
 
 
 def test_pods_that_serve_metrics_carry_prometheus_scrape_annotations() -> None:

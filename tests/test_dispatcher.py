@@ -205,3 +205,24 @@ async def _dead_letters(broker: Broker, model: str, count: int) -> list[Any]:
         if len(got) >= count:
             return got
     raise AssertionError(f"expected {count} dead letters, got {[json.loads(d.data) for d in got]}")
+
+
+async def test_pathological_bodies_in_dispatch_routing_are_dead_lettered_and_good_jobs_still_run(infra, unique) -> None:
+    """No body wedges the dispatcher: without a usable job id it dead-letters the message at once; a body with
+    one reaches a worker, which dead-letters it with the parser's reason. The good jobs around them all run."""
+    from tests.test_poison import PATHOLOGICAL, named
+
+    broker, store, settings = infra
+    model = f"dsp-{unique}"
+    worker = dispatch_worker(broker, store, settings, model)
+    dispatcher = Dispatcher(broker, store, model=model, settings=settings, policy=make_policy("jiq-amnesia"))
+    async with running(dispatcher, worker):
+        await live_workers(dispatcher, 1)
+        before = await publish_requests(broker, model, [{"value": i} for i in range(5)], f"{unique}-a")
+        for body in PATHOLOGICAL.values():
+            await broker.publish(c.request_subject(model), named(body, model))
+        after = await publish_requests(broker, model, [{"value": i} for i in range(5)], f"{unique}-b")
+        records = await wait_terminal(store, before + after, timeout_s=60)
+        assert {r.state for r in records.values()} == {JobState.succeeded}
+        letters = await drain_subject(broker, c.dlq_subject(model), f"dlq-reader-{unique}", timeout_s=5)
+    assert len(letters) == len(PATHOLOGICAL), [DeadLetter.model_validate_json(d.data).error.message for d in letters]

@@ -500,7 +500,8 @@ async def test_app_builds_and_closes_its_own_clients(unique: str) -> None:
     refs, (echo,) = model_refs(unique, "echo")
     settings = FleetSettings.model_validate({"models": refs})
     async with asgi_gateway(settings) as (app, client):
-        assert (await client.get("/readyz")).json() == {"status": "ready", "broker": "ok", "store": "ok"}
+        ready = (await client.get("/readyz")).json()
+        assert ready == {"status": "ready", "broker": "ok", "store": "ok", "models": {echo: {"ready_workers": 0}}}
         job_id = (await client.post("/v1/jobs", json={"model": echo, "input": {}})).json()["job_id"]
         assert (await app.state.gateway.store.get(job_id)).state == JobState.queued
         broker = app.state.gateway.broker
@@ -523,4 +524,6 @@ async def test_metrics_expose_submissions_errors_latency_and_websockets(menv: En
 async def test_healthz_and_readyz(env: Env) -> None:
     assert (await env.client.get("/healthz")).json() == {"status": "ok"}
     ready = await env.client.get("/readyz")
-    assert ready.status_code == 200 and ready.json() == {"status": "ready", "broker": "ok", "store": "ok"}
+    body = ready.json()
+    assert ready.status_code == 200 and body.pop("models").keys() == {env.echo, env.sleep, env.embed}
+    assert body == {"status": "ready", "broker": "ok", "store": "ok"}

@@ -77,7 +77,7 @@ async def _publish_good(broker: Broker, model: str, prefix: str, count: int) -> 
     return ids
 
 
-def _named(body: bytes, model: str) -> bytes:
+def named(body: bytes, model: str) -> bytes:
     """The body for this test's model; its job ids (``-U``) made unique (records share one Redis)."""
     return body.replace(b'"model":"M"', f'"model":"{model}"'.encode()).replace(b"-U", model.encode()[-11:])
 
@@ -105,7 +105,7 @@ async def test_pathological_bodies_are_dead_lettered_once_and_the_subject_keeps_
     subject = c.request_subject(model)
     before = await _publish_good(broker, model, f"{unique}-a", 20)
     for body in PATHOLOGICAL.values():
-        await broker.publish(subject, _named(body, model))
+        await broker.publish(subject, named(body, model))
     after = await _publish_good(broker, model, f"{unique}-b", 20)
     await _assert_all_good_succeeded_first_time(store, before + after)
     got = await letters.until(len(PATHOLOGICAL))
@@ -129,7 +129,7 @@ async def test_one_deep_message_does_not_cost_its_batch_neighbours_their_runs(se
     ids: list[str] = []
     for round_ in range(5):
         ids += await _publish_good(broker, model, f"{unique}-{round_}", 40)
-        await broker.publish(c.request_subject(model), _named(DEEP_1K.replace(b"deep1", b"d%d" % round_), model))
+        await broker.publish(c.request_subject(model), named(DEEP_1K.replace(b"deep1", b"d%d" % round_), model))
     await _assert_all_good_succeeded_first_time(store, ids)
     assert len(await letters.until(5)) == 5
 
@@ -166,7 +166,7 @@ async def test_generated_bodies_are_dead_lettered_and_good_requests_succeed(
 ) -> None:
     broker, store, worker, letters = serving
     model = worker.model
-    bad = [_named(body, model) for body in bodies]
+    bad = [named(body, model) for body in bodies]
     bad = [body for body in bad if _is_bad(body, worker)]
     already = len(letters.letters)
     prefix = f"{unique}-{time.monotonic_ns()}"

@@ -37,7 +37,7 @@ LogLevel = Annotated[
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -106,11 +106,19 @@ def worker(
         ),
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port (/metrics)")
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="serve /metrics, /healthz (liveness) and /readyz (200 once the model is warm) on this port",
+        ),
     ] = None,
     log_level: LogLevel = None,
 ) -> None:
-    """Serve one model: pull micro-batches, compute, store results, ack. SIGTERM drains gracefully."""
+    """Serve one model: pull micro-batches, compute, store results, ack. SIGTERM drains gracefully.
+
+    A broker or store that does not answer at start-up is retried until FLEET_STARTUP_TIMEOUT_S (60 s).
+    """
     settings = settings_from(
         broker_url=broker,
         store_url=store,
@@ -126,15 +134,11 @@ def worker(
             "a standalone worker needs a real broker and store: pass --broker nats://... or kafka://... and "
             "--store redis://... (or use 'fleet up', which embeds both)"
         )
-    from fleet.cli.compose import run_worker
-
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port)
     if routing not in (None, "pull", "dispatch"):
         raise fail(f"--routing must be 'pull' or 'dispatch', not {routing!r}")
-    run(run_worker(settings, model, worker_id=worker_id, routing=routing), settings)
+    from fleet.cli.compose import run_worker
+
+    run(run_worker(settings, model, metrics_port=metrics_port, worker_id=worker_id, routing=routing), settings)
 
 
 @app.command()
@@ -218,8 +222,30 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def describe(exc: BaseException) -> str:
+    """One line for an error that escaped a command: what went wrong, never a traceback."""
+    if isinstance(exc, FleetError):
+        return exc.message
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or exc.title
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        return f"invalid {where}: {first['msg']}{more}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
 def main() -> None:
-    app(prog_name="fleet")
+    """The ``fleet`` entry point. Errors a command did not turn into a message itself (a file that cannot be
+    written, a server that does not answer, ...) still end as one line and exit code 1."""
+    try:
+        app(prog_name="fleet")
+    except (FleetError, ValidationError, OSError) as exc:
+        err.print(f"[bold red]error:[/] {describe(exc)}", highlight=False, soft_wrap=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

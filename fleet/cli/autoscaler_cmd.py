@@ -68,12 +68,14 @@ def partitions_of(settings: "FleetSettings") -> int | None:
 async def broker_and_scaling_store(settings: "FleetSettings") -> "AsyncIterator[tuple[BrokerClient, ScalingStore]]":
     from fleet.brokers import make_broker
     from fleet.scaling import make_scaling_store
+    from fleet.startup import Deadline, retry_until
 
+    deadline = Deadline.after(settings.startup_timeout_s)
     broker = make_broker(settings)
     scaling = make_scaling_store(settings)
-    await broker.connect()
     try:
-        await scaling.connect()
+        await retry_until(deadline, "connect to the broker", broker.connect)
+        await retry_until(deadline, "connect to the scaling store", scaling.connect)
         try:
             yield broker, scaling
         finally:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 import uvicorn
 
@@ -17,21 +19,31 @@ from autoscaler.backends import default_backend_name, make_backend
 from autoscaler.config import ScalingConfig
 from autoscaler.service import Autoscaler
 from consumers.device import resolve_device
-from consumers.handlers import resolve_handler
+from consumers.handlers import ModelHandler, resolve_handler
+from consumers.handlers.echo import EchoHandler
+from consumers.handlers.sleep import SleepHandler
 from consumers.worker import Worker
 from dags.runner import DagRunner
+from dags.starter import DagStarter
 from dispatcher.service import Dispatcher
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
-from fleet.models import resolve_specs
+from fleet.cli.probes import WorkerProbe, serve_probes
+from fleet.models import resolve_spec, resolve_specs
+from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
+from fleet.startup import Deadline, retry_until
 from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
+from fleet.tasks import cancel_and_wait
 from producers.gateway.app import create_app
 
 log = logging.getLogger(__name__)
+
+# Handlers that never touch torch: their workers skip the device probe, which would import torch (~500 MB).
+DEVICELESS_HANDLERS = (EchoHandler, SleepHandler)
 
 
 class QuietServer(uvicorn.Server):
@@ -42,19 +54,36 @@ class QuietServer(uvicorn.Server):
         yield
 
 
+def startup_deadline(settings: FleetSettings) -> Deadline:
+    return Deadline.after(settings.startup_timeout_s)
+
+
 @contextlib.asynccontextmanager
-async def connected(settings: FleetSettings) -> AsyncIterator[tuple[Broker, ResultStore]]:
+async def connected(
+    settings: FleetSettings, deadline: Deadline | None = None
+) -> AsyncIterator[tuple[Broker, ResultStore]]:
+    """A connected broker and store, each retried until the start-up deadline (``fleet.startup``)."""
+    deadline = deadline or startup_deadline(settings)
     broker = make_broker(settings)
     store = make_store(settings)
-    await broker.connect()
     try:
-        await store.connect()
+        await retry_until(deadline, "connect to the broker", broker.connect)
+        await retry_until(deadline, "connect to the result store", store.connect)
         try:
             yield broker, store
         finally:
             await store.close()
     finally:
         await broker.close()
+
+
+async def ensure_models(broker: Broker, models: list[str], deadline: Deadline) -> None:
+    """Create each model's subjects and group, retried until the start-up deadline: a worker or dispatcher then
+    starts on a broker that answered a moment ago."""
+    for model in models:
+        await retry_until(
+            deadline, f"create the subjects and group of {model!r}", functools.partial(broker.ensure_model, model)
+        )
 
 
 def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
@@ -77,28 +106,75 @@ def build_worker(
     settings: FleetSettings,
     **overrides: object,
 ) -> Worker:
-    device = resolve_device(settings.device)
-    handler_cls = resolve_handler(ref)
-    handler = handler_cls(device=device, slowness=settings.slowness)
+    handler, device = build_handler(ref, settings)
     worker = Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
     worker.settler.on_settled.append(DagRunner(broker, store, make_dag_store(store)).on_settled)  # DAG continuation
     return worker
 
 
-async def run_workers(workers: list[Worker], stop: asyncio.Event) -> None:
+def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, Any], str]:
+    """The (not yet loaded) handler and its device; raises ``UnknownModel``/``ConfigError`` for a bad reference,
+    option or device, so the CLI calls it once before connecting anything."""
+    handler_cls = resolve_handler(ref)
+    device = "cpu" if issubclass(handler_cls, DEVICELESS_HANDLERS) else resolve_device(settings.device)
+    return handler_cls(device=device, slowness=settings.slowness), device
+
+
+async def start_worker(build: Callable[[], Worker], deadline: Deadline) -> Worker:
+    """Build and start a worker; a start that fails on the broker or store is retried with a fresh worker (a
+    failed start leaves nothing running) until the start-up deadline."""
+
+    async def attempt() -> Worker:
+        worker = build()
+        await worker.start()
+        return worker
+
+    return await retry_until(deadline, "start the worker", attempt)
+
+
+async def run_workers(builds: Sequence[Callable[[], Worker]], stop: asyncio.Event, deadline: Deadline) -> None:
     """Start every worker (models load concurrently), serve until ``stop``, then drain them all."""
+    workers: list[Worker] = []
     try:
-        await asyncio.gather(*(w.start() for w in workers))
+        started = await asyncio.gather(*(start_worker(b, deadline) for b in builds), return_exceptions=True)
+        workers = [w for w in started if isinstance(w, Worker)]
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
         log.info("serving %s", ", ".join(f"{w.model} ({w.worker_id})" for w in workers))
         await stop.wait()
     finally:
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
 
 
+@contextlib.asynccontextmanager
+async def dag_starter(broker: Broker, store: ResultStore, owner: str, deadline: Deadline) -> AsyncIterator[DagStarter]:
+    """This process's consumer of ``fleet.req._dagrun``: runs started by publishing, without the gateway."""
+    starter = DagStarter(DagRunner(broker, store, make_dag_store(store)), owner)
+    await retry_until(deadline, "subscribe to DAG starts", starter.start)
+    try:
+        yield starter
+    finally:
+        await starter.stop()
+
+
 def _server(
-    settings: FleetSettings, broker: Broker | None, store: ResultStore | None, scaling: ScalingStore | None = None
+    settings: FleetSettings,
+    broker: Broker | None,
+    store: ResultStore | None,
+    scaling: ScalingStore | None = None,
+    *,
+    workers: WorkerTracker | None = None,
+    require_ready_workers: bool = False,
 ) -> QuietServer:
-    app = create_app(settings, broker=broker, store=store, scaling=scaling)
+    app = create_app(
+        settings,
+        broker=broker,
+        store=store,
+        scaling=scaling,
+        workers=workers,
+        require_ready_workers=require_ready_workers,
+    )
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
     return QuietServer(config)
 
@@ -163,29 +239,46 @@ async def run_autoscaled(autoscaler: Autoscaler, stop: asyncio.Event) -> None:
         await stop.wait()
 
 
+def requires_ready_workers(settings: FleetSettings) -> bool:
+    """``fleet up`` is ready only once each model has a warm worker, unless models may scale to zero."""
+    return not settings.autoscale or settings.autoscale_min_replicas > 0
+
+
+async def announce_ready(settings: FleetSettings, tracker: WorkerTracker, stop: asyncio.Event) -> None:
+    """Log (and print, for the console) when every model has a warm worker: the moment /readyz turns 200."""
+    models = list(resolve_specs(settings.models))
+    if requires_ready_workers(settings) and not await tracker.wait_ready(models, stop):
+        return
+    log.info("fleet up ready: %s each have a warm worker", ", ".join(models))
+    announce_console(f"fleet up: ready at http://{settings.host}:{settings.port} ({', '.join(models)})")
+
+
+def announce_console(line: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(line, highlight=False)
+
+
 async def run_up(settings: FleetSettings) -> None:
     """Gateway, autoscaler, workers and (for models in ``dispatch`` routing) dispatchers in one process, sharing
     one broker, one store and one scaling store.
 
-    With ``autoscale`` off, one worker per model runs for the whole session instead.
+    With ``autoscale`` off, one worker per model runs for the whole session instead. ``/readyz`` answers 200 (and
+    "ready" is logged) once each model has a warm worker.
     """
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
+    deadline = startup_deadline(settings)
     try:
-        async with connected(settings) as (broker, store):
+        async with connected(settings, deadline) as (broker, store), dag_starter(broker, store, "fleet up", deadline):
             scaling = make_scaling_store(settings)
-            await scaling.connect()
+            await retry_until(deadline, "connect to the scaling store", scaling.connect)
             dispatchers = up_dispatchers(settings, broker, store)
             try:
+                await ensure_models(broker, [d.model for d in dispatchers], deadline)
                 await asyncio.gather(*(d.start() for d in dispatchers))
-                if settings.autoscale:
-                    task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
-                else:
-                    workers = [build_worker(ref, broker, store, settings) for ref in settings.models]
-                    task = asyncio.create_task(run_workers(workers, stop))
-                task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
-                await serve_gateway(_server(settings, broker, store, scaling), stop)
-                await task
+                async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker:
+                    await _serve_up(settings, broker, store, scaling, tracker, stop, deadline)
             finally:
                 await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
                 await scaling.close()
@@ -193,20 +286,76 @@ async def run_up(settings: FleetSettings) -> None:
         restore()
 
 
-async def run_worker(settings: FleetSettings, ref: str, **overrides: object) -> None:
+async def _serve_up(
+    settings: FleetSettings,
+    broker: Broker,
+    store: ResultStore,
+    scaling: ScalingStore,
+    tracker: WorkerTracker,
+    stop: asyncio.Event,
+    deadline: Deadline,
+) -> None:
+    if settings.autoscale:
+        task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
+    else:
+        for ref in settings.models:
+            build_handler(ref, settings)  # a bad model or device fails before the gateway starts
+        builds = [functools.partial(build_worker, ref, broker, store, settings) for ref in settings.models]
+        task = asyncio.create_task(run_workers(builds, stop, deadline))
+    task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
+    announcer = asyncio.create_task(announce_ready(settings, tracker, stop), name="fleet-up-ready")
+    server = _server(
+        settings, broker, store, scaling, workers=tracker, require_ready_workers=requires_ready_workers(settings)
+    )
+    try:
+        await serve_gateway(server, stop)
+        await task
+    finally:
+        await cancel_and_wait([announcer])
+
+
+async def run_worker(
+    settings: FleetSettings, ref: str, *, metrics_port: int | None = None, **overrides: object
+) -> None:
+    """One worker on its own broker and store connections; with ``metrics_port``, ``/metrics``, ``/healthz`` and
+    ``/readyz`` on that port from the start (``/readyz`` 503 until the model is warm)."""
+    deadline = startup_deadline(settings)
+    build_handler(ref, settings)  # a bad model, option or device fails before anything connects
+    probe = WorkerProbe(resolve_spec(ref).name)
+    server = serve_probes(probe, metrics_port) if metrics_port is not None else None  # /healthz from the start
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
-        async with connected(settings) as (broker, store):
-            await run_workers([build_worker(ref, broker, store, settings, **overrides)], stop)
+        async with (
+            connected(settings, deadline) as (broker, store),
+            dag_starter(broker, store, f"fleet worker {ref}", deadline),
+        ):
+            await ensure_models(broker, [probe.model], deadline)
+
+            def build() -> Worker:
+                return probe.track(build_worker(ref, broker, store, settings, **overrides))  # type: ignore[no-any-return]
+
+            await run_workers([build], stop, deadline)
     finally:
         restore()
+        if server is not None:
+            server.shutdown()
 
 
 async def run_gateway(settings: FleetSettings) -> None:
+    """The standalone gateway. Its broker, store and scaling store are connected (with start-up retries) before
+    the server starts, so an outage at start-up is retried and reported in one line, not as a lifespan traceback."""
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
+    deadline = startup_deadline(settings)
     try:
-        await serve_gateway(_server(settings, None, None), stop)
+        async with connected(settings, deadline) as (broker, store):
+            await ensure_models(broker, list(resolve_specs(settings.models)), deadline)
+            scaling = make_scaling_store(settings)
+            await retry_until(deadline, "connect to the scaling store", scaling.connect)
+            try:
+                await serve_gateway(_server(settings, broker, store, scaling), stop)
+            finally:
+                await scaling.close()
     finally:
         restore()

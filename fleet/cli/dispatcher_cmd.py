@@ -61,12 +61,14 @@ async def run_dispatchers(
 
     from dispatcher.http import create_status_app
     from dispatcher.service import Dispatcher
-    from fleet.cli.compose import QuietServer, connected, stop_on_signals
+    from fleet.cli.compose import QuietServer, connected, ensure_models, startup_deadline, stop_on_signals
 
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
+    deadline = startup_deadline(settings)
     try:
-        async with connected(settings) as (broker, store):
+        async with connected(settings, deadline) as (broker, store):
+            await ensure_models(broker, models, deadline)  # retried: a broker restarting now is not fatal
             dispatchers = [
                 Dispatcher(
                     broker,

@@ -7,6 +7,7 @@ model's subjects exist before the first request.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -17,8 +18,10 @@ from dags.runner import DagRunner
 from fleet.brokers.base import Broker
 from fleet.errors import ConfigError
 from fleet.models import resolve_specs
+from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
+from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
 from producers.gateway import dag_events, routes_dags, routes_jobs, routes_ops, routes_scaling, sse, ws
@@ -61,27 +64,43 @@ def _build_store(settings: FleetSettings) -> ResultStore:
 
 
 async def _open_clients(
-    stack: AsyncExitStack, settings: FleetSettings, broker: Broker | None, store: ResultStore | None
+    stack: AsyncExitStack,
+    settings: FleetSettings,
+    broker: Broker | None,
+    store: ResultStore | None,
+    deadline: Deadline,
 ) -> tuple[Broker, ResultStore]:
-    """Adopt the given clients, or build, connect and schedule the close of the missing ones."""
+    """Adopt the given clients, or build, connect (retried until the start-up deadline) and schedule the close of
+    the missing ones."""
     if broker is None:
         broker = _build_broker(settings)
-        await broker.connect()
         stack.push_async_callback(broker.close)
+        await retry_until(deadline, "connect to the broker", broker.connect)
     if store is None:
         store = _build_store(settings)
-        await store.connect()
         stack.push_async_callback(store.close)
+        await retry_until(deadline, "connect to the result store", store.connect)
     return broker, store
 
 
-async def _open_scaling(stack: AsyncExitStack, settings: FleetSettings, scaling: ScalingStore | None) -> ScalingStore:
+async def _open_scaling(
+    stack: AsyncExitStack, settings: FleetSettings, scaling: ScalingStore | None, deadline: Deadline
+) -> ScalingStore:
     """Adopt the given scaling store, or build and connect one next to the result store (closed at shutdown)."""
     if scaling is None:
         scaling = make_scaling_store(settings)
-        await scaling.connect()
         stack.push_async_callback(scaling.close)
+        await retry_until(deadline, "connect to the scaling store", scaling.connect)
     return scaling
+
+
+async def _open_tracker(
+    stack: AsyncExitStack, settings: FleetSettings, broker: Broker, workers: WorkerTracker | None
+) -> WorkerTracker:
+    """Adopt the given heartbeat tracker, or start one on ``broker`` (stopped at shutdown)."""
+    if workers is None:
+        workers = await stack.enter_async_context(WorkerTracker(broker, settings.heartbeat_interval_s))
+    return workers
 
 
 def _lifespan(
@@ -90,15 +109,18 @@ def _lifespan(
     store: ResultStore | None,
     limits: GatewayLimits,
     scaling: ScalingStore | None,
+    workers: WorkerTracker | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = resolve_specs(settings.models)
+        deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
-            b, s = await _open_clients(stack, settings, broker, store)
-            app.state.scaling = await _open_scaling(stack, settings, scaling)
+            b, s = await _open_clients(stack, settings, broker, store, deadline)
+            app.state.scaling = await _open_scaling(stack, settings, scaling, deadline)
             for name in specs:
-                await b.ensure_model(name)
+                await retry_until(deadline, f"create the subjects of {name!r}", functools.partial(b.ensure_model, name))
+            app.state.workers = await _open_tracker(stack, settings, b, workers)
             bounds = {name: settings.max_queued_for(name) for name in specs}
             backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
             await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
@@ -118,6 +140,8 @@ def create_app(
     store: ResultStore | None = None,
     limits: GatewayLimits | None = None,
     scaling: ScalingStore | None = None,
+    workers: WorkerTracker | None = None,
+    require_ready_workers: bool = False,
 ) -> FastAPI:
     """Build the gateway application.
 
@@ -129,6 +153,10 @@ def create_app(
         limits: timeouts and WebSocket limits; the defaults suit production.
         scaling: the autoscaler's state (``fleet up`` shares its embedded one); when None, one is built next to
             the result store (``fleet.scaling.make_scaling_store``), connected and closed at shutdown.
+        workers: the heartbeat tracker behind ``/readyz``'s per-model ``ready_workers`` (``fleet up`` shares
+            its own); when None, the lifespan starts one on the broker.
+        require_ready_workers: ``/readyz`` answers 503 until every served model has a ready worker (``fleet
+            up``); by default it is 200 whenever the broker and store answer, since submissions queue.
 
     Raises:
         ConfigError: ``settings.reconcile_after_s`` is not longer than ``limits.publish_timeout_s`` (a sweep would
@@ -136,7 +164,7 @@ def create_app(
 
     Raises (at start-up, from the lifespan):
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
-        BrokerUnavailable / StoreError: a client the app builds itself cannot connect.
+        StartupTimeout: a client the app builds itself could not connect within ``settings.startup_timeout_s``.
     """
     limits = limits or GatewayLimits()
     if settings.reconcile_after_s <= limits.publish_timeout_s:
@@ -149,11 +177,12 @@ def create_app(
         version="1",
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
-        lifespan=_lifespan(settings, broker, store, limits, scaling),
+        lifespan=_lifespan(settings, broker, store, limits, scaling, workers),
         docs_url=None,  # served from installed assets instead of a CDN: producers.gateway.docs
         redoc_url=None,
     )
     install_docs(app)
+    app.state.require_ready_workers = require_ready_workers
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)

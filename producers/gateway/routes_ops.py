@@ -6,11 +6,12 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from fleet.readiness import WorkerTracker
 from producers.gateway.errors import error_response
 from producers.gateway.metrics import REGISTRY
 from producers.gateway.state import GatewayState, gateway_state
@@ -23,10 +24,20 @@ class Health(BaseModel):
     status: str = Field(description="'ok'")
 
 
+class ModelReadiness(BaseModel):
+    ready_workers: int = Field(
+        description="workers of this model whose fresh heartbeat (within 3 heartbeat intervals) says 'ready'"
+    )
+
+
 class Readiness(BaseModel):
     status: str = Field(description="'ready'")
     broker: str = Field(description="'ok' or why the broker does not answer")
     store: str = Field(description="'ok' or why the store does not answer")
+    models: dict[str, ModelReadiness] = Field(
+        description="per served model, how many workers can take its jobs now; 0 does not make the gateway unready "
+        "(submissions queue until a worker comes), except under `fleet up`, which is ready once each has one"
+    )
 
 
 class ModelInfo(BaseModel):
@@ -68,16 +79,23 @@ async def _probe(call: Awaitable[None], timeout_s: float) -> str:
     response_model=Readiness,
     responses={503: {"model": ErrorResponse}},
 )
-async def readyz(state: GatewayState = Depends(gateway_state)) -> Response:
-    """200 when the broker and the store both answer a ping; 503 naming the one(s) that do not."""
+async def readyz(request: Request, state: GatewayState = Depends(gateway_state)) -> Response:
+    """200 when the broker and the store both answer a ping (submissions are accepted and queue); 503 naming the
+    one(s) that do not. The body lists each model's ready workers; under ``fleet up`` a model without one is also
+    a 503 (``fleet up`` is ready only once every model has a warm worker)."""
     timeout_s = state.limits.ping_timeout_s
     broker, store = await asyncio.gather(_probe(state.broker.ping(), timeout_s), _probe(state.store.ping(), timeout_s))
     checks = {"broker": broker, "store": store}
     schemes = {"broker": state.broker.scheme, "store": state.store.scheme}
     failing = [f"{name} ({schemes[name]}): {why}" for name, why in checks.items() if why != "ok"]
+    tracker: WorkerTracker = request.app.state.workers
+    counts = tracker.ready.counts(state.specs)
+    models = {name: {"ready_workers": n} for name, n in counts.items()}
+    if getattr(request.app.state, "require_ready_workers", False):
+        failing += [f"model {name!r} has no ready worker yet" for name, n in counts.items() if n == 0]
     if failing:
-        return error_response(503, "not_ready", "not ready: " + "; ".join(failing), checks)
-    return JSONResponse(Readiness(status="ready", **checks).model_dump())
+        return error_response(503, "not_ready", "not ready: " + "; ".join(failing), {**checks, "models": models})
+    return JSONResponse(Readiness(status="ready", models=models, **checks).model_dump())
 
 
 @router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=Response)

@@ -1,0 +1,143 @@
+"""Which workers of each model can serve now, from their heartbeats on ``fleet.ctl.heartbeat.<model>``.
+
+A worker counts as *ready* while its latest heartbeat says ``ready`` and is fresh: sent within ``FRESH_INTERVALS``
+heartbeat intervals. Every other state (``starting``, ``draining``, ``stopped``, or one this version does not know,
+such as a future ``degraded``) is not ready. Heartbeats are read leniently (only ``worker_id``, ``model`` and
+``state``), so a newer worker's states never make an older gateway drop its beats.
+
+``ReadyWorkers`` is the bookkeeping (pure, with an injectable clock); ``WorkerTracker`` feeds it from the broker.
+The gateway's ``/readyz`` reports ``ReadyWorkers.counts``, and ``fleet up`` waits on ``WorkerTracker.wait_ready``
+before it says it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from fleet import constants as c
+from fleet.brokers.base import Broker, EventStream
+from fleet.tasks import cancel_and_wait, wait_event
+
+log = logging.getLogger(__name__)
+
+FRESH_INTERVALS = 3  # a heartbeat older than this many intervals no longer vouches for its worker
+READY = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    worker_id: str
+    model: str
+    state: str
+
+
+def parse_beat(data: bytes) -> Beat | None:
+    """The fields readiness needs from a heartbeat, or None for a body that is not one."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    fields = (body.get("worker_id"), body.get("model"), body.get("state"))
+    if not all(isinstance(f, str) and f for f in fields):
+        return None
+    return Beat(*fields)  # type: ignore[arg-type]
+
+
+class ReadyWorkers:
+    """The latest state and time of each worker's heartbeat, per model."""
+
+    def __init__(self, heartbeat_interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fresh_s = FRESH_INTERVALS * heartbeat_interval_s
+        self.clock = clock
+        self._workers: dict[str, dict[str, tuple[str, float]]] = {}  # model -> worker id -> (state, seen at)
+
+    def observe(self, beat: Beat) -> None:
+        workers = self._workers.setdefault(beat.model, {})
+        if beat.state == "stopped":
+            workers.pop(beat.worker_id, None)
+        else:
+            workers[beat.worker_id] = (beat.state, self.clock())
+        self._forget_stale(workers)
+
+    def count(self, model: str) -> int:
+        """Workers of ``model`` whose fresh heartbeat says ``ready``."""
+        workers = self._workers.get(model, {})
+        self._forget_stale(workers)
+        return sum(state == READY for state, _ in workers.values())
+
+    def counts(self, models: Iterable[str]) -> dict[str, int]:
+        return {model: self.count(model) for model in models}
+
+    def all_ready(self, models: Iterable[str]) -> bool:
+        """Whether every model in ``models`` has at least one ready worker."""
+        return all(self.count(model) > 0 for model in models)
+
+    def _forget_stale(self, workers: dict[str, tuple[str, float]]) -> None:
+        oldest = self.clock() - self.fresh_s
+        for worker_id in [w for w, (_, seen) in workers.items() if seen < oldest]:
+            del workers[worker_id]
+
+
+class WorkerTracker:
+    """Listens to every model's heartbeats and keeps ``ready`` (a ``ReadyWorkers``) up to date.
+
+    ``async with WorkerTracker(broker, heartbeat_interval_s)`` starts and stops the listener; the broker must be
+    connected and stays open.
+    """
+
+    def __init__(
+        self, broker: Broker, heartbeat_interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.broker = broker
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.ready = ReadyWorkers(heartbeat_interval_s, clock)
+        self._changed = asyncio.Event()
+        self._events: EventStream | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> WorkerTracker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._events = await self.broker.listen(c.heartbeat_subject("*"))
+        self._task = asyncio.create_task(self._listen(self._events), name="readiness-heartbeats")
+
+    async def stop(self) -> None:
+        """Idempotent."""
+        events, self._events = self._events, None
+        if events is not None:
+            await events.close()
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    async def wait_ready(self, models: Iterable[str], stop: asyncio.Event | None = None) -> bool:
+        """Wait until every model in ``models`` has a ready worker (True), or until ``stop`` is set (False)."""
+        names = list(models)
+        stop = stop or asyncio.Event()
+        while not self.ready.all_ready(names):
+            if stop.is_set():
+                return False
+            self._changed.clear()
+            await wait_event(self._changed, min(1.0, self.heartbeat_interval_s))
+        return True
+
+    async def _listen(self, events: EventStream) -> None:
+        async for _subject, data in events:
+            beat = parse_beat(data)
+            if beat is None:
+                log.warning("ignoring a malformed worker heartbeat: %r", data[:200])
+                continue
+            self.ready.observe(beat)
+            self._changed.set()

@@ -1,0 +1,148 @@
+"""Every ``fleet`` command answers a bad path, an unreachable server or a bad flag with a short message that names
+the problem and a non-zero exit code: never a traceback.
+
+Unreachable servers are ports nothing listens on (1); ``FLEET_STARTUP_TIMEOUT_S=0`` makes each try once.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.processes import run_fleet
+
+DOWN = ("--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
+ONCE = {"FLEET_STARTUP_TIMEOUT_S": "0"}
+MAX_LINES = 8  # a usage error: "Usage", "Try ... -h", and the message in a box
+
+# (id, argv, what the output must mention)
+CASES: list[tuple[str, tuple[str, ...], str]] = [
+    # fleet (the group itself)
+    ("fleet-unknown-command", ("frobnicate",), "No such command 'frobnicate'"),
+    ("fleet-unknown-flag", ("--frobnicate",), "No such option: --frobnicate"),
+    ("version-extra-argument", ("version", "extra"), "unexpected extra argument"),
+    # up
+    ("up-bad-port", ("up", "--port", "http"), "Invalid value for '--port'"),
+    ("up-port-out-of-range", ("up", "--port", "70000"), "port"),
+    ("up-bad-broker-scheme", ("up", "--broker", "ftp://127.0.0.1"), "'ftp'"),
+    ("up-unknown-model", ("up", "--models", "echo,nope"), "unknown model 'nope'"),
+    ("up-unreachable", ("up", "--models", "echo", *DOWN), "could not connect to the broker"),
+    ("up-bad-log-level", ("up", "--log-level", "LOUD"), "log_level"),
+    # worker
+    ("worker-missing-model", ("worker",), "Missing option '--model'"),
+    ("worker-unknown-model", ("worker", "--model", "nope", *DOWN), "unknown model 'nope'"),
+    (
+        "worker-bad-import-path",
+        ("worker", "--model", "no_such_pkg.mod:Handler", *DOWN),
+        "cannot import 'no_such_pkg.mod'",
+    ),
+    ("worker-bad-device", ("worker", "--model", "embed", "--device", "tpu", *DOWN), "device 'tpu' is not supported"),
+    ("worker-bad-routing", ("worker", "--model", "echo", "--routing", "teleport", *DOWN), "--routing"),
+    ("worker-bad-metrics-port", ("worker", "--model", "echo", "--metrics-port", "0", *DOWN), "--metrics-port"),
+    ("worker-memory-broker", ("worker", "--model", "echo"), "needs a real broker and store"),
+    ("worker-bad-max-batch", ("worker", "--model", "echo", "--max-batch", "0", *DOWN), "max_batch"),
+    ("worker-unreachable-broker", ("worker", "--model", "echo", *DOWN), "could not connect to the broker"),
+    # gateway
+    ("gateway-unreachable", ("gateway", "--models", "echo", *DOWN), "could not connect to the broker"),
+    ("gateway-memory", ("gateway",), "needs a real broker and store"),
+    ("gateway-bad-store-scheme", ("gateway", "--store", "mysql://x", "--broker", "nats://127.0.0.1:1"), "'mysql'"),
+    # publish
+    (
+        "publish-missing-file",
+        ("publish", "--model", "echo", "--broker", DOWN[1], "/nonexistent.jsonl"),
+        "/nonexistent.jsonl",
+    ),
+    ("publish-directory", ("publish", "--model", "echo", "--broker", DOWN[1], "/tmp"), "/tmp"),
+    ("publish-unknown-model", ("publish", "--model", "nope", "--broker", DOWN[1], "-"), "unknown model 'nope'"),
+    ("publish-memory-broker", ("publish", "--model", "echo", "-"), "publish needs a real broker"),
+    ("publish-missing-argument", ("publish", "--model", "echo"), "Missing argument"),
+    ("publish-bad-concurrency", ("publish", "--model", "echo", "--concurrency", "0", "-"), "--concurrency"),
+    ("publish-unreachable", ("publish", "--model", "echo", "--broker", DOWN[1], "{lines}"), "127.0.0.1:1"),
+    # dispatcher
+    ("dispatcher-missing-model", ("dispatcher",), "Missing option '--model'"),
+    ("dispatcher-bad-policy", ("dispatcher", "--model", "echo", "--policy", "luck", *DOWN), "unknown dispatch policy"),
+    ("dispatcher-unreachable", ("dispatcher", "--model", "echo", "--port", "0", *DOWN), "could not connect"),
+    # autoscaler
+    ("autoscaler-bad-backend", ("autoscaler", "--backend", "magic", *DOWN), "'magic'"),
+    ("autoscaler-bad-replicas", ("autoscaler", "--min-replicas", "5", "--max-replicas", "2", *DOWN), "replicas"),
+    ("autoscaler-unreachable", ("autoscaler", "--backend", "dry-run", "--model", "echo", *DOWN), "could not connect"),
+    # sim
+    ("sim-bad-loads", ("sim", "--loads", "2"), "load"),
+    ("sim-unknown-policy", ("sim", "--policies", "luck"), "luck"),
+    ("sim-bad-speeds", ("sim", "--speeds", "fast"), "bad speed group 'fast'"),
+    # dag
+    ("dag-validate-missing-file", ("dag", "validate", "/nonexistent.yaml"), "cannot read /nonexistent.yaml"),
+    ("dag-validate-directory", ("dag", "validate", "/tmp"), "cannot read /tmp"),
+    (
+        "dag-validate-unknown-models",
+        ("dag", "validate", "dags/examples/chain.yaml", "--models", "nope"),
+        "unknown model 'nope'",
+    ),
+    ("dag-validate-malformed", ("dag", "validate", "{lines}"), "name: field required"),
+    ("dag-show-unreachable", ("dag", "show", "chain", "--url", "http://127.0.0.1:1"), "cannot reach the gateway"),
+    (
+        "dag-run-bad-input",
+        ("dag", "run", "chain", "--input", "{{nope", "--url", "http://127.0.0.1:1"),
+        "--input is not valid JSON",
+    ),
+    ("dag-run-missing-file", ("dag", "run", "/nonexistent.yaml"), "cannot read /nonexistent.yaml"),
+    ("dag-run-unreachable", ("dag", "run", "dags/examples/chain.yaml", "--url", "http://127.0.0.1:1"), "127.0.0.1:1"),
+    ("dag-unknown-subcommand", ("dag", "draw"), "No such command 'draw'"),
+    # schemas
+    ("schemas-export-unwritable", ("schemas", "export", "/proc/nope"), "/proc/nope"),
+    ("schemas-export-under-a-file", ("schemas", "export", "/dev/null/schemas"), "/dev/null/schemas"),
+    ("schemas-export-unknown-model", ("schemas", "export", "{tmp}", "--models", "nope"), "unknown model 'nope'"),
+    ("schemas-missing-directory", ("schemas", "export"), "Missing argument"),
+    ("schemas-unknown-subcommand", ("schemas", "import"), "No such command 'import'"),
+]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def check(result, expected: str) -> None:
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode != 0, out
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert 0 < len(lines) <= MAX_LINES, out
+    assert expected.lower() in re.sub(r"\s*│\s*", " ", out).lower(), out
+
+
+@pytest.mark.parametrize(("argv", "expected"), [pytest.param(a, e, id=i) for i, a, e in CASES])
+def test_each_command_answers_bad_input_with_one_message(argv: tuple[str, ...], expected: str, tmp_path) -> None:
+    lines = tmp_path / "inputs.jsonl"
+    lines.write_text('{"a": 1}\n')
+    argv = tuple(a.format(lines=lines, tmp=tmp_path / "out") for a in argv)
+    check(run_fleet(*argv, env=ONCE, stdin='{"a": 1}\n'), expected)
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
+    result = run_fleet("worker", "--model", "echo", "--metrics-port", str(busy_port), *DOWN, env=ONCE)
+    check(result, f"cannot serve metrics and probes on 0.0.0.0:{busy_port}")
+
+
+def test_an_unreachable_store_behind_a_reachable_broker_is_named(nats_url: str) -> None:
+    result = run_fleet("worker", "--model", "echo", "--broker", nats_url, "--store", "redis://127.0.0.1:1", env=ONCE)
+    check(result, "could not connect to the result store")
+    assert "redis://127.0.0.1:1" in result.stderr
+
+
+def test_every_command_is_covered() -> None:
+    """A new command must come with its bad-input cases here."""
+    import typer.main
+
+    from fleet.cli import app
+
+    group = typer.main.get_command(app)
+    commands = set(group.commands)  # type: ignore[attr-defined]
+    covered = {argv[0] for _, argv, _ in CASES if argv and not argv[0].startswith("-")} - {"frobnicate"}
+    assert commands == covered, commands ^ covered
