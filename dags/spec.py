@@ -75,6 +75,14 @@ def load_spec(source: str | bytes | Mapping[str, Any]) -> DagSpec:
         raise DagInvalid([_problem(data, error) for error in exc.errors()]) from None
 
 
+def parse_text(source: str | bytes) -> dict[str, Any]:
+    """The mapping in YAML or JSON text, before any shape check (the gateway answers these refusals 400, the shape's
+    422). Raises ``DagInvalid`` for text over ``MAX_SPEC_BYTES``, not UTF-8, that does not parse (with the line and
+    column) or that is not a mapping."""
+    data: dict[str, Any] = _parse(source)
+    return data
+
+
 def _parse(source: str | bytes) -> Any:
     raw = source.encode() if isinstance(source, str) else source
     if len(raw) > MAX_SPEC_BYTES:

@@ -7,9 +7,15 @@ Example::
         record = await fleet.wait(job_id, timeout_s=30)
         async for record in fleet.subscribe([id1, id2]):
             ...
+        name, version = await fleet.register_dag(Path("dags/examples/chain.yaml").read_text())
+        run_id = await fleet.start_run(name, {"value": 42})
+        async for event in fleet.run_events(run_id):  # {"type": "run" | "step" | "result", "run": {...}}
+            ...
+        run = await fleet.wait_run(run_id, timeout_s=60)  # run["state"], run["output"]
 
 Every error answer of the gateway becomes a ``fleet.errors`` exception carrying the server's message:
-``UnknownModel``, ``InvalidInput``, ``PayloadTooLarge``, ``JobNotFound``, ``BrokerUnavailable``, ``StoreError``;
+``UnknownModel``, ``InvalidInput``, ``PayloadTooLarge``, ``JobNotFound``, ``BrokerUnavailable``, ``StoreError``,
+``DagInvalid`` (``problems``: step, path, message), ``UnknownDag``, ``UnknownRun``;
 any other error answer becomes ``GatewayError`` (with ``status`` and ``type``), a gateway that cannot be reached
 ``GatewayUnreachable``, and a job that ended without success ``JobFailed``.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -27,8 +33,10 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from dags.runner import UnknownDag, UnknownRun
 from fleet.errors import (
     BrokerUnavailable,
+    DagInvalid,
     FleetError,
     InvalidInput,
     JobNotFound,
@@ -93,6 +101,12 @@ def error_from_response(status: int, body: Any) -> FleetError:
         exc = InvalidInput(message, details if isinstance(details, list) else [])
     elif type_ == "payload_too_large":
         exc = PayloadTooLarge(int(info.get("size", 0)), int(info.get("limit", 0)))
+    elif type_ in ("dag_invalid", "malformed_spec"):
+        exc = DagInvalid(details if isinstance(details, list) else [])
+    elif type_ == "dag_not_found":
+        exc = UnknownDag(str(info.get("name", "")))
+    elif type_ == "run_not_found":
+        exc = UnknownRun(str(info.get("run_id", "")))
     elif type_ == "job_not_found":
         exc = JobNotFound(str(info.get("job_id", "")))
     elif type_ == "queue_full":
@@ -303,6 +317,111 @@ class FleetClient:
             raise  # ours, above; TimeoutError is an OSError
         except (OSError, ConnectionClosed) as exc:
             raise GatewayUnreachable(f"websocket {url}: {exc}") from exc
+
+    # -- DAGs -----------------------------------------------------------------------------------------------------
+    async def register_dag(self, spec: str | Mapping[str, Any]) -> tuple[str, int]:
+        """Register a DAG spec (YAML or JSON text, or a mapping) and return ``(name, version)``; the same spec again
+        keeps its version.
+
+        Raises:
+            DagInvalid: the spec does not parse or is wrong; ``exc.problems`` names each step and path.
+        """
+        if isinstance(spec, str):
+            answer = await self._request("POST", "/v1/dags", content=spec, headers={"content-type": "application/yaml"})
+        else:
+            answer = await self._request("POST", "/v1/dags", json=dict(spec))
+        return str(answer["name"]), int(answer["version"])
+
+    async def get_dag(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """A registered DAG: ``{name, version, versions, spec, graph: {nodes, edges}, mermaid}``. Raises UnknownDag."""
+        params = {"version": version} if version is not None else None
+        shown: dict[str, Any] = await self._request("GET", f"/v1/dags/{name}", params=params)
+        return shown
+
+    async def start_run(
+        self, name: str, input: Any, *, run_id: str | None = None, timeout_s: float | None = None
+    ) -> str:
+        """Start a run of the DAG's latest version and return its id.
+
+        Args:
+            run_id: an idempotency key: starting the same id again starts nothing and returns it.
+            timeout_s: a run not over within this many seconds ends ``expired``.
+
+        Raises:
+            UnknownDag: no such DAG. InvalidInput: ``input`` fails its input schema, or a bad ``run_id``.
+        """
+        body: dict[str, Any] = {"input": input}
+        if run_id is not None:
+            body["run_id"] = run_id
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        answer = await self._request("POST", f"/v1/dags/{name}/runs", json=body)
+        return str(answer["run_id"])
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        """The run: ``{run_id, dag, version, state, steps: {<id>: {state, job_ids, items, started_at, finished_at,
+        error}}, output, error, created_at, finished_at}``. Raises UnknownRun."""
+        view: dict[str, Any] = await self._request("GET", f"/v1/runs/{run_id}")
+        return view
+
+    async def wait_run(self, run_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Long-poll until the run is over (``succeeded``, ``failed``, ``cancelled`` or ``expired``) and return it;
+        retriable failures are retried with backoff, as in ``wait``.
+
+        Raises:
+            TimeoutError: the run is still running after ``timeout_s``. UnknownRun: no such run.
+        """
+        deadline = time.monotonic() + timeout_s
+        pause_s = RETRY_FIRST_S
+        while True:
+            try:
+                view = await self._poll_run(run_id, deadline - time.monotonic())
+            except FleetError as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(pause_s, max(deadline - time.monotonic(), 0.0)))
+                pause_s = min(pause_s * 2, RETRY_MAX_S)
+                continue
+            if view["state"] != "running":
+                return view
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"DAG run {run_id!r} is still running after {timeout_s:g}s")
+
+    async def _poll_run(self, run_id: str, remaining_s: float) -> dict[str, Any]:
+        step_s = min(self.long_poll_s, remaining_s)
+        if step_s <= 0.001:
+            return await self.get_run(run_id)
+        view: dict[str, Any] = await self._request(
+            "GET", f"/v1/runs/{run_id}", params={"wait": f"{step_s:.3f}"}, timeout_s=step_s + self.timeout_s
+        )
+        return view
+
+    async def cancel_run(self, run_id: str) -> dict[str, Any]:
+        """Cancel a running run and return it. Raises UnknownRun, or GatewayError (409) when it already ended."""
+        view: dict[str, Any] = await self._request("POST", f"/v1/runs/{run_id}/cancel")
+        return view
+
+    async def run_events(self, run_id: str) -> AsyncIterator[dict[str, Any]]:
+        """Yield the run's events over its WebSocket (``/v1/runs/{id}/ws``): ``{"type": "run", "run"}`` first,
+        ``{"type": "step", "step", "state", "run"}`` as steps change, ``{"type": "result", "run"}`` last.
+
+        Raises:
+            UnknownRun: no such run. GatewayUnreachable: the socket could not be opened or broke.
+        """
+        url = ws_url(self.base_url, f"/v1/runs/{run_id}/ws")
+        try:
+            async with ws_connect(url, open_timeout=self.timeout_s) as websocket:
+                async for text in websocket:
+                    event = json.loads(text)
+                    if event.get("type") == "error":
+                        error = event.get("error") or {}
+                        raise error_from_response(404 if error.get("type") == "run_not_found" else 500, event)
+                    yield event
+                    if event.get("type") == "result":
+                        return
+        except (OSError, ConnectionClosed) as exc:
+            raise GatewayUnreachable(f"websocket {url}: {exc}") from exc
+        raise GatewayUnreachable(f"websocket {url} closed before the run's result")
 
     @staticmethod
     def _frame_record(frame: dict[str, Any]) -> JobRecord | None:

@@ -73,6 +73,24 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("sim-bad-loads", ("sim", "--loads", "2"), "load"),
     ("sim-unknown-policy", ("sim", "--policies", "luck"), "luck"),
     ("sim-bad-speeds", ("sim", "--speeds", "fast"), "bad speed group 'fast'"),
+    # dag
+    ("dag-validate-missing-file", ("dag", "validate", "/nonexistent.yaml"), "cannot read /nonexistent.yaml"),
+    ("dag-validate-directory", ("dag", "validate", "/tmp"), "cannot read /tmp"),
+    (
+        "dag-validate-unknown-models",
+        ("dag", "validate", "dags/examples/chain.yaml", "--models", "nope"),
+        "unknown model 'nope'",
+    ),
+    ("dag-validate-malformed", ("dag", "validate", "{lines}"), "name: field required"),
+    ("dag-show-unreachable", ("dag", "show", "chain", "--url", "http://127.0.0.1:1"), "cannot reach the gateway"),
+    (
+        "dag-run-bad-input",
+        ("dag", "run", "chain", "--input", "{{nope", "--url", "http://127.0.0.1:1"),
+        "--input is not valid JSON",
+    ),
+    ("dag-run-missing-file", ("dag", "run", "/nonexistent.yaml"), "cannot read /nonexistent.yaml"),
+    ("dag-run-unreachable", ("dag", "run", "dags/examples/chain.yaml", "--url", "http://127.0.0.1:1"), "127.0.0.1:1"),
+    ("dag-unknown-subcommand", ("dag", "draw"), "No such command 'draw'"),
     # schemas
     ("schemas-export-unwritable", ("schemas", "export", "/proc/nope"), "/proc/nope"),
     ("schemas-export-under-a-file", ("schemas", "export", "/dev/null/schemas"), "/dev/null/schemas"),

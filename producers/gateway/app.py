@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 
 from fastapi import FastAPI
 
+from dags.runner import DagRunner
 from fleet.brokers.base import Broker
 from fleet.errors import ConfigError
 from fleet.models import resolve_specs
@@ -22,7 +23,8 @@ from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
-from producers.gateway import routes_jobs, routes_ops, routes_scaling, sse, ws
+from fleet.store.dagstore import make_dag_store
+from producers.gateway import dag_events, routes_dags, routes_jobs, routes_ops, routes_scaling, sse, ws
 from producers.gateway.backlog import Backlog
 from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
@@ -38,6 +40,11 @@ OPENAPI_TAGS = [
     {"name": "push", "description": "WebSockets and server-sent events that push job records as jobs end."},
     {"name": "models", "description": "The models this gateway accepts, with their input and output schemas."},
     {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
+    {
+        "name": "dags",
+        "description": "DAG workflows: register specs (YAML or JSON), show their graphs, start runs, follow them "
+        "step by step (long-poll, WebSocket, server-sent events) and cancel them.",
+    },
     {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
 ]
 
@@ -117,7 +124,8 @@ def _lifespan(
             bounds = {name: settings.max_queued_for(name) for name in specs}
             backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
             await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
-            app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits)
+            runner = DagRunner(b, s, make_dag_store(s), specs)
+            app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner)
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")
@@ -182,4 +190,6 @@ def create_app(
     app.include_router(sse.router)
     app.include_router(routes_ops.router)
     app.include_router(routes_scaling.router)
+    app.include_router(routes_dags.router)
+    app.include_router(dag_events.router)
     return app

@@ -8,8 +8,13 @@ type                   status  when
 malformed_json         400     the body is not JSON
 invalid_request        422     the body, a path or a query parameter has the wrong shape
 invalid_input          422     ``input`` does not match the model's input schema
+dag_invalid            422     a DAG spec refused (details: ``[{step, path, message}, ...]``)
+malformed_spec         400     a DAG spec that is not YAML or JSON, or not a mapping (details: as dag_invalid)
+run_terminal           409     cancel of a DAG run that already ended (details: the run)
 unknown_model          404     the model is not served here (details: known models)
 job_not_found          404     no record for the job id
+dag_not_found          404     no DAG (or no such version of it) is registered (details: name)
+run_not_found          404     no DAG run with that id (details: run_id)
 not_found              404     no such route
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)
@@ -36,8 +41,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dags.runner import UnknownDag, UnknownRun
 from fleet.errors import (
     BrokerError,
+    DagInvalid,
     FleetError,
     InvalidInput,
     JobNotFound,
@@ -84,6 +91,12 @@ def describe_fleet_error(exc: FleetError) -> tuple[int, str, Any]:
         return 404, "unknown_model", {"model": exc.model, "known": sorted(exc.known)}
     if isinstance(exc, InvalidInput):
         return 422, "invalid_input", exc.errors
+    if isinstance(exc, DagInvalid):
+        return 422, "dag_invalid", exc.problems
+    if isinstance(exc, UnknownDag):
+        return 404, "dag_not_found", {"name": exc.name}
+    if isinstance(exc, UnknownRun):
+        return 404, "run_not_found", {"run_id": exc.run_id}
     if isinstance(exc, PayloadTooLarge):
         return 413, "payload_too_large", {"size": exc.size, "limit": exc.limit}
     if isinstance(exc, JobNotFound):

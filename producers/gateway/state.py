@@ -17,13 +17,14 @@ from producers.gateway.limits import GatewayLimits
 from schemas.models import ModelSpec
 
 if TYPE_CHECKING:
+    from dags.runner import DagRunner
     from producers.gateway.backlog import Backlog
 
 
 @dataclass(slots=True)
 class GatewayState:
     """What the request handlers share: settings, the connected clients, the served models' specs and their
-    queue bounds (``backlog``)."""
+    queue bounds (``backlog``), and the DAG runner (``dag_runner``: registers specs, starts and shows runs)."""
 
     settings: FleetSettings
     broker: Broker
@@ -31,6 +32,7 @@ class GatewayState:
     specs: dict[str, ModelSpec]
     backlog: Backlog
     limits: GatewayLimits = field(default_factory=GatewayLimits)
+    dag_runner: DagRunner | None = None
 
 
 def gateway_state(request: Request) -> GatewayState:

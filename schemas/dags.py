@@ -1,0 +1,110 @@
+"""REST bodies of the DAG routes (``/v1/dags``, ``/v1/runs``): ``producers.gateway.routes_dags``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dags.state import RUN_ID_PATTERN
+
+RunStatus = Literal["running", "succeeded", "failed", "cancelled", "expired"]
+StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
+
+
+class DagRegistered(BaseModel):
+    """``POST /v1/dags``: the name and version under which the spec is stored (the same spec keeps its version)."""
+
+    name: str
+    version: int
+
+
+class DagSummary(BaseModel):
+    name: str
+    version: int = Field(description="the latest version")
+
+
+class DagList(BaseModel):
+    """``GET /v1/dags``."""
+
+    dags: list[DagSummary]
+
+
+class GraphNode(BaseModel):
+    id: str
+    model: str
+    for_each: str | None = None
+    when: str | None = None
+    on_error: str = "fail"
+
+
+class GraphEdge(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: str = Field(alias="from", serialization_alias="from")
+    to: str
+    kind: Literal["data", "after"] = Field(description="data: 'to' reads 'from'; after: it only waits for it")
+
+
+class DagGraph(BaseModel):
+    nodes: list[GraphNode] = Field(description="one per step, in topological order")
+    edges: list[GraphEdge]
+
+
+class DagDetail(BaseModel):
+    """``GET /v1/dags/{name}``: one version of a DAG, its spec and its graph."""
+
+    name: str
+    version: int
+    versions: list[int]
+    spec: dict[str, Any] = Field(description="the spec as stored (the DSL's structure, as JSON)")
+    graph: DagGraph
+    mermaid: str = Field(description="the graph as a Mermaid flowchart")
+
+
+class StartRunRequest(BaseModel):
+    """``POST /v1/dags/{name}/runs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: Any = Field(default_factory=dict, description="the run's input; checked against the DAG's input_schema")
+    run_id: str | None = Field(
+        None, pattern=RUN_ID_PATTERN, description="idempotency key: starting the same id again returns that run"
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, le=7 * 86400, description="a run not finished within this many seconds ends 'expired'"
+    )
+
+
+class RunStarted(BaseModel):
+    run_id: str
+    state: RunStatus
+    created: bool = Field(description="false when run_id named a run that already existed")
+
+
+class StepItems(BaseModel):
+    total: int = Field(description="jobs of the step (one per item for a for_each step)")
+    done: int = Field(description="of those, the ones with a result")
+
+
+class StepView(BaseModel):
+    state: StepStatus
+    job_ids: list[str]
+    items: StepItems
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: dict[str, Any] | None = None
+
+
+class RunView(BaseModel):
+    """``GET /v1/runs/{run_id}``."""
+
+    run_id: str
+    dag: str
+    version: int
+    state: RunStatus
+    steps: dict[str, StepView] = Field(description="by step id, in topological order")
+    output: Any = None
+    error: dict[str, Any] | None = None
+    created_at: float
+    finished_at: float | None = None
