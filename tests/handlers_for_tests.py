@@ -101,5 +101,5 @@ class Steps(ModelHandler[StepsIn, StepsOut]):
             elif 0 < run <= item.fail_first:
                 out.append(ModelError(f"step {item.key} fails its run {run}", retriable=True))
             else:
-                out.append(StepsOut(**item.model_dump()))
+                out.append(StepsOut(**item.model_dump(exclude_unset=True)))
         return out
