@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from consumers.handlers.base import ModelHandler
+from fleet.errors import ModelError
 from schemas.models import ModelSpec
 
 
@@ -68,3 +69,44 @@ class SlowLoad(Items):
 
     def load(self) -> None:
         time.sleep(float(os.environ.get("FLEET_TEST_LOAD_S", "3")))
+
+
+class StepsIn(BaseModel):
+    """What a DAG step of the tests asks of ``Steps``: any JSON object, with a few keys that change the behaviour."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str | None = None  # names this job in ``Steps.runs`` (a DAG input cannot see its own job id)
+    fail_first: int = 0  # the first N runs of ``key`` fail retriably
+    fail: bool = False  # fails for good (not retriable)
+    sleep_ms: float = 0.0
+
+
+class StepsOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Steps(ModelHandler[StepsIn, StepsOut]):
+    """Echoes its input (as ``StepsOut``) and records every run per ``key`` in the class-level ``runs``, shared by
+    every ``with_name`` copy in the process. ``fail_first``/``fail``/``sleep_ms`` make a step flaky, bad or slow."""
+
+    spec = ModelSpec("steps", StepsIn, StepsOut, max_batch=16, max_wait_ms=2)
+    runs: ClassVar[dict[str, int]] = {}
+    _runs_lock = threading.Lock()
+
+    def predict(self, batch: list[StepsIn]) -> list[StepsOut | Exception]:
+        out: list[StepsOut | Exception] = []
+        for item in batch:
+            run = 0
+            if item.key is not None:
+                with self._runs_lock:
+                    run = Steps.runs[item.key] = Steps.runs.get(item.key, 0) + 1
+            if item.sleep_ms:
+                time.sleep(item.sleep_ms / 1000)
+            if item.fail:
+                out.append(ModelError(f"step {item.key} fails for good", retriable=False))
+            elif 0 < run <= item.fail_first:
+                out.append(ModelError(f"step {item.key} fails its run {run}", retriable=True))
+            else:
+                out.append(StepsOut(**item.model_dump(exclude_unset=True)))
+        return out
