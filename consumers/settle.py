@@ -133,9 +133,10 @@ class Settler:
         Acks go one after the other (an ack does not wait for the broker), dead letters concurrently."""
         letters = []
         counts: dict[str, int] = {}
+        if self.on_settled:  # concurrently: a hook may gather the batch's jobs (one DAG update per run, not per job)
+            passed = await asyncio.gather(*(self._run_hooks(job, record, won) for job, record, won in settled))
+            settled = [item for item, ok in zip(settled, passed, strict=True) if ok]
         for job, record, won in settled:
-            if self.on_settled and not await self._run_hooks(job, record, won):
-                continue
             if for_stored(record.state) is Action.dead_letter:
                 letters.append(self._dead_letter(job, record.error or _NO_ERROR))
                 continue

@@ -15,6 +15,7 @@ one skips it, and pending steps are never started.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -66,6 +67,7 @@ class DagRunner:
         self.dags = dags
         self.models = dict(models or {})
         self._compiled: dict[tuple[str, int], CompiledDag] = {}
+        self._joining: dict[str, list[tuple[DagContext, JobRecord, asyncio.Future[None]]]] = {}
 
     # -- specs ------------------------------------------------------------------------------------------------
     async def register(self, source: str | bytes | Mapping[str, Any]) -> tuple[str, int, CompiledDag]:
@@ -114,19 +116,52 @@ class DagRunner:
         return created, doc
 
     async def on_settled(self, job: Any, record: JobRecord, won: bool) -> None:
-        """The settle hook: continue the run of a DAG job whose terminal record is stored."""
+        """The settle hook: continue the run of a DAG job whose terminal record is stored.
+
+        The settler runs the hooks of a batch concurrently; the results of one run that settle together are applied
+        in one compare-and-set of its document (the first hook applies them all; the others wait for it).
+        """
         request: RequestMessage | None = getattr(job, "request", None)
         if request is None or request.dag is None:
             return
         ctx = request.dag
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self._joining.get(ctx.run)
+        if waiting is not None:
+            waiting.append((ctx, record, future))
+            await future
+            return
+        batch = self._joining[ctx.run] = [(ctx, record, future)]
+        try:
+            await asyncio.sleep(0)  # the batch's other hooks for this run join now
+        finally:
+            del self._joining[ctx.run]
+        try:
+            await self._continue(ctx, [(c, r) for c, r, _ in batch])
+        except BaseException as exc:
+            for _, _, other in batch[1:]:
+                if not other.done():
+                    other.set_exception(exc if isinstance(exc, Exception) else StoreError("continuation cancelled"))
+            raise
+        for _, _, other in batch[1:]:
+            if not other.done():
+                other.set_result(None)
+
+    async def _continue(self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
         _, dag = await self.compiled(ctx.dag, ctx.version)
 
+        replayed = False  # a result the run had already: its first settle may have died before publishing
+
         def change(doc: RunDoc) -> RunDoc | None:
+            nonlocal replayed
+            replayed = False
             old = RunState.from_dict(doc["run"])
-            late = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
-            new = evaluate.apply_result(
-                dag, late, ctx.step, ctx.index, record.state.value, record.output, _error_dict(record.error)
-            )
+            new = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
+            for item, record in results:
+                output, error = record.output, _error_dict(record.error)
+                applied = evaluate.apply_result(dag, new, item.step, item.index, record.state.value, output, error)
+                replayed = replayed or applied is new
+                new = applied
             new, _ = evaluate.advance(dag, new)
             return _updated(doc, old, new, dag)
 
@@ -134,10 +169,12 @@ class DagRunner:
             before, after = await self.dags.update_run(ctx.run, change)
         except StoreError:
             if await self.dags.get_run(ctx.run) is None:  # the run expired: nothing to continue
-                log.warning("job %s belongs to DAG run %s, which no longer exists", record.job_id, ctx.run)
+                log.warning("%d jobs belong to DAG run %s, which no longer exists", len(results), ctx.run)
                 return
             raise
-        await self._publish_outstanding(after)
+        # A change publishes what it launched. A result the run had already means a redelivery: the settle that
+        # recorded it may have died before publishing, so everything the run has outstanding goes out again.
+        await self._publish_outstanding(after, None if replayed else _launched(before, after))
         if _over(dag, after) and not _over(dag, before):
             await self._cancel_outstanding(dag, after)
 
@@ -180,10 +217,13 @@ class DagRunner:
         return doc
 
     # -- publishing -------------------------------------------------------------------------------------------
-    async def _publish_outstanding(self, doc: RunDoc) -> None:
+    async def _publish_outstanding(self, doc: RunDoc, only: set[str] | None = None) -> None:
+        """Publish the jobs of ``doc`` that have no result yet (of the steps in ``only``, when given)."""
         state = RunState.from_dict(doc["run"])
         _, dag = await self.compiled(state.dag, doc["version"])
         for launch in evaluate.outstanding(dag, state):
+            if only is not None and launch.step_id not in only:
+                continue
             for job in launch.jobs:
                 await self._publish(doc, launch, job)
 
@@ -253,6 +293,16 @@ def _any_input(spec: ModelSpec, name: str) -> ModelSpec:
     import dataclasses
 
     return dataclasses.replace(spec, name=name)
+
+
+def _launched(before: RunDoc, after: RunDoc) -> set[str]:
+    """The steps ``after`` launched: pending in ``before``, not any more."""
+    old = before["run"]["steps"]
+    return {
+        sid
+        for sid, run in after["run"]["steps"].items()
+        if run["state"] != "pending" and old[sid]["state"] == "pending"
+    }
 
 
 def _error_dict(error: JobError | None) -> dict[str, Any] | None:
