@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ RunDoc = dict[str, Any]
 "finished_at": float | None, "times": {<step>: {"started_at": float | None, "finished_at": float | None}}}``"""
 
 MAX_CAS_ATTEMPTS = 64
+KNOWN_RUNS = 10_000  # run documents a process remembers having written, to skip the read before an update
 
 
 class DagStore(Protocol):
@@ -132,6 +134,13 @@ class RedisDagStore:
         self.job_ttl_s: int = store.job_ttl_s
         self._cas = self.redis.register_script(REDIS_CAS_LUA)
         self._register = self.redis.register_script(REGISTER_LUA)
+        self._known: OrderedDict[str, bytes | str] = OrderedDict()  # run id -> the document this process wrote last
+
+    def _remember(self, run_id: str, raw: str) -> None:
+        self._known[run_id] = raw
+        self._known.move_to_end(run_id)
+        if len(self._known) > KNOWN_RUNS:
+            self._known.popitem(last=False)
 
     async def register(self, name: str, spec: dict[str, Any]) -> int:
         raw = _dumps(spec)
@@ -177,21 +186,32 @@ class RedisDagStore:
 
     async def update_run(self, run_id: str, change: Callable[[RunDoc], RunDoc | None]) -> tuple[RunDoc, RunDoc]:
         key = c.dag_key(run_id)
-        async with self._errors(f"read DAG run {run_id!r}"):
-            raw = await self.redis.get(key)
+        raw = self._known.get(run_id)  # what this process wrote last: a stale guess only costs a retry
+        guessed = raw is not None
+        if raw is None:
+            async with self._errors(f"read DAG run {run_id!r}"):
+                raw = await self.redis.get(key)
         for _ in range(MAX_CAS_ATTEMPTS):
             if raw is None:
                 raise StoreError(f"no DAG run {run_id!r} (it may have expired)")
             current = json.loads(raw)
             new = change(json.loads(raw))
+            if new is None and guessed:  # "nothing to change" must be said of the stored document, not a guess
+                guessed = False
+                async with self._errors(f"read DAG run {run_id!r}"):
+                    raw = await self.redis.get(key)
+                continue
             if new is None:
                 return current, current
             new_raw = _dumps(new)
             async with self._errors(f"update DAG run {run_id!r}"):
                 result = await self._cas(keys=[key], args=[raw, new_raw, self.job_ttl_s, c.dag_events_channel(run_id)])
             if int(result[0]) == 1:
+                self._remember(run_id, new_raw)
                 return current, json.loads(new_raw)
             raw = result[1] or None
+            guessed = False
+            self._known.pop(run_id, None)
         raise StoreError(f"DAG run {run_id!r} changed {MAX_CAS_ATTEMPTS} times while it was being updated")
 
     async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None:
