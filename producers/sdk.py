@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -226,11 +226,28 @@ class FleetClient:
             JobNotFound: unknown id.
             StoreError, GatewayUnreachable, GatewayError: the last attempt before ``timeout_s`` ran out failed.
         """
+        record: JobRecord = await self._patiently(
+            lambda remaining_s: self._poll_once(job_id, remaining_s),
+            lambda record: record.terminal,
+            timeout_s,
+            lambda record: f"job {job_id!r} is still {record.state} after {timeout_s:g}s",
+        )
+        return record
+
+    async def _patiently(
+        self,
+        poll: Callable[[float], Awaitable[Any]],
+        done: Callable[[Any], bool],
+        timeout_s: float,
+        still: Callable[[Any], str],
+    ) -> Any:
+        """Long-poll with ``poll(remaining_s)`` until ``done``; retriable failures are retried with backoff until
+        ``timeout_s``, then the last one is raised; a result still not done then raises ``TimeoutError(still)``."""
         deadline = time.monotonic() + timeout_s
         pause_s = RETRY_FIRST_S
         while True:
             try:
-                record = await self._poll_once(job_id, deadline - time.monotonic())
+                result = await poll(deadline - time.monotonic())
             except FleetError as exc:
                 if not exc.retriable or time.monotonic() >= deadline:
                     raise
@@ -238,10 +255,10 @@ class FleetClient:
                 pause_s = min(pause_s * 2, RETRY_MAX_S)
                 continue
             pause_s = RETRY_FIRST_S
-            if record.terminal:
-                return record
+            if done(result):
+                return result
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id!r} is still {record.state} after {timeout_s:g}s")
+                raise TimeoutError(still(result))
 
     async def _poll_once(self, job_id: str, remaining_s: float) -> JobRecord:
         step_s = min(self.long_poll_s, remaining_s)
@@ -371,21 +388,13 @@ class FleetClient:
         Raises:
             TimeoutError: the run is still running after ``timeout_s``. UnknownRun: no such run.
         """
-        deadline = time.monotonic() + timeout_s
-        pause_s = RETRY_FIRST_S
-        while True:
-            try:
-                view = await self._poll_run(run_id, deadline - time.monotonic())
-            except FleetError as exc:
-                if not exc.retriable or time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(min(pause_s, max(deadline - time.monotonic(), 0.0)))
-                pause_s = min(pause_s * 2, RETRY_MAX_S)
-                continue
-            if view["state"] != "running":
-                return view
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"DAG run {run_id!r} is still running after {timeout_s:g}s")
+        view: dict[str, Any] = await self._patiently(
+            lambda remaining_s: self._poll_run(run_id, remaining_s),
+            lambda view: view["state"] != "running",
+            timeout_s,
+            lambda _: f"DAG run {run_id!r} is still running after {timeout_s:g}s",
+        )
+        return view
 
     async def _poll_run(self, run_id: str, remaining_s: float) -> dict[str, Any]:
         step_s = min(self.long_poll_s, remaining_s)

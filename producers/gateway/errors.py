@@ -130,6 +130,11 @@ def error_type(exc: BaseException) -> str:
     return "internal_error"
 
 
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for a route: each status documented with the ``ErrorResponse`` body."""
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
 def validation_errors(exc: ValidationError | RequestValidationError, prefix: str = "") -> list[dict[str, Any]]:
     """Pydantic errors as JSON-safe dicts ``{"loc": "input.texts.0", "msg", "type"}``."""
     out = []

@@ -22,11 +22,10 @@ from dags.state import RunState
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
-from producers.gateway.errors import ApiError, validation_errors, validation_message
+from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import _check_wait
 from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import ErrorResponse
 from schemas.dags import DagDetail, DagList, DagRegistered, DagSummary, RunStarted, RunView, StartRunRequest
 
 router = APIRouter(tags=["dags"])
@@ -47,10 +46,6 @@ _RUN_BODY = {
         "content": {"application/json": {"schema": StartRunRequest.model_json_schema()}},
     }
 }
-
-
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": ErrorResponse} for code in codes}
 
 
 def runner_of(state: GatewayState) -> DagRunner:
@@ -120,7 +115,7 @@ def _json_spec(raw: bytes) -> dict[str, Any]:
         "the same spec again keeps its version. `400 malformed_spec` names the line and column of text that does not "
         "parse; `422 dag_invalid` lists each problem as `{step, path, message}`."
     ),
-    responses=_errors(400, 413, 415, 422, 503),
+    responses=error_responses(400, 413, 415, 422, 503),
     openapi_extra=_SPEC_BODY,
 )
 async def register_dag(request: Request, state: GatewayState = Depends(gateway_state)) -> DagRegistered:
@@ -131,7 +126,7 @@ async def register_dag(request: Request, state: GatewayState = Depends(gateway_s
     return DagRegistered(name=name, version=version)
 
 
-@router.get("/v1/dags", response_model=DagList, summary="List DAGs", responses=_errors(503))
+@router.get("/v1/dags", response_model=DagList, summary="List DAGs", responses=error_responses(503))
 async def list_dags(state: GatewayState = Depends(gateway_state)) -> DagList:
     """Every registered DAG with its latest version."""
     dags = runner_of(state).dags
@@ -149,7 +144,7 @@ async def list_dags(state: GatewayState = Depends(gateway_state)) -> DagList:
     response_model_by_alias=True,
     summary="Show a DAG",
     description="One version (the latest by default) of a DAG: its spec, its graph as nodes and edges, and Mermaid.",
-    responses=_errors(404, 503),
+    responses=error_responses(404, 503),
 )
 async def show_dag(
     name: str,
@@ -196,7 +191,7 @@ def parse_start(raw: bytes) -> StartRunRequest:
         "invalid_input`) and publishes its first steps' jobs. Idempotent on `run_id`: starting an existing run "
         "again answers `202` with that run (`created: false`) and creates nothing."
     ),
-    responses=_errors(400, 404, 413, 422, 503),
+    responses=error_responses(400, 404, 413, 422, 503),
     openapi_extra=_RUN_BODY,
 )
 async def start_run(name: str, request: Request, state: GatewayState = Depends(gateway_state)) -> RunStarted:
@@ -215,7 +210,7 @@ async def start_run(name: str, request: Request, state: GatewayState = Depends(g
         "The run: its state, each step's state, job ids, item counts and times, and its output once it succeeded. "
         "With `wait`, holds the request until the run is over or `wait` seconds pass."
     ),
-    responses=_errors(404, 422, 503),
+    responses=error_responses(404, 422, 503),
 )
 async def get_run(
     run_id: str,
@@ -237,7 +232,7 @@ async def get_run(
         "Ends a running run as `cancelled`: its pending steps never start and its outstanding jobs are cancelled. "
         "`409 run_terminal` when the run already ended."
     ),
-    responses=_errors(404, 409, 503),
+    responses=error_responses(404, 409, 503),
 )
 async def cancel_run(run_id: str, state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
     runner = runner_of(state)

@@ -28,11 +28,11 @@ from pydantic import ValidationError
 
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
-from producers.gateway.errors import ApiError, error_type, validation_errors, validation_message
+from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
 from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
+from schemas.api import SubmitRequest, SubmitResponse
 from schemas.jobs import JobError, JobRecord, JobState, input_digest
 from schemas.models import ModelSpec
 from schemas.wire import RequestMessage
@@ -47,10 +47,6 @@ _SUBMIT_BODY = {
         "content": {"application/json": {"schema": SubmitRequest.model_json_schema()}},
     }
 }
-
-
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": ErrorResponse} for code in codes}
 
 
 # -- submit ---------------------------------------------------------------------------------------------------
@@ -239,7 +235,7 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
         "input is idempotent; another model or input is `409 job_id_conflict`. A model whose queue holds its "
         "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate."
     ),
-    responses=_errors(400, 404, 409, 413, 422, 429, 503),
+    responses=error_responses(400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_SUBMIT_BODY,
 )
 async def submit_job(request: Request, state: GatewayState = Depends(gateway_state)) -> SubmitResponse:
@@ -266,7 +262,7 @@ def _check_wait(wait_s: float, max_s: float) -> None:
     response_model=JobRecord,
     summary="Get a job",
     description="The job's record. With `wait`, holds the request until the job ends or `wait` seconds pass.",
-    responses=_errors(404, 422, 503),
+    responses=error_responses(404, 422, 503),
 )
 async def get_job(
     job_id: str,
@@ -295,7 +291,7 @@ def _already_ended(record: JobRecord) -> ApiError:
     response_model=JobRecord,
     summary="Cancel a job",
     description="Ends a queued or running job as `cancelled`; a worker skips it or discards its result.",
-    responses=_errors(404, 409, 503),
+    responses=error_responses(404, 409, 503),
 )
 async def cancel_job(job_id: str, state: GatewayState = Depends(gateway_state)) -> JobRecord:
     store, timeout_s = state.store, state.limits.store_timeout_s

@@ -8,15 +8,12 @@ unknown lag and rates, and the fleet's default limits (``autoscale_min_replicas`
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
 from fleet.scaling import ScalingStore
-from producers.gateway.errors import ApiError
+from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import ErrorResponse
 from schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
 
 router = APIRouter(prefix="/v1/scaling", tags=["scaling"])
@@ -28,10 +25,6 @@ def scaling_store(request: Request) -> ScalingStore:
     """FastAPI dependency: the scaling store the lifespan opened (``app.state.scaling``)."""
     store: ScalingStore = request.app.state.scaling
     return store
-
-
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": ErrorResponse} for code in codes}
 
 
 def _unreported(model: str, state: GatewayState) -> ScalingStatus:
@@ -74,7 +67,7 @@ async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> 
     "",
     summary="Scaling state of every model",
     response_model=list[ScalingStatus],
-    responses=_errors(503),
+    responses=error_responses(503),
 )
 async def list_scaling(
     decisions: int = Query(DEFAULT_DECISIONS, ge=0, le=1000, description="recent decisions per model, newest first"),
@@ -112,7 +105,7 @@ def _check_update(model: str, configured: ScalingOverrides, overrides: ScalingOv
     "/{model}",
     summary="Set a model's min, max or pause",
     response_model=ScalingStatus,
-    responses=_errors(404, 422, 503),
+    responses=error_responses(404, 422, 503),
 )
 async def update_scaling(
     model: str,
