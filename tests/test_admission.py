@@ -17,16 +17,17 @@ async def test_a_job_waiting_behind_a_batch_is_not_running_and_expires_before_it
     await broker.ensure_model(model)
     slow, late, fine = f"{unique}-slow", f"{unique}-late", f"{unique}-fine"
     subject = c.request_subject(model)
-    deadline = time.time() + 1.0
     await broker.publish(subject, request_bytes(model, slow, {"value": 1, "sleep_ms": 2000}), msg_id=slow)
-    await broker.publish(subject, request_bytes(model, late, {"value": 2}, deadline=deadline), msg_id=late)
-    await broker.publish(subject, request_bytes(model, fine, {"value": 3}, deadline=time.time() + 60), msg_id=fine)
     async with make_worker(infra, settings, model, max_batch=1, max_wait_ms=0) as worker:
 
         async def computing() -> bool:
             return bool(worker.handler.calls)
 
         await eventually(computing, 10, "the first batch")
+        # Published only once the slow job computes: a Kafka topic has no order across its partitions.
+        deadline = time.time() + 1.0
+        await broker.publish(subject, request_bytes(model, late, {"value": 2}, deadline=deadline), msg_id=late)
+        await broker.publish(subject, request_bytes(model, fine, {"value": 3}, deadline=time.time() + 60), msg_id=fine)
         await asyncio.sleep(0.3)  # the worker has fetched (and admitted) the next batch by now
         waiting = await store.get(late)
         assert waiting is None or waiting.state is JobState.queued, "a job in the worker's buffer is not running"
