@@ -2,15 +2,21 @@
 
     python -m benchmarks.bench_dag [--chains 60] [--fanouts 15] [--items 64]
 
-Both sides use the same setup: one in-process ``Worker`` of a private ``echo`` model with the DAG settle hook
-(``DagRunner.on_settled``, a no-op for jobs outside a DAG), on real NATS and Redis (``benchmarks.common.services``).
-The client side talks to the broker and the store directly, like the DAG runner does (no gateway on either side).
+Two setups, each measured side by side (interleaved, so both sides of a ratio see the same noise):
 
-* (a) chain latency: a 5-step echo chain run as a DAG (``DagRunner.start`` then ``wait``), against the same 5 jobs
-  chained by a client: publish job 1, ``store.wait`` for its record, publish job 2 with its output, ... Interleaved,
-  one at a time; p50 / p99 of each. Target: DAG p50 <= 0.6 x client chain p50.
-* (b) fan-out throughput: runs per second of a ``for_each`` over 64 items + a join (one run at a time),
-  against 64 independent echo jobs published at once and all waited for. Target: DAG >= 0.8 x independent jobs.
+* **gateway** (the targets): a ``fleet gateway`` process and a ``fleet worker --model echo`` process, as a user
+  runs them. The client is the SDK (``FleetClient``): the DAG side registers the DAG and calls ``start_run`` then
+  ``wait_run``; the client side calls ``submit`` then ``wait`` for each job, feeding each output to the next.
+* **direct** (for comparison, no target): one in-process ``Worker`` with the DAG settle hook; the client side talks
+  to the broker and the store itself (publish, ``store.wait``), the cheapest client there is, and the DAG side
+  calls ``DagRunner.start`` and ``wait``.
+
+What is measured:
+
+* (a) chain latency: a 5-step echo chain as a DAG against the same 5 jobs chained by a client (submit job 1, wait
+  for it, submit job 2 with its output, ...), one at a time; p50 / p99 of each. Target: DAG p50 <= 0.6 x client.
+* (b) fan-out throughput: runs per second of a ``for_each`` over 64 items + a join (one run at a time), against
+  64 independent echo jobs submitted at once and all waited for. Target: DAG >= 0.8 x independent jobs.
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Timer, percentiles_ms, services, show, write_results
+import httpx
+
+from benchmarks.common import RESULTS_DIR, Timer, percentiles_ms, services, show, stop_processes, write_results
 from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
@@ -33,7 +44,10 @@ from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
+from producers.sdk import FleetClient
 from schemas.wire import RequestMessage
+from tests.processes import ROOT, fleet_argv, fleet_env
+from tests.services import die_with_parent, free_port
 
 CHAIN_STEPS = 5
 
@@ -99,6 +113,111 @@ async def independent_jobs(broker: Broker, store: ResultStore, model: str, items
     return t.seconds
 
 
+# -- through the gateway, with the SDK ---------------------------------------------------------------------------
+async def sdk_chain(client: FleetClient) -> float:
+    """Five jobs chained by an SDK client: submit, wait, submit the next with its output, ..."""
+    payload: dict[str, Any] = {"v": 42, "hops": 1}
+    with Timer() as t:
+        for _ in range(CHAIN_STEPS):
+            record = await client.wait(await client.submit("echo", payload), 30)
+            assert record.state == "succeeded" and record.output is not None, record
+            payload = {"v": record.output["v"], "hops": record.output["hops"] + 1}
+    assert payload["hops"] == CHAIN_STEPS + 1
+    return t.seconds
+
+
+async def sdk_run(client: FleetClient, name: str, run_input: dict[str, Any], expected: Any) -> float:
+    with Timer() as t:
+        view = await client.wait_run(await client.start_run(name, run_input), 60)
+    assert view["state"] == "succeeded" and view["output"] == expected, view
+    return t.seconds
+
+
+async def sdk_independent(client: FleetClient, items: int) -> float:
+    """``items`` echo jobs submitted at once, then every one waited for."""
+    with Timer() as t:
+        ids = await asyncio.gather(*(client.submit("echo", {"item": i}) for i in range(items)))
+        records = await asyncio.gather(*(client.wait(job_id, 60) for job_id in ids))
+    assert all(r.state == "succeeded" for r in records)
+    return t.seconds
+
+
+class GatewayFleet:
+    """A ``fleet gateway`` and a ``fleet worker --model echo`` process on the given servers."""
+
+    def __init__(self, urls: dict[str, str], max_wait_ms: float, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {"FLEET_BROKER_URL": urls["nats"], "FLEET_STORE_URL": urls["redis"], "FLEET_MODELS": "echo"}
+        env["FLEET_MAX_WAIT_MS"] = str(max_wait_ms)
+        self.env, self.log_dir = fleet_env(**env), log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> GatewayFleet:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name, argv in (
+            ("gateway", ["gateway", "--port", str(self.port)]),
+            ("worker", ["worker", "--model", "echo"]),
+        ):
+            with (self.log_dir / f"{name}.log").open("wb") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        fleet_argv(*argv),
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                        preexec_fn=die_with_parent,
+                    )
+                )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop_processes(self.procs, timeout_s=20)
+
+    async def ready(self, timeout_s: float = 90) -> None:
+        """Until the gateway answers /readyz and an echo job runs end to end (the worker is up)."""
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient() as http:
+            while time.monotonic() < deadline:
+                if any(p.poll() is not None for p in self.procs):
+                    raise RuntimeError(f"a fleet process exited; see the logs in {self.log_dir}")
+                try:
+                    if (await http.get(f"{self.url}/readyz", timeout=1)).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.2)
+            else:
+                raise RuntimeError(f"the gateway was not ready within {timeout_s:g}s; see {self.log_dir}")
+        async with FleetClient(self.url) as client:
+            await client.wait(await client.submit("echo", {"warm": True}), timeout_s)
+
+
+async def measure_gateway(urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    with GatewayFleet(urls, args.max_wait_ms, RESULTS_DIR / "dag-logs") as fleet:
+        await fleet.ready()
+        async with FleetClient(fleet.url) as client:
+            chain, _ = await client.register_dag(chain_spec("bench-chain", "echo"))
+            fan, _ = await client.register_dag(fanout_spec("bench-fan", "echo"))
+            items = list(range(args.items))
+            for _ in range(3):  # warm both paths
+                await sdk_chain(client)
+                await sdk_run(client, chain, {"v": 42}, {"v": 42, "hops": CHAIN_STEPS})
+            dag_chain, client_chain_s = [], []
+            for _ in range(args.chains):
+                dag_chain.append(await sdk_run(client, chain, {"v": 42}, {"v": 42, "hops": CHAIN_STEPS}))
+                client_chain_s.append(await sdk_chain(client))
+            await sdk_run(client, fan, {"items": items}, args.items)
+            await sdk_independent(client, args.items)
+            dag_fan, plain = [], []
+            for _ in range(args.fanouts):
+                dag_fan.append(await sdk_run(client, fan, {"items": items}, args.items))
+                plain.append(await sdk_independent(client, args.items))
+    return summarise(dag_chain, client_chain_s, dag_fan, plain, args)
+
+
+# -- direct: the broker and the store, no gateway ---------------------------------------------------------------
 async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str, Any]:
     broker, store = make_broker(settings), make_store(settings)
     await broker.connect()
@@ -127,6 +246,12 @@ async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str
     finally:
         await store.close()
         await broker.close()
+    return summarise(dag_chain, client, dag_fan, plain, args)
+
+
+def summarise(
+    dag_chain: list[float], client: list[float], dag_fan: list[float], plain: list[float], args: argparse.Namespace
+) -> dict[str, Any]:
     dag_p, client_p = percentiles_ms(dag_chain), percentiles_ms(client)
     dag_rate, plain_rate = len(dag_fan) / sum(dag_fan), len(plain) / sum(plain)
     return {
@@ -148,30 +273,44 @@ async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str
     }
 
 
-async def main(args: argparse.Namespace) -> None:
-    with services(nats=True, redis=True) as urls:
-        settings = FleetSettings(broker_url=urls["nats"], store_url=urls["redis"], max_wait_ms=args.max_wait_ms)
-        result = await measure(settings, args)
+def rows(result: dict[str, Any], targets: bool) -> list[tuple[str, str, str]]:
     a, b = result["a_chain"], result["b_fanout"]
-    show(
-        "DAG runs vs client-driven jobs, NATS JetStream + Redis, one in-process echo worker",
-        [
-            (
-                f"(a) {CHAIN_STEPS}-step chain as a DAG: p50 / p99 ms",
-                f"{a['dag']['p50_ms']:.1f} / {a['dag']['p99_ms']:.1f}",
-                "",
-            ),
-            (
-                f"(a) {CHAIN_STEPS} jobs chained by a client: p50 / p99 ms",
-                f"{a['client_chain']['p50_ms']:.1f} / {a['client_chain']['p99_ms']:.1f}",
-                "",
-            ),
-            ("(a) DAG p50 / client p50", f"{a['p50_ratio']:.2f}", "<= 0.6"),
-            (f"(b) fan-out of {b['items']} + join: DAG runs/s", f"{b['dag_runs_per_s']:.2f}", ""),
-            (f"(b) {b['items']} independent jobs at once: runs/s", f"{b['independent_runs_per_s']:.2f}", ""),
-            ("(b) DAG / independent", f"{b['ratio']:.2f}", ">= 0.8"),
-        ],
-    )
+    return [
+        (
+            f"(a) {CHAIN_STEPS}-step chain as a DAG: p50 / p99 ms",
+            f"{a['dag']['p50_ms']:.1f} / {a['dag']['p99_ms']:.1f}",
+            "",
+        ),
+        (
+            f"(a) {CHAIN_STEPS} jobs chained by a client: p50 / p99 ms",
+            f"{a['client_chain']['p50_ms']:.1f} / {a['client_chain']['p99_ms']:.1f}",
+            "",
+        ),
+        ("(a) DAG p50 / client p50", f"{a['p50_ratio']:.2f}", "<= 0.6" if targets else ""),
+        (f"(b) fan-out of {b['items']} + join: DAG runs/s", f"{b['dag_runs_per_s']:.2f}", ""),
+        (f"(b) {b['items']} independent jobs at once: runs/s", f"{b['independent_runs_per_s']:.2f}", ""),
+        ("(b) DAG / independent", f"{b['ratio']:.2f}", ">= 0.8" if targets else ""),
+    ]
+
+
+async def main(args: argparse.Namespace) -> None:
+    result: dict[str, Any] = {}
+    with services(nats=True, redis=True) as urls:
+        if args.setup in ("gateway", "both"):
+            result["gateway"] = await measure_gateway(urls, args)
+        if args.setup in ("direct", "both"):
+            settings = FleetSettings(broker_url=urls["nats"], store_url=urls["redis"], max_wait_ms=args.max_wait_ms)
+            result["direct"] = await measure(settings, args)
+    if "gateway" in result:
+        show(
+            "DAG runs vs jobs chained by an SDK client: fleet gateway + fleet worker processes, NATS JetStream + Redis",
+            rows(result["gateway"], targets=True),
+        )
+    if "direct" in result:
+        show(
+            "For comparison, no gateway: an in-process worker, the client on the broker and the store itself",
+            rows(result["direct"], targets=False),
+        )
     print(json.dumps(result))
     result["params"] = vars(args)
     print(f"wrote {write_results('dag', result)}")
@@ -183,6 +322,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fanouts", type=int, default=15, help="fan-out runs of each side (interleaved)")
     parser.add_argument("--items", type=int, default=64, help="items of a fan-out")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="the worker's micro-batch wait")
+    parser.add_argument(
+        "--setup", choices=["gateway", "direct", "both"], default="both", help="which setups to measure"
+    )
     return parser.parse_args()
 
 

@@ -36,6 +36,7 @@ from schemas.models import ModelSpec
 from schemas.wire import DagContext, RequestMessage
 
 log = logging.getLogger(__name__)
+PUBLISH_WINDOW = 256  # jobs of a run published at once (a fan-out of more goes out in windows of this many)
 
 
 class UnknownDag(FleetError):
@@ -198,7 +199,7 @@ class DagRunner:
         doc = await self.dags.get_run(run_id)
         if doc is None:
             raise UnknownRun(run_id)
-        if doc.get("deadline") and doc.get("finished_at") is None and time.time() > doc["deadline"]:
+        if _overdue(doc):
             return await self.cancel(run_id, "expired", "the run's timeout passed before it finished")
         return doc
 
@@ -213,7 +214,9 @@ class DagRunner:
         doc = await self.get(run_id)
         while doc.get("finished_at") is None and (remaining := deadline - time.monotonic()) > 0:
             changed = await self.dags.wait_change(run_id, doc, min(remaining, 1.0))
-            doc = await self.get(run_id) if changed is not None else doc
+            if changed is None:
+                raise UnknownRun(run_id)  # expired while it was waited for
+            doc = changed if changed.get("finished_at") or not _overdue(changed) else await self.get(run_id)
         return doc
 
     # -- publishing -------------------------------------------------------------------------------------------
@@ -221,11 +224,19 @@ class DagRunner:
         """Publish the jobs of ``doc`` that have no result yet (of the steps in ``only``, when given)."""
         state = RunState.from_dict(doc["run"])
         _, dag = await self.compiled(state.dag, doc["version"])
-        for launch in evaluate.outstanding(dag, state):
-            if only is not None and launch.step_id not in only:
-                continue
-            for job in launch.jobs:
-                await self._publish(doc, launch, job)
+        jobs = [
+            (launch, job)
+            for launch in evaluate.outstanding(dag, state)
+            if only is None or launch.step_id in only
+            for job in launch.jobs
+        ]
+        # Concurrently, a window at a time: a fan-out's jobs cost about one broker round trip, not one each.
+        for start in range(0, len(jobs), PUBLISH_WINDOW):
+            window = (self._publish(doc, step, job) for step, job in jobs[start : start + PUBLISH_WINDOW])
+            outcomes = await asyncio.gather(*window, return_exceptions=True)
+            failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            if failed is not None:
+                raise failed
 
     async def _publish(self, doc: RunDoc, launch: evaluate.StepLaunch, job: evaluate.JobLaunch) -> None:
         started = (doc["times"].get(launch.step_id) or {}).get("started_at") or time.time()
@@ -362,3 +373,8 @@ def view_of(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
     view["created_at"] = doc["created_at"]
     view["finished_at"] = doc.get("finished_at")
     return view
+
+
+def _overdue(doc: RunDoc) -> bool:
+    """A run still going past its deadline (reading it ends it ``expired``)."""
+    return bool(doc.get("deadline")) and doc.get("finished_at") is None and time.time() > doc["deadline"]

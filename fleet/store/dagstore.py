@@ -224,12 +224,15 @@ class RedisDagStore:
                 return current
             try:
                 async with asyncio.timeout(timeout_s):
-                    await future
+                    published = await future
             except TimeoutError:
-                pass
+                published = None
         finally:
             mux.release(channel, future)
-        return await self.get_run(run_id)
+        if published:  # the update script publishes the document it wrote: no read needed
+            changed: RunDoc = json.loads(published)
+            return changed
+        return await self.get_run(run_id)  # timed out, or woken by a reconnection: read what is there
 
     def _errors(self, action: str) -> Any:
         return _RedisErrors(self._store.display_url, action)
