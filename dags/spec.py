@@ -1,4 +1,5 @@
-"""The DAG DSL: ``DagSpec`` and ``StepSpec``, and ``load_spec`` from YAML text, JSON text or a dict.
+"""Loading the DAG DSL: ``load_spec`` from YAML text, JSON text or a dict into a ``DagSpec`` (whose shape, with
+``StepSpec``'s, lives in ``schemas.dags``).
 
 Loading checks the shape only (types, names, sizes); what the steps mean together (references, cycles, models,
 inputs) is ``dags.validate``. Every refusal is one ``DagInvalid`` listing all the problems found.
@@ -9,56 +10,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from fleet.errors import DagInvalid
+from schemas.dags import MAX_STEPS, NAME_PATTERN, DagSpec, OnError, StepSpec
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-"""DAG names and step ids: they become Redis keys, job ids (``<run>.<step>.<index>``) and Mermaid labels."""
+__all__ = ["MAX_STEPS", "NAME_PATTERN", "DagSpec", "OnError", "StepSpec", "load_spec", "parse_text"]
+
 NAME_RE = re.compile(NAME_PATTERN)
 
 MAX_SPEC_BYTES = 256 * 1024
-MAX_STEPS = 256
 MAX_SPEC_NODES = 100_000
 """Values (dicts, lists, scalars) a loaded spec may hold, counted with repeats: YAML aliases can make a small text
 expand into a huge structure (the "billion laughs"), which the byte limit alone would not catch."""
-
-OnError = Literal["fail", "continue"]
-
-
-class StepSpec(BaseModel):
-    """One step: a job (or, with ``for_each``, one job per item) on ``model`` with ``input``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(pattern=NAME_PATTERN, description="unique in the DAG; 1-63 of a-z 0-9 _ -")
-    model: str = Field(min_length=1, description="the model's name, e.g. echo")
-    input: Any = Field(default_factory=dict, description="the model's input; '${...}' values are expressions")
-    after: list[str] = Field(default_factory=list, description="steps to wait for beyond those referenced")
-    for_each: str | None = Field(None, description="'${...}' giving a list: one job per item (a fan-out)")
-    when: str | None = Field(None, description="'${...}': the step runs only when it is truthy, else is skipped")
-    timeout_s: float | None = Field(None, gt=0, description="deadline of each of the step's jobs")
-    retries: int | None = Field(None, ge=0, description="runs after the first for a job that fails retriably")
-    on_error: OnError = Field("fail", description="fail: a failed step fails the run; continue: its output is null")
-
-    @property
-    def fan_out(self) -> bool:
-        return self.for_each is not None
-
-
-class DagSpec(BaseModel):
-    """A DAG: named steps, what they depend on, and the run's ``output`` (an expression or a template)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=NAME_PATTERN)
-    description: str = ""
-    input_schema: dict[str, Any] | None = Field(None, description="a JSON Schema the run's input must match")
-    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
-    output: Any = Field(description="the run's output, evaluated once every step has settled")
 
 
 def load_spec(source: str | bytes | Mapping[str, Any]) -> DagSpec:

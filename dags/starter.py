@@ -15,7 +15,7 @@ import hashlib
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from dags.runner import DagRunner
 from fleet import constants as c
@@ -24,6 +24,7 @@ from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, FleetError, StoreError
 from fleet.tasks import cancel_and_wait
 from schemas.jobs import JobError
+from schemas.wire import DagStartMessage
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +32,6 @@ DAG_START_GROUP = "fleet-dagrun"
 DAG_START_DLQ_MODEL = "_dagrun"  # its dead letters go to fleet.dlq._dagrun
 FETCH_TIMEOUT_S = 1.0
 RETRY_DELAY_S = 1.0
-
-
-class DagStartMessage(BaseModel):
-    """What to publish on ``fleet.req._dagrun`` to start a run."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dag: str = Field(description="a registered DAG's name (its latest version runs)")
-    input: Any = Field(default_factory=dict, description="the run's input")
-    run_id: str | None = Field(None, description="idempotency key; derived from the message when absent")
-    timeout_s: float | None = Field(None, gt=0, description="the run ends 'expired' if not over by then")
 
 
 def run_id_for(delivery: Delivery, given: str | None) -> str:

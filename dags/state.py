@@ -24,14 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fleet.errors import InvalidInput
+from schemas.dags import RUN_ID_PATTERN
 
 StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
 SETTLED: frozenset[str] = frozenset({"succeeded", "failed", "skipped", "cancelled"})
 RUN_OUTCOMES = ("failed", "cancelled", "expired")
 
-RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,57}$"
-"""Run ids: no '.', so that ``<run>.<step>.<index>`` splits back; 58 + 1 + 63 (step id) + 1 + 4 (index below
-``MAX_FAN_OUT``) stays within the 128 characters of ``schemas.wire.JOB_ID_PATTERN``."""
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 MAX_FAN_OUT = 10_000
 """Items one ``for_each`` may expand to (their indices, up to 4 digits, are part of the job ids)."""

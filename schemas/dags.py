@@ -1,4 +1,5 @@
-"""REST bodies of the DAG routes (``/v1/dags``, ``/v1/runs``): ``producers.gateway.routes_dags``."""
+"""The DAG DSL's shape (``DagSpec``, ``StepSpec``) and the REST bodies of the DAG routes (``/v1/dags``, ``/v1/runs``,
+``producers.gateway.routes_dags``); ``dags.spec`` loads specs, ``fleet schemas export`` writes their JSON Schemas."""
 
 from __future__ import annotations
 
@@ -6,7 +7,47 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dags.state import RUN_ID_PATTERN
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+"""DAG names and step ids: they become Redis keys, job ids (``<run>.<step>.<index>``) and Mermaid labels."""
+MAX_STEPS = 256
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,57}$"
+"""Run ids: no '.', so that ``<run>.<step>.<index>`` splits back; 58 + 1 + 63 (step id) + 1 + 4 (index below
+``dags.state.MAX_FAN_OUT``) stays within the 128 characters of ``schemas.wire.JOB_ID_PATTERN``."""
+
+OnError = Literal["fail", "continue"]
+
+
+class StepSpec(BaseModel):
+    """One step: a job (or, with ``for_each``, one job per item) on ``model`` with ``input``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=NAME_PATTERN, description="unique in the DAG; 1-63 of a-z 0-9 _ -")
+    model: str = Field(min_length=1, description="the model's name, e.g. echo")
+    input: Any = Field(default_factory=dict, description="the model's input; '${...}' values are expressions")
+    after: list[str] = Field(default_factory=list, description="steps to wait for beyond those referenced")
+    for_each: str | None = Field(None, description="'${...}' giving a list: one job per item (a fan-out)")
+    when: str | None = Field(None, description="'${...}': the step runs only when it is truthy, else is skipped")
+    timeout_s: float | None = Field(None, gt=0, description="deadline of each of the step's jobs")
+    retries: int | None = Field(None, ge=0, description="runs after the first for a job that fails retriably")
+    on_error: OnError = Field("fail", description="fail: a failed step fails the run; continue: its output is null")
+
+    @property
+    def fan_out(self) -> bool:
+        return self.for_each is not None
+
+
+class DagSpec(BaseModel):
+    """A DAG: named steps, what they depend on, and the run's ``output`` (an expression or a template)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    input_schema: dict[str, Any] | None = Field(None, description="a JSON Schema the run's input must match")
+    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_STEPS)
+    output: Any = Field(description="the run's output, evaluated once every step has settled")
+
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "expired"]
 StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]

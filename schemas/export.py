@@ -9,9 +9,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
+from schemas.dags import DagRegistered, DagSpec, RunStarted, RunView, StartRunRequest
 from schemas.jobs import JobRecord
 from schemas.models import ModelSpec
-from schemas.wire import DeadLetter, Heartbeat, RequestMessage
+from schemas.wire import DagStartMessage, DeadLetter, Heartbeat, RequestMessage
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request-message": RequestMessage,
@@ -21,6 +22,12 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "submit-request": SubmitRequest,
     "submit-response": SubmitResponse,
     "error-response": ErrorResponse,
+    "dag-spec": DagSpec,
+    "dag-start-message": DagStartMessage,
+    "dag-registered": DagRegistered,
+    "start-run-request": StartRunRequest,
+    "run-started": RunStarted,
+    "run-view": RunView,
 }
 
 

@@ -119,3 +119,14 @@ class DispatcherBeat(BaseModel):
     outstanding: int = 0
     state: Literal["ready", "stopped"] = "ready"
     sent_at: float = Field(default_factory=time.time)
+
+
+class DagStartMessage(BaseModel):
+    """What to publish on ``fleet.req._dagrun`` to start a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dag: str = Field(description="a registered DAG's name (its latest version runs)")
+    input: Any = Field(default_factory=dict, description="the run's input")
+    run_id: str | None = Field(None, description="idempotency key; derived from the message when absent")
+    timeout_s: float | None = Field(None, gt=0, description="the run ends 'expired' if not over by then")

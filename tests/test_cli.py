@@ -7,9 +7,11 @@ import signal
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
+import yaml
 
-from tests.processes import fleet_process, run_fleet, stop, wait_http_ready
+from tests.processes import ROOT, fleet_process, run_fleet, stop, wait_http_ready
 from tests.services import free_port
 
 
@@ -30,6 +32,17 @@ def test_schemas_export_writes_the_wire_format(tmp_path: Path) -> None:
     embed_in = json.loads((tmp_path / "models" / "embed.input.schema.json").read_text())
     assert {"text", "texts"} <= set(embed_in["properties"])
     assert (tmp_path / "job-record.schema.json").exists() and (tmp_path / "models" / "echo.output.schema.json").exists()
+    # The DAG DSL and the run-start message, for producers and editors outside Python.
+    dag_schema = json.loads((tmp_path / "dag-spec.schema.json").read_text())
+    for example in sorted((ROOT / "dags" / "examples").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(example.read_text()), dag_schema)
+    with pytest.raises(jsonschema.ValidationError, match="'model' is a required property"):
+        jsonschema.validate({"name": "x", "steps": [{"id": "a"}], "output": None}, dag_schema)
+    start = json.loads((tmp_path / "dag-start-message.schema.json").read_text())
+    jsonschema.validate({"dag": "triage", "input": {"texts": ["a"]}, "run_id": "r1"}, start)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"dag": "triage", "surprise": 1}, start)
+    assert {"run_id", "state", "steps"} <= set(json.loads((tmp_path / "run-view.schema.json").read_text())["required"])
 
 
 @pytest.mark.parametrize(
