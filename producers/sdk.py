@@ -127,9 +127,6 @@ def ws_url(base_url: str, path: str) -> str:
     return str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws"))
 
 
-MAX_CONNECTIONS = 100  # open to the gateway at once, and kept open between calls
-
-
 class FleetClient:
     """Async client of one Fleet gateway; use it as ``async with FleetClient(url) as fleet``.
 
@@ -152,10 +149,9 @@ class FleetClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.long_poll_s = long_poll_s
-        # Keep every connection a burst opened (httpx keeps 20): a burst of concurrent submits and long-polls
-        # otherwise reopens most of its connections each time.
-        limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport, limits=limits)
+        # httpx's default limits (100 open, 20 kept): keeping more open costs more than reopening, because httpcore's
+        # pool checks every connection on each request (measured: 100 kept ran 64-job bursts at half the rate).
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
 
     async def __aenter__(self) -> FleetClient:
         return self
