@@ -28,28 +28,17 @@ from dags.state import SETTLED, RunState, check_run_id, job_id
 from dags.validate import CompiledDag, validate
 from fleet import constants as c
 from fleet.brokers.base import Broker
-from fleet.errors import FleetError, StoreError
+from fleet.errors import StoreError, UnknownDag, UnknownRun
 from fleet.store.base import Finish, ResultStore
 from fleet.store.dagstore import DagStore, RunDoc
 from schemas.jobs import JobError, JobRecord, JobState
 from schemas.models import ModelSpec
 from schemas.wire import DagContext, RequestMessage
 
+__all__ = ["DagRunner", "UnknownDag", "UnknownRun"]  # the errors live in fleet.errors; imported here too
+
 log = logging.getLogger(__name__)
 PUBLISH_WINDOW = 256  # jobs of a run published at once (a fan-out of more goes out in windows of this many)
-
-
-class UnknownDag(FleetError):
-    def __init__(self, name: str, version: int | None = None) -> None:
-        which = f"{name!r} version {version}" if version is not None else repr(name)
-        super().__init__(f"no DAG {which} is registered (POST /v1/dags registers one)")
-        self.name = name
-
-
-class UnknownRun(FleetError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no DAG run {run_id!r} (it may never have existed or its record expired)")
-        self.run_id = run_id
 
 
 class DagRunner:

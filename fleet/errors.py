@@ -12,6 +12,8 @@ FleetError
  |         +-- QueueFull(model, limit)  the model's queue holds its bound: the gateway or the broker refused
  +-- StoreError                  retriable: the result store is unreachable
  +-- JobNotFound(job_id)
+ +-- UnknownDag(name, version)   no such DAG (or version) is registered
+ +-- UnknownRun(run_id)          no such DAG run (never started, or its record expired)
  +-- ModelError(message)         the model raised while computing; retriable unless it says otherwise
  +-- ServiceUnavailable(service, hint)  a test or start-up dependency that is not running
  +-- ScalerError(backend, target)  a scaler backend could not read or set replicas; retriable unless it says otherwise
@@ -112,6 +114,19 @@ class JobNotFound(FleetError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job with id {job_id!r} (it may never have existed or its record expired)")
         self.job_id = job_id
+
+
+class UnknownDag(FleetError):
+    def __init__(self, name: str, version: int | None = None) -> None:
+        which = f"{name!r} version {version}" if version is not None else repr(name)
+        super().__init__(f"no DAG {which} is registered (POST /v1/dags registers one)")
+        self.name = name
+
+
+class UnknownRun(FleetError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no DAG run {run_id!r} (it may never have existed or its record expired)")
+        self.run_id = run_id
 
 
 class ModelError(FleetError):

@@ -33,7 +33,6 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from dags.runner import UnknownDag, UnknownRun
 from fleet.errors import (
     BrokerUnavailable,
     DagInvalid,
@@ -43,9 +42,14 @@ from fleet.errors import (
     PayloadTooLarge,
     QueueFull,
     StoreError,
+    UnknownDag,
     UnknownModel,
+    UnknownRun,
 )
+from producers.sdk_http import GatewayUnreachable, make_http
 from schemas.jobs import JobRecord, JobState
+
+__all__ = ["FleetClient", "GatewayError", "GatewayUnreachable", "JobFailed", "error_from_response"]
 
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
@@ -63,12 +67,6 @@ class GatewayError(FleetError):
         self.type = type_
         self.details = details
         self.retriable = status >= 500
-
-
-class GatewayUnreachable(FleetError):
-    """The gateway could not be reached or did not answer in time."""
-
-    retriable = True
 
 
 class JobFailed(FleetError):
@@ -133,7 +131,8 @@ class FleetClient:
     Args:
         base_url: the gateway, e.g. ``http://127.0.0.1:8000``.
         timeout_s: timeout of each HTTP request (long-polls add their wait to it) and of opening a WebSocket.
-        transport: an ``httpx.AsyncBaseTransport`` for the REST calls (tests pass ``httpx.ASGITransport``);
+        transport: an ``httpx.AsyncBaseTransport`` for the REST calls instead of aiohttp's connections (tests pass
+            ``httpx.ASGITransport`` to call an app in-process);
             ``subscribe`` always opens a real WebSocket to ``base_url``.
         long_poll_s: the longest single long-poll ``wait`` makes; at most the gateway's ``max_long_poll_s``.
     """
@@ -149,9 +148,7 @@ class FleetClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.long_poll_s = long_poll_s
-        # httpx's default limits (100 open, 20 kept): keeping more open costs more than reopening, because httpcore's
-        # pool checks every connection on each request (measured: 100 kept ran 64-job bursts at half the rate).
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
+        self._http = make_http(self.base_url, transport)
 
     async def __aenter__(self) -> FleetClient:
         return self
@@ -166,18 +163,13 @@ class FleetClient:
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        status, raw = await self._http.request(method, path, timeout_s=timeout_s or self.timeout_s, **kwargs)
         try:
-            response = await self._http.request(method, path, timeout=timeout_s or self.timeout_s, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise GatewayUnreachable(f"{method} {self.base_url}{path}: no answer within the timeout") from exc
-        except httpx.TransportError as exc:
-            raise GatewayUnreachable(f"{method} {self.base_url}{path}: cannot reach the gateway: {exc}") from exc
-        try:
-            body = response.json()
+            body = json.loads(raw)
         except ValueError:
-            body = response.text
-        if response.is_error:
-            raise error_from_response(response.status_code, body)
+            body = raw.decode("utf-8", "replace")
+        if status >= 400:
+            raise error_from_response(status, body)
         return body
 
     async def submit(

@@ -41,7 +41,6 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dags.runner import UnknownDag, UnknownRun
 from fleet.errors import (
     BrokerError,
     DagInvalid,
@@ -51,7 +50,9 @@ from fleet.errors import (
     PayloadTooLarge,
     QueueFull,
     StoreError,
+    UnknownDag,
     UnknownModel,
+    UnknownRun,
 )
 from schemas.api import ErrorBody, ErrorResponse
 
