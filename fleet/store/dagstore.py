@@ -42,7 +42,10 @@ class DagStore(Protocol):
 
     async def get_run(self, run_id: str) -> RunDoc | None: ...
 
-    async def update_run(self, run_id: str, change: Callable[[RunDoc], RunDoc | None]) -> tuple[RunDoc, RunDoc]: ...
+    async def update_run(self, run_id: str, change: Callable[[RunDoc], RunDoc | None]) -> tuple[RunDoc, RunDoc]:
+        """``(before, after)`` of applying ``change`` (which returns a new document, or None for no change, and
+        never alters the one it is given); re-applied on a conflict."""
+        ...
 
     async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None: ...
 
@@ -96,11 +99,12 @@ class MemoryDagStore:
         current = self._read(run_id)
         if current is None:
             raise StoreError(f"no DAG run {run_id!r} (it may have expired)")
-        new = change(json.loads(_dumps(current)))
+        new = change(current)  # a change builds a new document; it never alters the one it is given
         if new is None:
             return current, current
-        await self._write(run_id, _dumps(new))
-        return current, json.loads(_dumps(new))
+        raw = _dumps(new)
+        await self._write(run_id, raw)
+        return current, json.loads(raw)
 
     async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None:
         async with self._changed:
@@ -195,7 +199,7 @@ class RedisDagStore:
             if raw is None:
                 raise StoreError(f"no DAG run {run_id!r} (it may have expired)")
             current = json.loads(raw)
-            new = change(json.loads(raw))
+            new = change(current)  # a change builds a new document; it never alters the one it is given
             if new is None and guessed:  # "nothing to change" must be said of the stored document, not a guess
                 guessed = False
                 async with self._errors(f"read DAG run {run_id!r}"):
@@ -208,7 +212,7 @@ class RedisDagStore:
                 result = await self._cas(keys=[key], args=[raw, new_raw, self.job_ttl_s, c.dag_events_channel(run_id)])
             if int(result[0]) == 1:
                 self._remember(run_id, new_raw)
-                return current, json.loads(new_raw)
+                return current, new
             raw = result[1] or None
             guessed = False
             self._known.pop(run_id, None)
