@@ -228,7 +228,7 @@ class Autoscaler:
 
     async def _effective_config(self, model: str, base: ScalingConfig) -> ScalingConfig:
         overrides = await self.store.get_overrides(model)
-        changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
+        changes = overrides.limits()
         if not changes:
             self._override_problems.pop(model, None)
             return base

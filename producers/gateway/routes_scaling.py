@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
 from fleet.scaling import ScalingStore
+from fleet.settings import FleetSettings
 from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.operator_access import Principal, require_operator
 from producers.gateway.state import GatewayState, gateway_state
@@ -28,8 +29,7 @@ def scaling_store(request: Request) -> ScalingStore:
     return store
 
 
-def _unreported(model: str, state: GatewayState) -> ScalingStatus:
-    settings = state.settings
+def _unreported(model: str, settings: FleetSettings) -> ScalingStatus:
     return ScalingStatus(
         model=model,
         current_replicas=0,
@@ -53,15 +53,22 @@ def _configured(status: ScalingStatus) -> ScalingOverrides:
 
 
 def _view(status: ScalingStatus, overrides: ScalingOverrides, decisions: int) -> ScalingStatus:
-    base = status.model_copy(update=_configured(status).model_dump())
+    base = status.model_copy(update=_configured(status).limits())
     shown = base.with_overrides(overrides)
     shown.decisions = shown.decisions[:decisions]
     return shown
 
 
+def shown_status(
+    model: str, stored: ScalingStatus | None, overrides: ScalingOverrides, settings: FleetSettings, decisions: int
+) -> ScalingStatus:
+    """A model's status as ``GET /v1/scaling`` shows it: the stored one (or an unreported one) with the overrides."""
+    return _view(stored or _unreported(model, settings), overrides, decisions)
+
+
 async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> ScalingStatus:
     stored = {s.model: s for s in await scaling.statuses()}
-    return stored.get(model) or _unreported(model, state)
+    return stored.get(model) or _unreported(model, state.settings)
 
 
 @router.get(
@@ -79,7 +86,7 @@ async def list_scaling(
     stored = {s.model: s for s in await scaling.statuses()}
     out = []
     for model in state.specs:
-        status = stored.get(model) or _unreported(model, state)
+        status = stored.get(model) or _unreported(model, state.settings)
         out.append(_view(status, await scaling.get_overrides(model), decisions))
     return out
 
