@@ -33,6 +33,7 @@ from producers.gateway import (
     routes_operator,
     routes_ops,
     routes_scaling,
+    routes_workers,
     sse,
     ws,
 )
@@ -250,4 +251,5 @@ def create_app(
     app.include_router(dag_events.router)
     app.include_router(routes_operator.router)
     app.include_router(routes_deadletters.router)
+    app.include_router(routes_workers.router)
     return app
