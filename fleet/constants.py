@@ -16,6 +16,7 @@ CTL_PREFIX = f"{SUBJECT_PREFIX}.ctl"
 HEARTBEAT_PREFIX = f"{CTL_PREFIX}.heartbeat"
 IDLE_PREFIX = f"{CTL_PREFIX}.idle"
 DISPATCHER_PREFIX = f"{CTL_PREFIX}.dispatcher"
+DRAIN_PREFIX = f"{CTL_PREFIX}.drain"
 
 # JetStream streams: one for requests, one for dead letters.
 REQ_STREAM = "FLEET_REQ"
@@ -58,6 +59,11 @@ def idle_subject(model: str, dispatcher_id: str) -> str:
 def dispatcher_subject(model: str) -> str:
     """Dispatcher heartbeats: id, policy, idle-queue length; workers read them to pick where to announce."""
     return f"{DISPATCHER_PREFIX}.{model}"
+
+
+def drain_subject(worker_id: str) -> str:
+    """An operator's request that one worker drain and stop (``POST /v1/workers/{worker_id}/drain``)."""
+    return f"{DRAIN_PREFIX}.{worker_id}"
 
 
 def inbox_group(worker_id: str) -> str:
@@ -111,6 +117,9 @@ def dag_events_channel(run_id: str) -> str:
     return f"{KEY_PREFIX}:dagevents:{run_id}"
 
 
+DAG_RECENT_RUNS_KEY = f"{KEY_PREFIX}:dagruns:recent"  # sorted set: run id scored by its start (unix seconds)
+DEFAULT_RECENT_RUNS_KEPT = 200  # runs the recent-runs index keeps (the dashboard shows the newest 20)
+
 DAG_START_SUBJECT = "fleet.req._dagrun"  # publish {"dag", "input", "run_id"?} here to start a run (no gateway)
 
 
@@ -127,6 +136,21 @@ def scale_decisions_key(model: str) -> str:
 def scale_overrides_key(model: str) -> str:
     """Operator overrides of one model's min/max replicas and pause (a hash set by ``PUT /v1/scaling/{model}``)."""
     return f"{scale_key(model)}:overrides"
+
+
+def dead_letter_key(letter_id: str) -> str:
+    """One recorded dead letter: JSON ``{"model", "letter"}`` (``fleet.store.deadletters``), with a TTL."""
+    return f"{KEY_PREFIX}:dlqletter:{letter_id}"
+
+
+def dead_letter_index_key(model: str) -> str:
+    """A model's recorded dead letters: a sorted set of letter ids scored by the time the job failed."""
+    return f"{KEY_PREFIX}:dlqindex:{model}"
+
+
+DEAD_LETTER_MODELS_KEY = f"{KEY_PREFIX}:dlqmodels"  # set of models with recorded dead letters
+DEAD_LETTER_GROUP = "fleet-dlq-recorder"  # the one consumer group of every gateway's dead-letter recorder
+DEAD_LETTER_TTL_S = 7 * 24 * 3600  # as long as the NATS dead-letter stream keeps a letter
 
 
 # A leading underscore cannot start a model name (MODEL_NAME_RE), so these never collide with ``scale_key(model)``.

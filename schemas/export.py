@@ -12,7 +12,17 @@ from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
 from schemas.dags import DagRegistered, DagSpec, RunStarted, RunView, StartRunRequest
 from schemas.jobs import JobRecord
 from schemas.models import ModelSpec
-from schemas.wire import DagStartMessage, DeadLetter, Heartbeat, RequestMessage
+from schemas.operator import (
+    DeadLetterList,
+    DrainAccepted,
+    LetterSelection,
+    OperatorAccess,
+    OperatorSnapshot,
+    PurgeResult,
+    RedriveResult,
+    ScaleRequest,
+)
+from schemas.wire import DagStartMessage, DeadLetter, DispatcherBeat, DrainRequest, Heartbeat, RequestMessage
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request-message": RequestMessage,
@@ -28,6 +38,16 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "start-run-request": StartRunRequest,
     "run-started": RunStarted,
     "run-view": RunView,
+    "dispatcher-beat": DispatcherBeat,
+    "drain-request": DrainRequest,
+    "operator-access": OperatorAccess,
+    "operator-snapshot": OperatorSnapshot,
+    "scale-request": ScaleRequest,
+    "drain-accepted": DrainAccepted,
+    "dead-letter-list": DeadLetterList,
+    "letter-selection": LetterSelection,
+    "redrive-result": RedriveResult,
+    "purge-result": PurgeResult,
 }
 
 

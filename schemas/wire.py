@@ -118,6 +118,10 @@ class DispatcherBeat(BaseModel):
     live_workers: int = 0
     outstanding: int = 0
     state: Literal["ready", "stopped"] = "ready"
+    route_shares: dict[str, float] = Field(
+        default_factory=dict, description="share of assignments per route (idle, amnesia, fallback, policy)"
+    )
+    worker_outstanding: dict[str, int] = Field(default_factory=dict, description="requests held per worker id")
     sent_at: float = Field(default_factory=time.time)
 
 
@@ -130,3 +134,12 @@ class DagStartMessage(BaseModel):
     input: Any = Field(default_factory=dict, description="the run's input")
     run_id: str | None = Field(None, description="idempotency key; derived from the message when absent")
     timeout_s: float | None = Field(None, gt=0, description="the run ends 'expired' if not over by then")
+
+
+class DrainRequest(BaseModel):
+    """On ``fleet.ctl.drain.<worker_id>``: an operator asks that worker to drain and stop (as on SIGTERM)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    requested_at: float = Field(default_factory=time.time)

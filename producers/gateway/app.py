@@ -23,13 +23,29 @@ from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
-from producers.gateway import dag_events, routes_dags, routes_jobs, routes_ops, routes_scaling, sse, ws
+from fleet.store.dagstore import DagStore, make_dag_store
+from fleet.store.deadletters import make_dead_letter_store
+from producers.gateway import (
+    dag_events,
+    routes_dags,
+    routes_deadletters,
+    routes_jobs,
+    routes_operator,
+    routes_ops,
+    routes_scaling,
+    routes_workers,
+    sse,
+    ws,
+)
 from producers.gateway.backlog import Backlog
+from producers.gateway.deadletter_recorder import DeadLetterRecorder
 from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
+from producers.gateway.operator_access import OperatorGate, log_access
+from producers.gateway.operator_beats import BeatListener, Beats
+from producers.gateway.operator_feed import OperatorFeed
 from producers.gateway.reconcile import Reconciler
 from producers.gateway.state import GatewayState
 
@@ -46,6 +62,11 @@ OPENAPI_TAGS = [
         "step by step (long-poll, WebSocket, server-sent events) and cancel them.",
     },
     {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
+    {
+        "name": "operator",
+        "description": "The operator surface: access, the live snapshot and stream, scale-to-N, drain a worker, "
+        "dead letters. With FLEET_OPERATOR_TOKEN set, these need 'Authorization: Bearer <token>'.",
+    },
 ]
 
 
@@ -103,6 +124,38 @@ async def _open_tracker(
     return workers
 
 
+async def _open_operator(
+    app: FastAPI,
+    stack: AsyncExitStack,
+    settings: FleetSettings,
+    broker: Broker,
+    store: ResultStore,
+    dag_store: DagStore,
+    models: list[str],
+) -> None:
+    """The operator surface's parts: beats heard, the dead-letter recorder and its store, and the one feed of
+    this process."""
+    beats = Beats(settings.heartbeat_interval_s)
+    await stack.enter_async_context(BeatListener(broker, beats))
+    app.state.beats = beats
+    app.state.dead_letters = make_dead_letter_store(store)
+    app.state.dead_letter_recorder = await stack.enter_async_context(
+        DeadLetterRecorder(broker, app.state.dead_letters, models)
+    )
+    app.state.operator_feed = await stack.enter_async_context(
+        OperatorFeed(
+            settings=settings,
+            models=models,
+            broker=broker,
+            scaling=app.state.scaling,
+            beats=beats,
+            dead_letters=app.state.dead_letters,
+            dag_store=dag_store,
+            interval_s=settings.operator_interval_s,
+        )
+    )
+
+
 def _lifespan(
     settings: FleetSettings,
     broker: Broker | None,
@@ -114,6 +167,7 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = resolve_specs(settings.models)
+        log_access(app.state.operator_gate)
         deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
             b, s = await _open_clients(stack, settings, broker, store, deadline)
@@ -124,13 +178,23 @@ def _lifespan(
             bounds = {name: settings.max_queued_for(name) for name in specs}
             backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
             await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
-            runner = DagRunner(b, s, make_dag_store(s), specs)
+            dag_store = make_dag_store(s)
+            runner = DagRunner(b, s, dag_store, specs)
             app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner)
+            await _open_operator(app, stack, settings, b, s, dag_store, list(specs))
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")
 
     return lifespan
+
+
+def close_operator_streams(app: object) -> None:
+    """End the open operator streams of ``app`` (a gateway app), so that a server shutting down is not held up by
+    them (call it before telling uvicorn to exit; a no-op before start-up or for another app)."""
+    feed = getattr(getattr(app, "state", None), "operator_feed", None)
+    if isinstance(feed, OperatorFeed):
+        feed.close_streams()
 
 
 def create_app(
@@ -183,6 +247,7 @@ def create_app(
     )
     install_docs(app)
     app.state.require_ready_workers = require_ready_workers
+    app.state.operator_gate = OperatorGate.from_settings(settings)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
@@ -192,4 +257,7 @@ def create_app(
     app.include_router(routes_scaling.router)
     app.include_router(routes_dags.router)
     app.include_router(dag_events.router)
+    app.include_router(routes_operator.router)
+    app.include_router(routes_deadletters.router)
+    app.include_router(routes_workers.router)
     return app
