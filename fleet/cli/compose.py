@@ -250,7 +250,9 @@ async def announce_ready(settings: FleetSettings, tracker: WorkerTracker, stop: 
     if requires_ready_workers(settings) and not await tracker.wait_ready(models, stop):
         return
     log.info("fleet up ready: %s each have a warm worker", ", ".join(models))
-    announce_console(f"fleet up: ready at http://{settings.host}:{settings.port} ({', '.join(models)})")
+    base = f"http://{settings.host}:{settings.port}"
+    announce_console(f"fleet up: ready at {base} ({', '.join(models)})")
+    announce_console(f"fleet up: operator dashboard at {base}/dashboard")
 
 
 def announce_console(line: str) -> None:

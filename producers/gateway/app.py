@@ -24,7 +24,7 @@ from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
-from producers.gateway import dag_events, routes_dags, routes_jobs, routes_ops, routes_scaling, sse, ws
+from producers.gateway import dag_events, dashboard, routes_dags, routes_jobs, routes_ops, routes_scaling, sse, ws
 from producers.gateway.backlog import Backlog
 from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
@@ -192,4 +192,6 @@ def create_app(
     app.include_router(routes_scaling.router)
     app.include_router(routes_dags.router)
     app.include_router(dag_events.router)
+    app.include_router(dashboard.router)
+    app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
     return app
