@@ -10,7 +10,7 @@ import json
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fleet import constants as c
@@ -109,6 +109,10 @@ class FleetSettings(BaseSettings):
     max_queued_per_model: Annotated[dict[str, Annotated[int, Field(ge=0)]], NoDecode] = Field(
         default_factory=dict,
         description="per-model overrides of max_queued, e.g. 'sleep=50,embed=1000' or a JSON object",
+    )
+    operator_token: SecretStr | None = Field(
+        None,
+        description="bearer token the operator dashboard and API require; unset: open on a loopback host only",
     )
     reconcile_after_s: float = Field(
         c.DEFAULT_RECONCILE_AFTER_S,

@@ -24,12 +24,23 @@ from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
-from producers.gateway import dag_events, dashboard, routes_dags, routes_jobs, routes_ops, routes_scaling, sse, ws
+from producers.gateway import (
+    dag_events,
+    dashboard,
+    routes_dags,
+    routes_jobs,
+    routes_operator,
+    routes_ops,
+    routes_scaling,
+    sse,
+    ws,
+)
 from producers.gateway.backlog import Backlog
 from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
+from producers.gateway.operator_access import OperatorGate, log_access
 from producers.gateway.reconcile import Reconciler
 from producers.gateway.state import GatewayState
 
@@ -46,6 +57,11 @@ OPENAPI_TAGS = [
         "step by step (long-poll, WebSocket, server-sent events) and cancel them.",
     },
     {"name": "scaling", "description": "What the autoscaler does per model; set min, max and pause."},
+    {
+        "name": "operator",
+        "description": "The operator surface: access, the live snapshot and stream, scale-to-N, drain a worker, "
+        "dead letters. With FLEET_OPERATOR_TOKEN set, these need 'Authorization: Bearer <token>'.",
+    },
 ]
 
 
@@ -114,6 +130,7 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = resolve_specs(settings.models)
+        log_access(app.state.operator_gate)
         deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
             b, s = await _open_clients(stack, settings, broker, store, deadline)
@@ -183,6 +200,7 @@ def create_app(
     )
     install_docs(app)
     app.state.require_ready_workers = require_ready_workers
+    app.state.operator_gate = OperatorGate.from_settings(settings)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
@@ -192,6 +210,7 @@ def create_app(
     app.include_router(routes_scaling.router)
     app.include_router(routes_dags.router)
     app.include_router(dag_events.router)
+    app.include_router(routes_operator.router)
     app.include_router(dashboard.router)
     app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
     return app

@@ -16,6 +16,10 @@ job_not_found          404     no record for the job id
 dag_not_found          404     no DAG (or no such version of it) is registered (details: name)
 run_not_found          404     no DAG run with that id (details: run_id)
 not_found              404     no such route
+worker_not_found       404     drain of a worker no heartbeat was heard from (details: worker_id)
+unauthorized           401     an operator route without ``Authorization: Bearer <token>`` (WWW-Authenticate)
+forbidden              403     an operator route with a wrong token, or a principal without the operator role
+operator_disabled      403     no ``FLEET_OPERATOR_TOKEN`` and the gateway is bound to a non-loopback address
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)
 job_id_conflict        409     a job id reused for another model or another input (details: job_id)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fleet.errors import UnknownModel
 from fleet.scaling import ScalingStore
 from producers.gateway.errors import ApiError, error_responses
+from producers.gateway.operator_access import Principal, require_operator
 from producers.gateway.state import GatewayState, gateway_state
 from schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
 
@@ -105,13 +106,14 @@ def _check_update(model: str, configured: ScalingOverrides, overrides: ScalingOv
     "/{model}",
     summary="Set a model's min, max or pause",
     response_model=ScalingStatus,
-    responses=error_responses(404, 422, 503),
+    responses=error_responses(401, 403, 404, 422, 503),
 )
 async def update_scaling(
     model: str,
     update: ScalingUpdate,
     state: GatewayState = Depends(gateway_state),
     scaling: ScalingStore = Depends(scaling_store),
+    _operator: Principal = Depends(require_operator),
 ) -> ScalingStatus:
     """Override ``min_replicas``, ``max_replicas`` or ``paused`` of one model; the autoscaler applies it at its next
     tick. Fields left out keep their value; an explicit ``null`` removes the override. ``min_replicas`` may not end

@@ -1,0 +1,118 @@
+"""Who may use the operator surface: ``require_operator``, the dependency of every operator route.
+
+The check is "the caller's principal has the ``operator`` role". Today one way gives such a principal:
+
+* ``FLEET_OPERATOR_TOKEN`` set: ``Authorization: Bearer <token>`` (compared in constant time). No header: 401 with
+  ``WWW-Authenticate: Bearer``; another token: 403.
+* Token unset: the surface is open when the gateway is bound to a loopback address (``settings.host``, the
+  ``fleet up`` default 127.0.0.1), since only this machine can reach it; bound to any other address it answers
+  403 ``operator_disabled`` saying to set the token (logged once at start-up).
+
+API keys with roles can later add an ``Authenticator`` that maps their header to a ``Principal``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from fleet.settings import FleetSettings
+from producers.gateway.errors import ApiError
+from schemas.operator import OperatorAccess
+
+log = logging.getLogger(__name__)
+
+OPERATOR_ROLE = "operator"
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, and what they may do."""
+
+    subject: str
+    roles: frozenset[str]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) only accepts connections from this machine."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorGate:
+    """The access rule of one gateway, fixed at start-up from its settings."""
+
+    token: str | None
+    loopback: bool
+    host: str
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings) -> OperatorGate:
+        token = settings.operator_token.get_secret_value() if settings.operator_token else None
+        return cls(token=token or None, loopback=is_loopback(settings.host), host=settings.host)
+
+    @property
+    def disabled_reason(self) -> str | None:
+        if self.token is not None or self.loopback:
+            return None
+        return (
+            f"the operator dashboard and API are off: this gateway listens on {self.host}, which is not a loopback "
+            "address, and FLEET_OPERATOR_TOKEN is not set; set FLEET_OPERATOR_TOKEN to a secret (or bind to 127.0.0.1)"
+        )
+
+    def access(self) -> OperatorAccess:
+        reason = self.disabled_reason
+        return OperatorAccess(token_required=self.token is not None, enabled=reason is None, reason=reason)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The caller's principal; raises ``ApiError`` 401/403 as the module docstring says."""
+        reason = self.disabled_reason
+        if reason is not None:
+            raise ApiError(403, "operator_disabled", reason)
+        if self.token is None:
+            return Principal("local", frozenset({OPERATOR_ROLE}))
+        scheme, _, presented = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise ApiError(
+                401,
+                "unauthorized",
+                "this operator call needs 'Authorization: Bearer <FLEET_OPERATOR_TOKEN>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(presented.strip().encode(), self.token.encode()):
+            raise ApiError(403, "forbidden", "the operator token is not valid")
+        return Principal("token", frozenset({OPERATOR_ROLE}))
+
+
+def operator_gate(request: Request) -> OperatorGate:
+    gate: OperatorGate = request.app.state.operator_gate
+    return gate
+
+
+async def require_operator(request: Request) -> Principal:
+    """FastAPI dependency of every operator route: the caller's principal, which has the ``operator`` role."""
+    principal = operator_gate(request).authenticate(request.headers.get("authorization"))
+    if OPERATOR_ROLE not in principal.roles:
+        raise ApiError(403, "forbidden", f"{principal.subject} does not have the {OPERATOR_ROLE!r} role")
+    return principal
+
+
+def log_access(gate: OperatorGate) -> None:
+    """Say once at start-up how the operator surface is protected."""
+    reason = gate.disabled_reason
+    if reason is not None:
+        log.warning("%s", reason)
+    elif gate.token is None:
+        log.info("operator dashboard and API open to this machine (bound to %s, no FLEET_OPERATOR_TOKEN)", gate.host)
+    else:
+        log.info("operator dashboard and API need the FLEET_OPERATOR_TOKEN bearer token")

@@ -1,0 +1,183 @@
+"""The operator surface's bodies: access, the live snapshot the dashboard draws, and the controls' bodies.
+
+``OperatorSnapshot`` is what ``GET /v1/operator/snapshot`` answers and what each ``event: snapshot`` of
+``GET /v1/operator/stream`` carries (the stream's later events hold only the new samples in ``series``).
+The contract with the page is ``/work/operator-contract.md`` (kept in the repository's history of issue 11).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.jobs import JobError
+from schemas.scaling import DecisionRecord
+
+MAX_LETTER_IDS = 1000  # letters one redrive or purge call may name
+
+
+class OperatorAccess(BaseModel):
+    """``GET /v1/operator/access``: whether the page must ask for a token, and whether the controls work at all."""
+
+    token_required: bool = Field(description="true: operator calls need 'Authorization: Bearer <token>'")
+    enabled: bool = Field(description="false: the operator surface is off here (see reason)")
+    reason: str | None = Field(None, description="why it is off, and what to do; null when enabled")
+
+
+class Pin(BaseModel):
+    """A scale-to-N override: the autoscaler holds ``replicas`` until ``until``."""
+
+    replicas: int = Field(ge=0)
+    until: float = Field(description="unix seconds; after this the normal policy applies again")
+
+
+class ModelPanel(BaseModel):
+    """One model's numbers now."""
+
+    model: str
+    lag: int | None = Field(description="requests waiting or in flight (broker lag); null when unknown")
+    arrival_rate: float | None = Field(description="requests per second arriving")
+    throughput_per_s: float | None = Field(description="completions per second, all workers of the model")
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    error_rate: float | None = Field(description="failed jobs per second")
+    dead_letter_rate: float | None = Field(description="dead letters recorded per second")
+    dead_letters: int = Field(description="letters held now")
+    current_replicas: int
+    desired_replicas: int
+    min_replicas: int
+    max_replicas: int
+    paused: bool
+    pinned: Pin | None = Field(None, description="an active scale-to-N override")
+    live_workers: int = Field(0, description="workers whose heartbeat is fresh")
+
+
+class Sample(BaseModel):
+    """One point of a model's time series (one per second)."""
+
+    at: float
+    lag: int | None = None
+    arrival_rate: float | None = None
+    throughput_per_s: float | None = None
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    error_rate: float | None = None
+    current_replicas: int = 0
+    desired_replicas: int = 0
+
+
+class WorkerView(BaseModel):
+    """A worker as its latest heartbeat describes it."""
+
+    worker_id: str
+    model: str
+    device: str
+    state: str = Field(description="starting (warming), ready (serving), draining, degraded")
+    routing: str
+    in_flight: int
+    mean_batch_size: float
+    latency_ewma_ms: float
+    latency_p99_ms: float
+    heartbeat_age_s: float
+
+
+class DispatcherView(BaseModel):
+    """A dispatcher as its latest beat describes it. The shares are null when the beat does not carry them."""
+
+    dispatcher_id: str
+    model: str
+    policy: str
+    idle_queue_length: int
+    idle_share: float | None = None
+    amnesia_share: float | None = None
+    fallback_share: float | None = None
+    outstanding: dict[str, int] = Field(default_factory=dict, description="per worker id (when the beat says)")
+    outstanding_total: int = 0
+    heartbeat_age_s: float
+
+
+class DeadLetterView(BaseModel):
+    """One recorded dead letter."""
+
+    letter_id: str
+    job_id: str | None
+    model: str
+    error: JobError
+    deliveries: int
+    worker_id: str
+    at: float = Field(description="unix seconds the job failed")
+    redrivable: bool = Field(True, description="false: the letter holds raw bytes, not a request")
+
+
+class DeadLetterGroup(BaseModel):
+    count: int
+    latest: list[DeadLetterView]
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    dag: str
+    state: str
+    started_at: float
+    finished_at: float | None = None
+
+
+class OperatorSnapshot(BaseModel):
+    """Everything the dashboard shows, at ``at``."""
+
+    at: float
+    models: list[ModelPanel]
+    series: dict[str, list[Sample]]
+    decisions: dict[str, list[DecisionRecord]]
+    workers: list[WorkerView]
+    dispatchers: list[DispatcherView]
+    dead_letters: dict[str, DeadLetterGroup]
+    runs: list[RunSummary]
+
+
+class ScaleRequest(BaseModel):
+    """``POST /v1/scaling/{model}/scale``: hold ``replicas`` for ``ttl_s`` seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replicas: int = Field(ge=0, le=10_000)
+    ttl_s: float = Field(600.0, gt=0, le=7 * 86400, description="seconds until the normal policy applies again")
+
+
+class DrainAccepted(BaseModel):
+    worker_id: str
+    state: Literal["draining"] = "draining"
+
+
+class DeadLetterList(BaseModel):
+    models: dict[str, DeadLetterGroup]
+
+
+class LetterSelection(BaseModel):
+    """Which letters a redrive or purge applies to: ``letter_ids``, or every letter of ``model`` with ``all``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    letter_ids: list[str] | None = Field(None, max_length=MAX_LETTER_IDS)
+    model: str | None = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one_way(self) -> LetterSelection:
+        if self.letter_ids is not None and (self.model is not None or self.all):
+            raise ValueError("give either letter_ids, or model with all: true, not both")
+        if self.letter_ids is None and not (self.model and self.all):
+            raise ValueError("give letter_ids, or model with all: true")
+        return self
+
+
+class RedriveResult(BaseModel):
+    redriven: list[str]
+    missing: list[str]
+    not_redrivable: dict[str, str] = Field(default_factory=dict, description="letter id -> why not")
+
+
+class PurgeResult(BaseModel):
+    purged: list[str]
+    missing: list[str]
