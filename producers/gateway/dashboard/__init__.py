@@ -7,16 +7,21 @@ re-fetches them and checks their sha256), so the page works air-gapped: it loads
 Content-Security-Policy says so to the browser.
 
 The page itself holds no data: whether an operator token is needed is asked of ``GET /v1/operator/access`` by
-the page, which then shows its login form; every request for data carries the token.
+the page, which then shows its login form; every request for data carries the token. A gateway whose operator
+surface is off (bound to a non-loopback address without ``FLEET_OPERATOR_TOKEN``) answers ``/dashboard`` with 403
+and the reason instead of the page.
 """
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi import APIRouter, Depends
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+
+from producers.gateway.operator_access import OperatorGate, operator_gate
 
 STATIC_DIR = Path(__file__).parent / "static"
 DASHBOARD_PATH = "/dashboard"
@@ -35,11 +40,17 @@ PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 
+OFF_PAGE = "<!doctype html><title>Fleet dashboard: off</title><h1>The operator dashboard is off</h1><p>{reason}</p>"
+
 router = APIRouter(include_in_schema=False)
 
 
 @router.get(DASHBOARD_PATH)
-async def dashboard() -> FileResponse:
+async def dashboard(gate: OperatorGate = Depends(operator_gate)) -> Response:
+    reason = gate.disabled_reason
+    if reason is not None:
+        page = OFF_PAGE.format(reason=escape(reason))
+        return HTMLResponse(page, status_code=403, headers=PAGE_HEADERS)
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
 
 

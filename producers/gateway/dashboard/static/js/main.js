@@ -215,7 +215,7 @@ function updateModelCard(card, m, snap) {
   const put = (key, text) => setText(card.querySelector(`[data-stat="${key}"]`), text);
   put("replicas", m.current_replicas);
   put("desired", m.desired_replicas);
-  put("bounds", `${m.min_replicas}–${m.max_replicas}`);
+  put("bounds", `${m.min_replicas} to ${m.max_replicas}`);
   put("lag", m.lag ?? "–");
   put("arrival", `${fmt.num(m.arrival_rate, 2)}/s`);
   put("throughput", `${fmt.num(m.throughput_per_s, 2)}/s`);
