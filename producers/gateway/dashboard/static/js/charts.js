@@ -50,6 +50,7 @@ function options(spec, width) {
     width,
     height: 150,
     cursor: { drag: { x: false, y: false } },
+    legend: { live: false },
     scales: { x: { time: true }, y: { range: (u, min, max) => [Math.min(0, min ?? 0), Math.max(1, max ?? 1)] } },
     axes: [axis, { ...axis, size: 46 }],
     series: [
