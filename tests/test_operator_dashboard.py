@@ -153,6 +153,8 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     page.get_by_role("button", name="Log in").click()
     expect(page.locator("#main")).to_be_visible()
     expect(page.locator("#live")).to_contain_text("live")
+    behind = until(lambda: page.evaluate("window.fleetDashboard.events") >= 3 and behind_s(page), 10, "updates")
+    assert behind < 2, f"the page is {behind:.2f}s behind the gateway's latest sample"
     for model in ("sleep", "gate"):
         expect(card(page, model).locator("h3").first).to_have_text(model)
     workers = up.api.get("/v1/operator/snapshot").json()["workers"]
@@ -165,6 +167,12 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     assert page.evaluate("sessionStorage.getItem('fleet.operatorToken')") == TOKEN
     page.screenshot(path=ARTIFACTS / "loaded.png", full_page=True)
     assert_clean(up, browser)
+
+
+def behind_s(page: Any) -> float:
+    """How old the page's latest snapshot is, by the gateway's clock (same machine), when it has just arrived."""
+    page.wait_for_function("() => Date.now() - window.fleetDashboard.lastEventAt < 100")
+    return float(page.evaluate("Date.now() / 1000 - window.fleetDashboard.snapshot.at"))
 
 
 def assert_clean(up: Up, browser: Browser) -> None:
