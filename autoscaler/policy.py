@@ -313,6 +313,22 @@ def _decision(current: int, replicas: int, desired: int, notes: _Notes) -> Decis
     return Decision(replicas=replicas, desired=desired, reason=reason, changed=replicas != current)
 
 
+def pinned(signals: Signals, replicas: int, until: str, policy: Decision) -> Decision:
+    """Scale-to-N (an operator's override with an expiry): run ``replicas``, whatever the signals, the bounds and
+    the smoothing say, capped only at the partition count. ``policy`` is what the normal policy would have done;
+    its recommendation is named in the reason. Pure, like ``decide``.
+    """
+    current = signals.current_replicas
+    notes = _Notes()
+    target = replicas
+    if signals.partitions and target > signals.partitions:
+        target = signals.partitions
+        notes.add(f"capped at {signals.partitions} partitions")
+    notes.add(f"held at {replicas} by the operator's scale-to-N until {until}")
+    notes.add(f"the policy alone would run {policy.replicas}")
+    return _decision(current, target, target, notes)
+
+
 def _ceil(value: float) -> int:
     return max(0, math.ceil(value - _CEIL_TOLERANCE))
 

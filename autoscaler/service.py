@@ -3,15 +3,18 @@
 Every ``interval_s`` the autoscaler takes or renews the lock in the scaling store. A standby (the lock is held by
 another owner) keeps following the heartbeats, so it has warm signals when it takes over, but decides nothing.
 The holder, for each model: applies the operator's overrides (``PUT /v1/scaling/{model}``) on top of the model's
-``ScalingConfig``, reads the signals, calls the pure policy, asks the backend for the new replica count when it
-changed, stores the decision with its inputs and reason (every change, and a no-change one at least every
-``record_every_s`` or when the recommendation moves), stores the model's status for ``GET /v1/scaling``, and sets
-the Prometheus gauges. An error in one model's step is logged and the next tick tries again.
+``ScalingConfig``, reads the signals, calls the pure policy (or, while an operator's scale-to-N override is in
+force, holds its replica count until its expiry, with a decision saying so; after it the policy applies again),
+asks the backend for the new replica count when it changed, stores the decision with its inputs and reason
+(every change, and a no-change one at least every ``record_every_s`` or when the recommendation moves), stores
+the model's status for ``GET /v1/scaling``, and sets the Prometheus gauges. An error in one model's step is
+logged and the next tick tries again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -19,12 +22,13 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from prometheus_client import Gauge
 
 from autoscaler.backends.base import ScalerBackend
 from autoscaler.config import ScalingConfig
-from autoscaler.policy import Decision, PolicyState, Signals, decide
+from autoscaler.policy import Decision, PolicyState, Signals, decide, pinned
 from autoscaler.signals import SignalReader
 from fleet import constants as c
 from fleet.brokers.base import Broker
@@ -60,6 +64,11 @@ class _Recorded:
     at_s: float
     desired: int
     paused: bool
+    pinned_until: float | None = None
+
+
+def _until_text(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class Autoscaler:
@@ -79,6 +88,7 @@ class Autoscaler:
         signals: a ``SignalReader`` to use instead of one built from the arguments above.
         record_every_s: store a no-change decision at least this often.
         clock: monotonic seconds (the policy's clock).
+        wall_clock: unix seconds (the expiry of a scale-to-N override).
     """
 
     def __init__(
@@ -96,6 +106,7 @@ class Autoscaler:
         signals: SignalReader | None = None,
         record_every_s: float = RECORD_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -111,11 +122,13 @@ class Autoscaler:
         )
         self.record_every_s = record_every_s
         self.clock = clock
+        self.wall_clock = wall_clock
         self.leader = False
         self.ticks = 0
         self._policy: dict[str, PolicyState] = {}
         self._recorded: dict[str, _Recorded] = {}
         self._override_problems: dict[str, str] = {}
+        self._pinned: dict[str, float] = {}  # model -> expiry of the scale-to-N override in force at its last step
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._started = False
@@ -207,28 +220,37 @@ class Autoscaler:
         return holder
 
     async def scale(self, model: str, base: ScalingConfig) -> Decision:
-        """One model's step: overrides, signals, policy, backend, record, status, gauges."""
-        config = await self._effective_config(model, base)
+        """One model's step: overrides, signals, policy (or the scale-to-N override in force), backend, record,
+        status, gauges."""
+        overrides = await self.store.get_overrides(model)
+        config = self._effective_config(model, base, overrides)
         current = await self.backend.current_replicas(model)
         signals = await self.signals.read(model, current)
-        decision, state = decide(signals, config, self._policy.get(model, PolicyState()), self.clock())
+        before = self._policy.get(model, PolicyState())
+        decision, state = decide(signals, config, before, self.clock())
+        pin = overrides.pin(self.wall_clock())
+        if pin is not None:
+            decision, state = pinned(signals, pin.replicas, _until_text(pin.until), decision), before
+            self._pinned[model] = pin.until
+        elif self._pinned.pop(model, None) is not None:
+            decision = dataclasses.replace(decision, reason=f"scale-to-N ended; {decision.reason}")
         if decision.replicas != current:
             await self.backend.set_replicas(model, decision.replicas)
         self._policy[model] = state  # after the backend took the change: a failed one is not rate-limited next
         running = decision.replicas
-        desired = _within(decision.desired, config, signals.partitions)
+        desired = decision.desired if pin else _within(decision.desired, config, signals.partitions)
         if decision.changed:
             log.info("autoscaler: %s %s", model, decision.reason)
-        await self._maybe_record(model, signals, decision, desired, config.paused)
+        await self._maybe_record(model, signals, decision, desired, config.paused, pin.until if pin else None)
         status = self._status(model, config, signals, decision, running, desired)
+        status.pinned = pin
         own = ScalingOverrides(min_replicas=base.min_replicas, max_replicas=base.max_replicas, paused=base.paused)
         await self.store.put_status(status.model_copy(update={"configured": own}))
         _set_gauges(model, signals, running, desired)
         return decision
 
-    async def _effective_config(self, model: str, base: ScalingConfig) -> ScalingConfig:
-        overrides = await self.store.get_overrides(model)
-        changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
+    def _effective_config(self, model: str, base: ScalingConfig, overrides: ScalingOverrides) -> ScalingConfig:
+        changes = overrides.limits()
         if not changes:
             self._override_problems.pop(model, None)
             return base
@@ -251,7 +273,9 @@ class Autoscaler:
                 problem,
             )
 
-    async def _maybe_record(self, model: str, signals: Signals, decision: Decision, desired: int, paused: bool) -> None:
+    async def _maybe_record(
+        self, model: str, signals: Signals, decision: Decision, desired: int, paused: bool, pinned_until: float | None
+    ) -> None:
         now_s = self.clock()
         last = self._recorded.get(model)
         due = (
@@ -259,6 +283,7 @@ class Autoscaler:
             or decision.changed
             or last.desired != desired
             or last.paused != paused
+            or last.pinned_until != pinned_until
             or now_s - last.at_s >= self.record_every_s
         )
         if not due:
@@ -278,7 +303,7 @@ class Autoscaler:
                 owner=self.owner_id,
             )
         )
-        self._recorded[model] = _Recorded(now_s, desired, paused)
+        self._recorded[model] = _Recorded(now_s, desired, paused, pinned_until)
 
     def _status(
         self, model: str, config: ScalingConfig, signals: Signals, decision: Decision, running: int, desired: int

@@ -111,6 +111,9 @@ def dag_events_channel(run_id: str) -> str:
     return f"{KEY_PREFIX}:dagevents:{run_id}"
 
 
+DAG_RECENT_RUNS_KEY = f"{KEY_PREFIX}:dagruns:recent"  # sorted set: run id scored by its start (unix seconds)
+DEFAULT_RECENT_RUNS_KEPT = 200  # runs the recent-runs index keeps (the dashboard shows the newest 20)
+
 DAG_START_SUBJECT = "fleet.req._dagrun"  # publish {"dag", "input", "run_id"?} here to start a run (no gateway)
 
 
@@ -127,6 +130,21 @@ def scale_decisions_key(model: str) -> str:
 def scale_overrides_key(model: str) -> str:
     """Operator overrides of one model's min/max replicas and pause (a hash set by ``PUT /v1/scaling/{model}``)."""
     return f"{scale_key(model)}:overrides"
+
+
+def dead_letter_key(letter_id: str) -> str:
+    """One recorded dead letter: JSON ``{"model", "letter"}`` (``fleet.store.deadletters``), with a TTL."""
+    return f"{KEY_PREFIX}:dlqletter:{letter_id}"
+
+
+def dead_letter_index_key(model: str) -> str:
+    """A model's recorded dead letters: a sorted set of letter ids scored by the time the job failed."""
+    return f"{KEY_PREFIX}:dlqindex:{model}"
+
+
+DEAD_LETTER_MODELS_KEY = f"{KEY_PREFIX}:dlqmodels"  # set of models with recorded dead letters
+DEAD_LETTER_GROUP = "fleet-dlq-recorder"  # the one consumer group of every gateway's dead-letter recorder
+DEAD_LETTER_TTL_S = 7 * 24 * 3600  # as long as the NATS dead-letter stream keeps a letter
 
 
 # A leading underscore cannot start a model name (MODEL_NAME_RE), so these never collide with ``scale_key(model)``.

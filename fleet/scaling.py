@@ -258,14 +258,17 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _format_field(value: int | bool) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+def _format_field(value: float | bool) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
 
 
-def _parse_field(value: str) -> int | bool:
+def _parse_field(value: str) -> float | bool:
     if value in ("true", "false"):
         return value == "true"
-    return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        return float(value)
 
 
 def make_scaling_store(settings: FleetSettings) -> ScalingStore:

@@ -114,6 +114,9 @@ class FleetSettings(BaseSettings):
         None,
         description="bearer token the operator dashboard and API require; unset: open on a loopback host only",
     )
+    operator_interval_s: float = Field(
+        1.0, gt=0, le=60, description="how often the operator feed samples (one point per model in its 15-minute ring)"
+    )
     reconcile_after_s: float = Field(
         c.DEFAULT_RECONCILE_AFTER_S,
         gt=0,

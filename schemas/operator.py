@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.jobs import JobError
-from schemas.scaling import DecisionRecord
+from schemas.scaling import DecisionRecord, Pin
 
 MAX_LETTER_IDS = 1000  # letters one redrive or purge call may name
 
@@ -23,13 +23,6 @@ class OperatorAccess(BaseModel):
     token_required: bool = Field(description="true: operator calls need 'Authorization: Bearer <token>'")
     enabled: bool = Field(description="false: the operator surface is off here (see reason)")
     reason: str | None = Field(None, description="why it is off, and what to do; null when enabled")
-
-
-class Pin(BaseModel):
-    """A scale-to-N override: the autoscaler holds ``replicas`` until ``until``."""
-
-    replicas: int = Field(ge=0)
-    until: float = Field(description="unix seconds; after this the normal policy applies again")
 
 
 class ModelPanel(BaseModel):

@@ -7,18 +7,45 @@ configuration; ``ScalingUpdate`` is the ``PUT`` body.
 
 from __future__ import annotations
 
+import time
+
 from pydantic import BaseModel, ConfigDict, Field
+
+LIMIT_FIELDS = ("min_replicas", "max_replicas", "paused")  # the overrides that change the policy's configuration
+
+
+class Pin(BaseModel):
+    """A scale-to-N override: the autoscaler holds ``replicas`` until ``until``."""
+
+    replicas: int = Field(ge=0)
+    until: float = Field(description="unix seconds; after this the normal policy applies again")
 
 
 class ScalingOverrides(BaseModel):
-    """Operator overrides of one model's scaling; ``None`` leaves the autoscaler's configured value."""
+    """Operator overrides of one model's scaling; ``None`` leaves the autoscaler's configured value.
+
+    ``pinned_replicas`` with ``pinned_until`` is a scale-to-N (``POST /v1/scaling/{model}/scale``): the autoscaler
+    holds that many replicas until that unix time, then its policy applies again.
+    """
 
     min_replicas: int | None = Field(None, ge=0)
     max_replicas: int | None = Field(None, ge=1)
     paused: bool | None = None
+    pinned_replicas: int | None = Field(None, ge=0)
+    pinned_until: float | None = None
 
     def is_empty(self) -> bool:
-        return self.min_replicas is None and self.max_replicas is None and self.paused is None
+        return all(getattr(self, name) is None for name in type(self).model_fields)
+
+    def limits(self) -> dict[str, int | bool]:
+        """The min, max and pause overrides that are set (what changes the policy's configuration)."""
+        return {name: value for name in LIMIT_FIELDS if (value := getattr(self, name)) is not None}
+
+    def pin(self, now: float) -> Pin | None:
+        """The scale-to-N override in force at unix time ``now``; None when there is none or it expired."""
+        if self.pinned_replicas is None or self.pinned_until is None or self.pinned_until <= now:
+            return None
+        return Pin(replicas=self.pinned_replicas, until=self.pinned_until)
 
 
 class DecisionRecord(BaseModel):
@@ -57,6 +84,7 @@ class ScalingStatus(BaseModel):
     completion_rate: float | None = Field(None, description="requests per second finished by all workers")
     live_workers: int | None = Field(None, description="workers whose heartbeats are current")
     reason: str | None = Field(None, description="the reason of the last decision")
+    pinned: Pin | None = Field(None, description="an active scale-to-N override (POST /v1/scaling/{model}/scale)")
     configured: ScalingOverrides | None = Field(
         None, description="the autoscaler's own min, max and pause, before the operator's overrides"
     )
@@ -64,7 +92,8 @@ class ScalingStatus(BaseModel):
 
     def with_overrides(self, overrides: ScalingOverrides) -> ScalingStatus:
         """This status with ``overrides`` in place of the configured min, max and pause."""
-        changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
+        changes: dict[str, object] = dict(overrides.limits())
+        changes["pinned"] = overrides.pin(time.time())
         return self.model_copy(update=changes)
 
 

@@ -6,6 +6,9 @@
   ``update_run``: read, apply a pure function, write back with one atomic compare-and-set script that also
   publishes the new document on ``fleet:dagevents:<run>``. Two workers settling two items of one fan-out at once
   cannot both win: the loser reads again and re-applies its change, so a join fires exactly once.
+* Recent runs: ``create_run`` also adds the run to a capped index (``fleet:dagruns:recent``, a sorted set by start
+  time keeping the newest ``DEFAULT_RECENT_RUNS_KEPT``); ``recent_runs(limit)`` reads the newest documents that
+  still exist, newest first (the operator dashboard's list).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,6 +49,8 @@ class DagStore(Protocol):
 
     async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None: ...
 
+    async def recent_runs(self, limit: int) -> list[tuple[str, RunDoc]]: ...
+
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=True)
@@ -58,6 +63,7 @@ class MemoryDagStore:
         self.job_ttl_s = job_ttl_s
         self._specs: dict[str, dict[int, dict[str, Any]]] = {}
         self._runs: dict[str, tuple[str, float]] = {}
+        self._recent: deque[str] = deque(maxlen=c.DEFAULT_RECENT_RUNS_KEPT)
         self._changed = asyncio.Condition()
 
     async def register(self, name: str, spec: dict[str, Any]) -> int:
@@ -87,7 +93,18 @@ class MemoryDagStore:
         if current is not None:
             return False, current
         await self._write(run_id, _dumps(doc))
+        self._recent.append(run_id)
         return True, json.loads(_dumps(doc))
+
+    async def recent_runs(self, limit: int) -> list[tuple[str, RunDoc]]:
+        out = []
+        for run_id in reversed(self._recent):
+            doc = self._read(run_id)
+            if doc is not None:
+                out.append((run_id, doc))
+            if len(out) >= limit:
+                break
+        return out
 
     async def get_run(self, run_id: str) -> RunDoc | None:
         return self._read(run_id)
@@ -172,12 +189,26 @@ class RedisDagStore:
         raw = _dumps(doc)
         async with self._errors(f"create DAG run {run_id!r}"):
             created = await self.redis.set(c.dag_key(run_id), raw, nx=True, ex=self.job_ttl_s)
+            if created:
+                await self._index_recent(run_id)
         if created:
             return True, json.loads(raw)
         current = await self.get_run(run_id)
         if current is None:  # expired between the two calls: try once more
             return await self.create_run(run_id, doc)
         return False, current
+
+    async def _index_recent(self, run_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(c.DAG_RECENT_RUNS_KEY, {run_id: time.time()})
+            pipe.zremrangebyrank(c.DAG_RECENT_RUNS_KEY, 0, -(c.DEFAULT_RECENT_RUNS_KEPT + 1))
+            await pipe.execute()
+
+    async def recent_runs(self, limit: int) -> list[tuple[str, RunDoc]]:
+        async with self._errors("read the recent DAG runs"):
+            ids = [_text(i) for i in await self.redis.zrevrange(c.DAG_RECENT_RUNS_KEY, 0, max(0, limit - 1))]
+            raws = await self.redis.mget([c.dag_key(i) for i in ids]) if ids else []
+        return [(run_id, json.loads(raw)) for run_id, raw in zip(ids, raws, strict=True) if raw is not None]
 
     async def get_run(self, run_id: str) -> RunDoc | None:
         async with self._errors(f"read DAG run {run_id!r}"):
@@ -274,6 +305,10 @@ redis.call('HSET', KEYS[1], tostring(version), ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
 return version
 """
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def make_dag_store(store: ResultStore) -> DagStore:

@@ -23,7 +23,8 @@ from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
+from fleet.store.dagstore import DagStore, make_dag_store
+from fleet.store.deadletters import make_dead_letter_store
 from producers.gateway import (
     dag_events,
     dashboard,
@@ -41,6 +42,8 @@ from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
 from producers.gateway.operator_access import OperatorGate, log_access
+from producers.gateway.operator_beats import BeatListener, Beats
+from producers.gateway.operator_feed import OperatorFeed
 from producers.gateway.reconcile import Reconciler
 from producers.gateway.state import GatewayState
 
@@ -119,6 +122,34 @@ async def _open_tracker(
     return workers
 
 
+async def _open_operator(
+    app: FastAPI,
+    stack: AsyncExitStack,
+    settings: FleetSettings,
+    broker: Broker,
+    store: ResultStore,
+    dag_store: DagStore,
+    models: list[str],
+) -> None:
+    """The operator surface's parts: beats heard, dead letters, and the one feed of this process."""
+    beats = Beats(settings.heartbeat_interval_s)
+    await stack.enter_async_context(BeatListener(broker, beats))
+    app.state.beats = beats
+    app.state.dead_letters = make_dead_letter_store(store)
+    app.state.operator_feed = await stack.enter_async_context(
+        OperatorFeed(
+            settings=settings,
+            models=models,
+            broker=broker,
+            scaling=app.state.scaling,
+            beats=beats,
+            dead_letters=app.state.dead_letters,
+            dag_store=dag_store,
+            interval_s=settings.operator_interval_s,
+        )
+    )
+
+
 def _lifespan(
     settings: FleetSettings,
     broker: Broker | None,
@@ -141,8 +172,10 @@ def _lifespan(
             bounds = {name: settings.max_queued_for(name) for name in specs}
             backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
             await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
-            runner = DagRunner(b, s, make_dag_store(s), specs)
+            dag_store = make_dag_store(s)
+            runner = DagRunner(b, s, dag_store, specs)
             app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner)
+            await _open_operator(app, stack, settings, b, s, dag_store, list(specs))
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")

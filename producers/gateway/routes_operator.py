@@ -1,16 +1,84 @@
-"""``/v1/operator``: how the operator surface is protected, the live snapshot and its stream."""
+"""``/v1/operator``: how the operator surface is protected, the live snapshot and its server-sent-event stream."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from collections.abc import AsyncIterator
 
-from producers.gateway.operator_access import OperatorGate, operator_gate
-from schemas.operator import OperatorAccess
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from producers.gateway.errors import error_responses
+from producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
+from producers.gateway.operator_feed import OperatorFeed
+from schemas.operator import OperatorAccess, OperatorSnapshot
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
+
+KEEP_ALIVE = b": keep-alive\n\n"
+KEEP_ALIVE_S = 15.0
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def operator_feed(request: Request) -> OperatorFeed:
+    """FastAPI dependency: this gateway's one feed (``app.state.operator_feed``)."""
+    feed: OperatorFeed = request.app.state.operator_feed
+    return feed
 
 
 @router.get("/access", summary="Whether operator calls need a token", response_model=OperatorAccess)
 async def access(gate: OperatorGate = Depends(operator_gate)) -> OperatorAccess:
     """No token needed: tells the dashboard whether to show its login form, and whether the controls are off."""
     return gate.access()
+
+
+@router.get(
+    "/snapshot",
+    summary="Everything the dashboard shows, now",
+    response_model=OperatorSnapshot,
+    responses=error_responses(401, 403),
+)
+async def snapshot(
+    feed: OperatorFeed = Depends(operator_feed), _operator: Principal = Depends(require_operator)
+) -> OperatorSnapshot:
+    """Per model: lag, rates, latency, replicas, limits, pause and scale-to-N; the scaling decisions of the last
+    15 minutes; the workers and dispatchers heard from; dead letters; recent DAG runs. ``series`` holds the whole
+    15-minute ring of one-second samples."""
+    return feed.snapshot()
+
+
+async def feed_events(feed: OperatorFeed, keep_alive_s: float = KEEP_ALIVE_S) -> AsyncIterator[bytes]:
+    """The stream of one subscriber: the full snapshot, then each sampling's delta, keep-alives while quiet."""
+    seq, first = feed.full_event()
+    feed.subscribers += 1
+    try:
+        yield first
+        while not feed.stopped:
+            seq, events = await feed.events_after(seq, keep_alive_s)
+            if not events:
+                yield KEEP_ALIVE
+            for event in events:
+                yield event
+    finally:
+        feed.subscribers -= 1
+
+
+@router.get(
+    "/stream",
+    summary="The live snapshot, pushed every second (server-sent events)",
+    description=(
+        "`text/event-stream`. First `event: snapshot` with the whole 15-minute ring in `series`; then, every "
+        "second, an `event: snapshot` whose `series` holds only the samples added since the previous event (a "
+        "client that fell behind gets a full snapshot again). `: keep-alive` comments every 15 s while nothing "
+        "else is said. Read it with `fetch()` and a stream reader so that the token travels in the Authorization "
+        "header."
+    ),
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
+        **error_responses(401, 403),
+    },
+)
+async def stream(
+    feed: OperatorFeed = Depends(operator_feed), _operator: Principal = Depends(require_operator)
+) -> StreamingResponse:
+    return StreamingResponse(feed_events(feed), media_type="text/event-stream", headers=STREAM_HEADERS)

@@ -1,4 +1,4 @@
-"""``/v1/scaling``: what the autoscaler is doing per model, and the operator's min, max and pause.
+"""``/v1/scaling``: what the autoscaler is doing per model, and the operator's min, max, pause and scale-to-N.
 
 The autoscaler stores each model's status and decisions in the scaling store; this router reads them and writes
 overrides the autoscaler applies at its next tick. ``GET`` shows the overrides at once (on top of the last status),
@@ -8,13 +8,17 @@ unknown lag and rates, and the fleet's default limits (``autoscale_min_replicas`
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
 from fleet.scaling import ScalingStore
+from fleet.settings import FleetSettings
 from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.operator_access import Principal, require_operator
 from producers.gateway.state import GatewayState, gateway_state
+from schemas.operator import ScaleRequest
 from schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
 
 router = APIRouter(prefix="/v1/scaling", tags=["scaling"])
@@ -28,8 +32,7 @@ def scaling_store(request: Request) -> ScalingStore:
     return store
 
 
-def _unreported(model: str, state: GatewayState) -> ScalingStatus:
-    settings = state.settings
+def _unreported(model: str, settings: FleetSettings) -> ScalingStatus:
     return ScalingStatus(
         model=model,
         current_replicas=0,
@@ -53,15 +56,22 @@ def _configured(status: ScalingStatus) -> ScalingOverrides:
 
 
 def _view(status: ScalingStatus, overrides: ScalingOverrides, decisions: int) -> ScalingStatus:
-    base = status.model_copy(update=_configured(status).model_dump())
+    base = status.model_copy(update=_configured(status).limits())
     shown = base.with_overrides(overrides)
     shown.decisions = shown.decisions[:decisions]
     return shown
 
 
+def shown_status(
+    model: str, stored: ScalingStatus | None, overrides: ScalingOverrides, settings: FleetSettings, decisions: int
+) -> ScalingStatus:
+    """A model's status as ``GET /v1/scaling`` shows it: the stored one (or an unreported one) with the overrides."""
+    return _view(stored or _unreported(model, settings), overrides, decisions)
+
+
 async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> ScalingStatus:
     stored = {s.model: s for s in await scaling.statuses()}
-    return stored.get(model) or _unreported(model, state)
+    return stored.get(model) or _unreported(model, state.settings)
 
 
 @router.get(
@@ -79,7 +89,7 @@ async def list_scaling(
     stored = {s.model: s for s in await scaling.statuses()}
     out = []
     for model in state.specs:
-        status = stored.get(model) or _unreported(model, state)
+        status = stored.get(model) or _unreported(model, state.settings)
         out.append(_view(status, await scaling.get_overrides(model), decisions))
     return out
 
@@ -123,5 +133,54 @@ async def update_scaling(
     status = await _status_of(model, state, scaling)
     overrides = update.apply(await scaling.get_overrides(model))
     _check_update(model, _configured(status), overrides)
+    await scaling.set_overrides(model, overrides)
+    return _view(status, overrides, DEFAULT_DECISIONS)
+
+
+@router.post(
+    "/{model}/scale",
+    summary="Scale a model to N now, for a while",
+    response_model=ScalingStatus,
+    tags=["operator"],
+    responses=error_responses(401, 403, 404, 422, 503),
+)
+async def scale_to(
+    model: str,
+    body: ScaleRequest,
+    state: GatewayState = Depends(gateway_state),
+    scaling: ScalingStore = Depends(scaling_store),
+    _operator: Principal = Depends(require_operator),
+) -> ScalingStatus:
+    """The autoscaler runs ``replicas`` workers of the model from its next tick until ``ttl_s`` seconds from now,
+    whatever the signals, min, max and pause say (capped only at the partition count on Kafka), and records a
+    decision saying so; then its policy applies again. A new call replaces the override."""
+    if model not in state.specs:
+        raise UnknownModel(model, list(state.specs))
+    status = await _status_of(model, state, scaling)
+    overrides = (await scaling.get_overrides(model)).model_copy(
+        update={"pinned_replicas": body.replicas, "pinned_until": time.time() + body.ttl_s}
+    )
+    await scaling.set_overrides(model, overrides)
+    return _view(status, overrides, DEFAULT_DECISIONS)
+
+
+@router.delete(
+    "/{model}/scale",
+    summary="End a scale-to-N override",
+    response_model=ScalingStatus,
+    tags=["operator"],
+    responses=error_responses(401, 403, 404, 503),
+)
+async def end_scale_to(
+    model: str,
+    state: GatewayState = Depends(gateway_state),
+    scaling: ScalingStore = Depends(scaling_store),
+    _operator: Principal = Depends(require_operator),
+) -> ScalingStatus:
+    """The autoscaler's policy applies again from its next tick (a model without the override answers the same)."""
+    if model not in state.specs:
+        raise UnknownModel(model, list(state.specs))
+    status = await _status_of(model, state, scaling)
+    overrides = (await scaling.get_overrides(model)).model_copy(update={"pinned_replicas": None, "pinned_until": None})
     await scaling.set_overrides(model, overrides)
     return _view(status, overrides, DEFAULT_DECISIONS)

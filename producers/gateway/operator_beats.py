@@ -1,0 +1,149 @@
+"""What the operator feed hears on the control events: every worker's heartbeat (``fleet.ctl.heartbeat.<model>``)
+and every dispatcher's beat (``fleet.ctl.dispatcher.<model>``).
+
+``Beats`` keeps the latest beat of each worker and dispatcher with the time it arrived, and per model the
+cumulative completions and failures summed from the workers' counters (a worker seen for the first time only sets
+its baseline, as in ``autoscaler.signals``). A worker or dispatcher silent for ``SILENT_INTERVALS`` heartbeat
+intervals, or one that said ``stopped``, is forgotten. It also answers whether a worker id was heard from, which is
+how ``POST /v1/workers/{id}/drain`` knows a worker exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleet import constants as c
+from fleet.brokers.base import Broker, EventStream
+from fleet.brokers.events import validated
+from fleet.tasks import cancel_and_wait
+from schemas.operator import DispatcherView, WorkerView
+from schemas.wire import DispatcherBeat, Heartbeat
+
+log = logging.getLogger(__name__)
+
+SILENT_INTERVALS = 3
+
+
+@dataclass(slots=True)
+class Counters:
+    completed: int = 0
+    failed: int = 0
+
+
+@dataclass(slots=True)
+class Beats:
+    """The latest beats; ``observe_worker`` / ``observe_dispatcher`` feed it (``BeatListener`` from the broker)."""
+
+    heartbeat_interval_s: float
+    clock: Callable[[], float] = time.monotonic
+    workers: dict[str, tuple[Heartbeat, float]] = field(default_factory=dict)
+    dispatchers: dict[str, tuple[DispatcherBeat, float]] = field(default_factory=dict)
+    counters: dict[str, Counters] = field(default_factory=dict)
+
+    @property
+    def silent_s(self) -> float:
+        return SILENT_INTERVALS * self.heartbeat_interval_s
+
+    def observe_worker(self, beat: Heartbeat) -> None:
+        known = self.workers.get(beat.worker_id)
+        if beat.state == "stopped":
+            self.workers.pop(beat.worker_id, None)
+        else:
+            self.workers[beat.worker_id] = (beat, self.clock())
+        if known is None or beat.items < known[0].items:  # new, or restarted under the same id: a new baseline
+            return
+        counts = self.counters.setdefault(beat.model, Counters())
+        counts.completed += beat.items - known[0].items
+        counts.failed += max(0, beat.failures - known[0].failures)
+
+    def observe_dispatcher(self, beat: DispatcherBeat) -> None:
+        if beat.state == "stopped":
+            self.dispatchers.pop(beat.dispatcher_id, None)
+        else:
+            self.dispatchers[beat.dispatcher_id] = (beat, self.clock())
+
+    def forget_silent(self) -> None:
+        oldest = self.clock() - self.silent_s
+        for worker_id in [w for w, (_, seen) in self.workers.items() if seen < oldest]:
+            del self.workers[worker_id]
+        for dispatcher_id in [d for d, (_, seen) in self.dispatchers.items() if seen < oldest]:
+            del self.dispatchers[dispatcher_id]
+
+    def knows_worker(self, worker_id: str) -> bool:
+        self.forget_silent()
+        return worker_id in self.workers
+
+    def worker_views(self) -> list[WorkerView]:
+        now = self.clock()
+        return [
+            WorkerView(
+                worker_id=hb.worker_id,
+                model=hb.model,
+                device=hb.device,
+                state=hb.state,
+                routing=hb.routing,
+                in_flight=hb.in_flight,
+                mean_batch_size=hb.mean_batch_size,
+                latency_ewma_ms=hb.latency_ewma_ms,
+                latency_p99_ms=hb.latency_p99_ms,
+                heartbeat_age_s=round(now - seen, 3),
+            )
+            for hb, seen in sorted(self.workers.values(), key=lambda item: (item[0].model, item[0].worker_id))
+        ]
+
+    def dispatcher_views(self) -> list[DispatcherView]:
+        now = self.clock()
+        return [
+            DispatcherView(
+                dispatcher_id=beat.dispatcher_id,
+                model=beat.model,
+                policy=beat.policy,
+                idle_queue_length=beat.idle_length,
+                outstanding_total=beat.outstanding,
+                heartbeat_age_s=round(now - seen, 3),
+            )
+            for beat, seen in sorted(self.dispatchers.values(), key=lambda item: item[0].dispatcher_id)
+        ]
+
+    def of_model(self, model: str) -> list[Heartbeat]:
+        return [hb for hb, _ in self.workers.values() if hb.model == model]
+
+
+class BeatListener:
+    """Feeds ``beats`` from the broker's control events. ``async with`` starts and stops the two listeners."""
+
+    def __init__(self, broker: Broker, beats: Beats) -> None:
+        self.broker = broker
+        self.beats = beats
+        self._streams: list[EventStream] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> BeatListener:
+        workers = await self.broker.listen(c.heartbeat_subject("*"))
+        dispatchers = await self.broker.listen(c.dispatcher_subject("*"))
+        self._streams = [workers, dispatchers]
+        self._tasks = [
+            asyncio.create_task(self._workers(workers), name="operator-heartbeats"),
+            asyncio.create_task(self._dispatchers(dispatchers), name="operator-dispatcher-beats"),
+        ]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for stream in self._streams:
+            with contextlib.suppress(Exception):
+                await stream.close()
+        await cancel_and_wait(self._tasks)
+        self._streams, self._tasks = [], []
+
+    async def _workers(self, events: EventStream) -> None:
+        async for beat in validated(events, Heartbeat, "worker heartbeat"):
+            self.beats.observe_worker(beat)
+
+    async def _dispatchers(self, events: EventStream) -> None:
+        async for beat in validated(events, DispatcherBeat, "dispatcher beat"):
+            self.beats.observe_dispatcher(beat)
