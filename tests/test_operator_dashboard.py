@@ -131,8 +131,8 @@ def confirm(page: Any) -> None:
 
 
 def scaling(up: Up, model: str = "sleep") -> dict[str, Any]:
-    status: dict[str, Any] = up.api.get(f"/v1/scaling/{model}").raise_for_status().json()
-    return status
+    [status] = [s for s in up.api.get("/v1/scaling").raise_for_status().json() if s["model"] == model]
+    return dict(status)
 
 
 def panel(up: Up, model: str = "sleep") -> dict[str, Any]:
