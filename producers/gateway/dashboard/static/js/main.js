@@ -318,12 +318,14 @@ function renderDeadLetters(snap) {
           const box = el("input", {
             type: "checkbox", id: `dl-${letter.letter_id}`, value: letter.letter_id,
             checked: state.selected.has(letter.letter_id),
+            "aria-label": `select the dead letter of ${letter.job_id || letter.letter_id}`,
             onchange: (e) => { e.target.checked ? state.selected.add(letter.letter_id) : state.selected.delete(letter.letter_id); selection(); },
           });
           return el("li", { dataset: { letter: letter.letter_id, job: letter.job_id || "" } }, el("label", { for: box.id },
             box, el("code", {}, letter.job_id || letter.letter_id),
             el("span", { class: "error" }, `${letter.error?.type || "error"}: ${letter.error?.message || ""}`),
-            el("span", { class: "muted" }, `${fmt.time(letter.at)} · ${letter.deliveries} deliveries · ${letter.worker_id || "?"}`)));
+            el("span", { class: "muted" }, `${fmt.time(letter.at)} · ${letter.deliveries} deliveries · ${letter.worker_id || "?"}`),
+            letter.redrivable === false ? el("span", { class: "muted" }, "(raw bytes: purge only)") : ""));
         })));
     }));
   }
@@ -341,7 +343,10 @@ function renderRuns(snap) {
   const runs = snap.runs || [];
   syncRows($("runs").querySelector("tbody"), runs, (r) => r.run_id,
     (r) => el("tr", {},
-      el("td", {}, el("button", { type: "button", class: "link", onclick: () => openRun(r.run_id, r.dag) }, r.run_id)),
+      el("td", {}, el("button", {
+        type: "button", class: "link", title: r.run_id, "aria-label": `Show run ${r.run_id}`,
+        onclick: () => openRun(r.run_id, r.dag),
+      }, r.run_id.length > 14 ? `${r.run_id.slice(0, 12)}…` : r.run_id)),
       el("td"), el("td"), el("td"), el("td"),
       el("td", {}, el("button", { type: "button", dataset: { action: "cancel-run" }, onclick: () => cancelRun(r.run_id) }, "Cancel"))),
     (row, r) => {
@@ -431,7 +436,9 @@ function deadLetters(kind) {
       const done = redrive ? a.redriven : a.purged;
       done.forEach((id) => state.selected.delete(id));
       selection();
-      return `${redrive ? "redriven" : "purged"}: ${done.length}${a.missing.length ? `; already gone: ${a.missing.length}` : ""}`;
+      const refused = Object.entries(a.not_redrivable || {}).map(([id, why]) => `${id}: ${why}`);
+      return `${redrive ? "redriven" : "purged"}: ${done.length}${a.missing.length ? `; already gone: ${a.missing.length}` : ""}` +
+        (refused.length ? `; not redriven: ${refused.join("; ")}` : "");
     });
 }
 
