@@ -226,7 +226,7 @@ class Settler:
         )
         log.warning("job %s dead-lettered: %s", job.job_id, error.message)
         try:
-            await publish_dead_letter(self.broker, self.model, job.job_id, error, letter)
+            await publish_dead_letter(self.broker, self.model, job.job_id, error, letter, job.delivery.msg_id)
             self.held.forget(job.delivery)
             await job.delivery.term()
         except BrokerError as exc:

@@ -43,10 +43,19 @@ def dead_letter_bytes(
     return DeadLetter(**fields, raw=raw_text(data)).model_dump_json().encode()
 
 
-async def publish_dead_letter(broker: Broker, model: str, job_id: str | None, error: JobError, letter: bytes) -> None:
-    """Publish a letter; a repeat for the same job id is de-duplicated by the broker. Raises ``BrokerError``."""
+async def publish_dead_letter(
+    broker: Broker,
+    model: str,
+    job_id: str | None,
+    error: JobError,
+    letter: bytes,
+    request_msg_id: str | None = None,
+) -> None:
+    """Publish a letter; a repeat for the same request message is de-duplicated by the broker. Raises
+    ``BrokerError``. The letter's message id follows the request's (``<job>.dlq`` for a first submission), so a
+    job redriven by an operator (a new request message id) that fails again gets a letter of its own."""
     headers = {c.HEADER_ERROR: error.type, c.HEADER_MODEL: model}
     if job_id:
         headers[c.HEADER_JOB_ID] = job_id
-    msg_id = f"{job_id}.dlq" if job_id else None
+    msg_id = f"{request_msg_id or job_id}.dlq" if job_id else None
     await broker.publish(c.dlq_subject(model), letter, msg_id=msg_id, headers=headers)

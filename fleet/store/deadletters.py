@@ -16,7 +16,6 @@ Redis keys (``fleet.constants``): ``dead_letter_key(id)`` the letter (a TTL of `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -28,11 +27,6 @@ from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.store.base import ResultStore
 from schemas.wire import DeadLetter
-
-
-def letter_id_of(data: bytes) -> str:
-    """A letter's id: a digest of its bytes, so a redelivered letter is the same letter."""
-    return hashlib.sha256(data).hexdigest()[:24]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from producers.gateway import (
     dag_events,
     dashboard,
     routes_dags,
+    routes_deadletters,
     routes_jobs,
     routes_operator,
     routes_ops,
@@ -37,6 +38,7 @@ from producers.gateway import (
     ws,
 )
 from producers.gateway.backlog import Backlog
+from producers.gateway.deadletter_recorder import DeadLetterRecorder
 from producers.gateway.docs import install_docs
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
@@ -131,11 +133,15 @@ async def _open_operator(
     dag_store: DagStore,
     models: list[str],
 ) -> None:
-    """The operator surface's parts: beats heard, dead letters, and the one feed of this process."""
+    """The operator surface's parts: beats heard, the dead-letter recorder and its store, and the one feed of
+    this process."""
     beats = Beats(settings.heartbeat_interval_s)
     await stack.enter_async_context(BeatListener(broker, beats))
     app.state.beats = beats
     app.state.dead_letters = make_dead_letter_store(store)
+    app.state.dead_letter_recorder = await stack.enter_async_context(
+        DeadLetterRecorder(broker, app.state.dead_letters, models)
+    )
     app.state.operator_feed = await stack.enter_async_context(
         OperatorFeed(
             settings=settings,
@@ -244,6 +250,7 @@ def create_app(
     app.include_router(routes_dags.router)
     app.include_router(dag_events.router)
     app.include_router(routes_operator.router)
+    app.include_router(routes_deadletters.router)
     app.include_router(dashboard.router)
     app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
     return app

@@ -114,10 +114,13 @@ async def long_poll(store: ResultStore, job_id: str, wait_s: float, timeout_s: f
     return latest
 
 
-async def publish_request(broker: Broker, model: str, job_id: str, data: bytes, limits: GatewayLimits) -> None:
+async def publish_request(
+    broker: Broker, model: str, job_id: str, data: bytes, limits: GatewayLimits, msg_id: str | None = None
+) -> None:
     """Publish one request message and wait for the broker's acknowledgement.
 
-    The job id is the message id, so the broker drops a repeated publish inside its de-duplication window.
+    The job id is the message id (unless ``msg_id`` is given: a redrive is a new message of the same job), so the
+    broker drops a repeated publish inside its de-duplication window.
 
     Raises:
         QueueFull: the broker refused the message for its per-subject limit (nothing was stored).
@@ -128,7 +131,7 @@ async def publish_request(broker: Broker, model: str, job_id: str, data: bytes, 
     timeout_s = limits.publish_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
-            await broker.publish(c.request_subject(model), data, msg_id=job_id, headers=headers)
+            await broker.publish(c.request_subject(model), data, msg_id=msg_id or job_id, headers=headers)
     except QueueFull:
         raise
     except TimeoutError as exc:

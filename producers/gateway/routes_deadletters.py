@@ -1,0 +1,87 @@
+"""``/v1/deadletters``: the dead letters the recorder stored, per model; redrive or purge them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from fleet.errors import UnknownModel
+from fleet.store.deadletters import DeadLetterStore
+from producers.gateway import redrive as actions
+from producers.gateway.errors import error_responses
+from producers.gateway.operator_access import Principal, require_operator
+from producers.gateway.operator_feed import dead_letter_view
+from producers.gateway.state import GatewayState, gateway_state
+from schemas.operator import DeadLetterGroup, DeadLetterList, LetterSelection, PurgeResult, RedriveResult
+
+router = APIRouter(prefix="/v1/deadletters", tags=["operator"])
+
+
+def dead_letter_store(request: Request) -> DeadLetterStore:
+    """FastAPI dependency: the store the recorder writes (``app.state.dead_letters``)."""
+    letters: DeadLetterStore = request.app.state.dead_letters
+    return letters
+
+
+def _check_model(state: GatewayState, model: str | None) -> None:
+    if model is not None and model not in state.specs:
+        raise UnknownModel(model, list(state.specs))
+
+
+@router.get(
+    "",
+    summary="Dead letters per model",
+    response_model=DeadLetterList,
+    responses=error_responses(401, 403, 404, 422, 503),
+)
+async def list_dead_letters(
+    model: str | None = Query(None, description="only this model"),
+    limit: int = Query(10, ge=1, le=1000, description="latest letters shown per model"),
+    state: GatewayState = Depends(gateway_state),
+    letters: DeadLetterStore = Depends(dead_letter_store),
+    _operator: Principal = Depends(require_operator),
+) -> DeadLetterList:
+    """How many letters each model holds and the latest ``limit`` of them, newest first, with their errors."""
+    _check_model(state, model)
+    counts = await letters.counts()
+    models = [model] if model is not None else sorted(counts)
+    out = {}
+    for name in models:
+        latest = await letters.latest(name, limit) if counts.get(name) else []
+        out[name] = DeadLetterGroup(count=counts.get(name, 0), latest=[dead_letter_view(s) for s in latest])
+    return DeadLetterList(models=out)
+
+
+@router.post(
+    "/redrive",
+    summary="Run dead-lettered jobs again",
+    response_model=RedriveResult,
+    responses=error_responses(400, 401, 403, 404, 422, 503),
+)
+async def redrive(
+    selection: LetterSelection,
+    state: GatewayState = Depends(gateway_state),
+    letters: DeadLetterStore = Depends(dead_letter_store),
+    _operator: Principal = Depends(require_operator),
+) -> RedriveResult:
+    """Each letter's job becomes a fresh queued attempt and its request goes back on the model's request subject;
+    the letter is removed. The job runs again and ends once. Letters holding raw bytes, DAG steps and models not
+    served here are answered in ``not_redrivable`` with the reason and stay; unknown ids in ``missing``."""
+    _check_model(state, selection.model)
+    return await actions.redrive(state, letters, selection)
+
+
+@router.post(
+    "/purge",
+    summary="Delete dead letters",
+    response_model=PurgeResult,
+    responses=error_responses(400, 401, 403, 404, 422, 503),
+)
+async def purge(
+    selection: LetterSelection,
+    state: GatewayState = Depends(gateway_state),
+    letters: DeadLetterStore = Depends(dead_letter_store),
+    _operator: Principal = Depends(require_operator),
+) -> PurgeResult:
+    """Remove the letters (their jobs keep their failed records); unknown ids are answered in ``missing``."""
+    _check_model(state, selection.model)
+    return await actions.purge(letters, selection)
