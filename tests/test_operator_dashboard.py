@@ -348,6 +348,29 @@ def test_a_live_run_is_redrawn_as_its_steps_change(up: Up, browser: Browser) -> 
     expect(page.locator("#run-detail #run-state")).to_have_text("succeeded")
 
 
+def test_draining_a_worker_retires_it_and_the_autoscaler_replaces_it(up: Up, browser: Browser) -> None:
+    page = browser.page
+    workers = up.api.get("/v1/operator/snapshot").json()["workers"]
+    [victim, *_] = [w["worker_id"] for w in workers if w["model"] == "gate" and w["state"] == "ready"]
+    row = page.locator(f'#workers tbody tr[data-key="{victim}"]')
+    row.get_by_role("button", name=f"Drain worker {victim}").click()
+    confirm(page)
+    expect(page.locator("#result")).to_have_text(f"{victim}: draining")
+
+    def retired() -> bool:
+        beats = {w["worker_id"]: w["state"] for w in up.api.get("/v1/operator/snapshot").json()["workers"]}
+        return beats.get(victim, "draining") == "draining"
+
+    until(retired, 10, "the worker drains (or is gone)")
+    expect(row).to_be_hidden(timeout=30_000)  # it exited: its heartbeats stopped
+    replacement = page.locator('#workers tbody tr[data-state="serving"]', has_text="gate")
+    expect(replacement).to_be_visible(timeout=30_000)  # min_replicas 1: the autoscaler started another
+    key = f"gate-{uuid.uuid4().hex[:8]}"
+    (up.gates / key).touch()
+    job_id = up.api.post("/v1/jobs", json={"model": "gate", "input": {"key": key}}).json()["job_id"]
+    until(lambda: up.api.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded", 30, "gate serves again")
+
+
 def test_without_the_token_the_controls_answer_401_and_the_page_asks_to_log_in(up: Up, browser: Browser) -> None:
     requests: list[str] = []
     errors: list[str] = []
