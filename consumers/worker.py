@@ -26,6 +26,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from consumers import metrics
 from consumers.admission import Admission
 from consumers.batcher import collect_batch
+from consumers.drain import DrainListener
 from consumers.handlers.base import ModelHandler
 from consumers.idle import IdleAnnouncer
 from consumers.outage import StoreOutage
@@ -131,6 +133,8 @@ class Worker:
             ``dispatch`` reads this worker's inbox and announces free slots to the dispatchers.
         on_settled: hooks awaited with ``(job, terminal record, won)`` after a job's record is terminal and before
             its message is acked (see ``consumers.settle``); more can be appended to ``worker.settler.on_settled``.
+        on_drain: called when an operator asks this worker to drain (``consumers.drain``); ``fleet worker`` passes
+            what SIGTERM does. Without it the worker runs its own ``stop``.
 
     ``state`` is ``starting`` until the model is loaded and warmed up, then ``ready`` (``degraded`` while the store
     cannot be reached), ``draining`` and ``stopped``; heartbeats carry it.
@@ -149,6 +153,7 @@ class Worker:
         device: str = "cpu",
         routing: Literal["pull", "dispatch"] | None = None,
         on_settled: list[OnSettled] | None = None,
+        on_drain: Callable[[], object] | None = None,
     ) -> None:
         self.handler = handler
         self.spec = handler.spec
@@ -191,6 +196,8 @@ class Worker:
         self._stopped = False
         self._taken = asyncio.Event()
         self._aux_stop = asyncio.Event()  # heartbeats and keep-alives run through the drain, then stop
+        self._drain = DrainListener(broker, self.worker_id, on_drain or self._drain_self)
+        self._drain_task: asyncio.Task[None] | None = None
         self._in_flight = metrics.IN_FLIGHT.labels(self.model)
         self._batch_size = metrics.BATCH_SIZE.labels(self.model)
         self._batch_seconds = metrics.BATCH_SECONDS.labels(self.model)
@@ -239,6 +246,7 @@ class Worker:
             self._stopped = True
             raise
         self.state = "ready"
+        await self._drain.start()
         await self._send_heartbeat()  # readiness (the gateway's /readyz, fleet up) hears of it now, not a beat later
         self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
         self._compute_task = asyncio.create_task(self._compute_loop(), name=f"{self.worker_id}-compute")
@@ -269,6 +277,7 @@ class Worker:
         self._stopped = True
         self.state = "draining"
         self._stopping.set()
+        await self._drain.stop()
         deadline_s = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         await self._stop_fetching()
         if self._announcer is not None:
@@ -290,6 +299,9 @@ class Worker:
         await cancel_and_wait(self._aux_tasks)
         self._release_gc()
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
+
+    def _drain_self(self) -> None:
+        self._drain_task = asyncio.create_task(self.stop(), name=f"{self.worker_id}-drain-stop")
 
     def _release_gc(self) -> None:
         if self._gc_tuned:

@@ -16,6 +16,7 @@ CTL_PREFIX = f"{SUBJECT_PREFIX}.ctl"
 HEARTBEAT_PREFIX = f"{CTL_PREFIX}.heartbeat"
 IDLE_PREFIX = f"{CTL_PREFIX}.idle"
 DISPATCHER_PREFIX = f"{CTL_PREFIX}.dispatcher"
+DRAIN_PREFIX = f"{CTL_PREFIX}.drain"
 
 # JetStream streams: one for requests, one for dead letters.
 REQ_STREAM = "FLEET_REQ"
@@ -58,6 +59,11 @@ def idle_subject(model: str, dispatcher_id: str) -> str:
 def dispatcher_subject(model: str) -> str:
     """Dispatcher heartbeats: id, policy, idle-queue length; workers read them to pick where to announce."""
     return f"{DISPATCHER_PREFIX}.{model}"
+
+
+def drain_subject(worker_id: str) -> str:
+    """An operator's request that one worker drain and stop (``POST /v1/workers/{worker_id}/drain``)."""
+    return f"{DRAIN_PREFIX}.{worker_id}"
 
 
 def inbox_group(worker_id: str) -> str:

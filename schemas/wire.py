@@ -119,3 +119,12 @@ class DispatcherBeat(BaseModel):
     outstanding: int = 0
     state: Literal["ready", "stopped"] = "ready"
     sent_at: float = Field(default_factory=time.time)
+
+
+class DrainRequest(BaseModel):
+    """On ``fleet.ctl.drain.<worker_id>``: an operator asks that worker to drain and stop (as on SIGTERM)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    requested_at: float = Field(default_factory=time.time)

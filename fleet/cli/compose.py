@@ -335,7 +335,9 @@ async def run_worker(
             await ensure_models(broker, [probe.model], deadline)
 
             def build() -> Worker:
-                return probe.track(build_worker(ref, broker, store, settings, **overrides))  # type: ignore[no-any-return]
+                # An operator's drain request does what SIGTERM does: the same stop event, so the process exits.
+                worker = build_worker(ref, broker, store, settings, on_drain=stop.set, **overrides)
+                return probe.track(worker)  # type: ignore[no-any-return]
 
             await run_workers([build], stop, deadline)
     finally:

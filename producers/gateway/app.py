@@ -34,6 +34,7 @@ from producers.gateway import (
     routes_operator,
     routes_ops,
     routes_scaling,
+    routes_workers,
     sse,
     ws,
 )
@@ -238,6 +239,8 @@ def create_app(
         redoc_url=None,
     )
     install_docs(app)
+    app.include_router(dashboard.router)  # the page and its assets, next to /docs (neither is in the schema)
+    app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
     app.state.require_ready_workers = require_ready_workers
     app.state.operator_gate = OperatorGate.from_settings(settings)
     install_error_handlers(app)
@@ -251,6 +254,5 @@ def create_app(
     app.include_router(dag_events.router)
     app.include_router(routes_operator.router)
     app.include_router(routes_deadletters.router)
-    app.include_router(dashboard.router)
-    app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
+    app.include_router(routes_workers.router)
     return app

@@ -1,0 +1,46 @@
+"""``/v1/workers``: drain one worker (the graceful stop a SIGTERM starts), by its id from the heartbeats."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Path, Request
+
+from fleet import constants as c
+from producers.gateway.errors import ApiError, error_responses
+from producers.gateway.operator_access import Principal, require_operator
+from producers.gateway.operator_beats import Beats
+from producers.gateway.state import GatewayState, gateway_state
+from schemas.operator import DrainAccepted
+from schemas.wire import DrainRequest
+
+router = APIRouter(prefix="/v1/workers", tags=["operator"])
+
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,199}$"  # one subject token: no dots, spaces or wildcards
+
+
+def beats_heard(request: Request) -> Beats:
+    beats: Beats = request.app.state.beats
+    return beats
+
+
+@router.post(
+    "/{worker_id}/drain",
+    status_code=202,
+    summary="Drain one worker",
+    response_model=DrainAccepted,
+    responses=error_responses(401, 403, 404, 422, 503),
+)
+async def drain_worker(
+    worker_id: str = Path(pattern=WORKER_ID_PATTERN, description="as the worker's heartbeats name it"),
+    state: GatewayState = Depends(gateway_state),
+    beats: Beats = Depends(beats_heard),
+    _operator: Principal = Depends(require_operator),
+) -> DrainAccepted:
+    """The worker stops fetching, finishes and settles the jobs it holds, says ``stopped`` and exits (``fleet
+    worker``), as on SIGTERM. 202 once the request is sent; the worker's heartbeats show ``draining``. 404 for a
+    worker whose heartbeat this gateway has not heard recently."""
+    if not beats.knows_worker(worker_id):
+        raise ApiError(
+            404, "worker_not_found", f"no heartbeat heard from worker {worker_id!r}", {"worker_id": worker_id}
+        )
+    await state.broker.emit(c.drain_subject(worker_id), DrainRequest(worker_id=worker_id).model_dump_json().encode())
+    return DrainAccepted(worker_id=worker_id)
