@@ -346,6 +346,10 @@ def test_a_live_run_is_redrawn_as_its_steps_change(up: Up, browser: Browser) -> 
     expect(step).not_to_have_attribute("data-state", "succeeded", timeout=2000)
     expect(step).to_have_attribute("data-state", "succeeded", timeout=20_000)
     expect(page.locator("#run-detail #run-state")).to_have_text("succeeded")
+    # the runs table (from the live snapshot) agrees, and offers no cancel for a finished run
+    row = page.locator(f'#runs tbody tr[data-key="{run_id}"]')
+    expect(row.locator("td").nth(2)).to_have_text("succeeded")
+    expect(row.get_by_role("button", name="Cancel")).to_be_hidden()
 
 
 def test_draining_a_worker_retires_it_and_the_autoscaler_replaces_it(up: Up, browser: Browser) -> None:
@@ -432,3 +436,4 @@ def test_the_session_had_no_console_error_and_no_foreign_request(up: Up, browser
     streams = [url for url in browser.requests if url.endswith("/v1/operator/stream")]
     assert len(streams) == 1, f"one live stream for the whole session: {streams}"
     assert_clean(up, browser)
+    browser.page.screenshot(path=ARTIFACTS / "overview.png", full_page=True)  # docs/dashboard.png is one of these
