@@ -352,6 +352,26 @@ def test_a_live_run_is_redrawn_as_its_steps_change(up: Up, browser: Browser) -> 
     expect(row.get_by_role("button", name="Cancel")).to_be_hidden()
 
 
+def test_cancel_a_run_from_its_row_and_a_job_by_its_id(up: Up, browser: Browser) -> None:
+    page = browser.page
+    name = f"cancel{uuid.uuid4().hex[:6]}"
+    spec = {"steps": [{"id": "long", "model": "sleep", "input": {"mean_ms": 8000}}], "output": "${steps.long.output}"}
+    up.api.post("/v1/dags", json={"name": name, **spec}).raise_for_status()
+    run_id = up.api.post(f"/v1/dags/{name}/runs", json={"input": {}}).raise_for_status().json()["run_id"]
+    row = page.locator(f'#runs tbody tr[data-key="{run_id}"]')
+    row.get_by_role("button", name="Cancel").click()
+    confirm(page)
+    until(lambda: up.api.get(f"/v1/runs/{run_id}").json()["state"] == "cancelled", 10, "the run cancelled")
+    expect(row.locator("td").nth(2)).to_have_text("cancelled")
+
+    job_id = up.api.post("/v1/jobs", json={"model": "sleep", "input": {"mean_ms": 8000}}).json()["job_id"]
+    page.get_by_label("Job id").fill(job_id)
+    page.get_by_role("button", name="Cancel job").click()
+    confirm(page)
+    expect(page.locator("#result")).to_have_text(f"job {job_id}: cancelled")
+    assert up.api.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
+
+
 def test_draining_a_worker_retires_it_and_the_autoscaler_replaces_it(up: Up, browser: Browser) -> None:
     page = browser.page
     workers = up.api.get("/v1/operator/snapshot").json()["workers"]
@@ -367,8 +387,19 @@ def test_draining_a_worker_retires_it_and_the_autoscaler_replaces_it(up: Up, bro
 
     until(retired, 10, "the worker drains (or is gone)")
     expect(row).to_be_hidden(timeout=30_000)  # it exited: its heartbeats stopped
-    replacement = page.locator('#workers tbody tr[data-state="serving"]', has_text="gate")
-    expect(replacement).to_be_visible(timeout=30_000)  # min_replicas 1: the autoscaler started another
+
+    def replaced() -> list[dict[str, Any]]:
+        workers = up.api.get("/v1/operator/snapshot").json()["workers"]
+        return [w for w in workers if w["model"] == "gate" and w["worker_id"] != victim and w["state"] == "ready"]
+
+    try:
+        [fresh] = until(replaced, 30, "min_replicas 1: the autoscaler starts another gate worker")
+    except AssertionError as exc:
+        workers = up.api.get("/v1/operator/snapshot").json()["workers"]
+        raise AssertionError(f"{exc}; the snapshot's workers: {workers}\n{up.log.read_text()[-3000:]}") from None
+    expect(page.locator(f'#workers tbody tr[data-key="{fresh["worker_id"]}"]')).to_have_attribute(
+        "data-state", "serving"
+    )
     key = f"gate-{uuid.uuid4().hex[:8]}"
     (up.gates / key).touch()
     job_id = up.api.post("/v1/jobs", json={"model": "gate", "input": {"key": key}}).json()["job_id"]
