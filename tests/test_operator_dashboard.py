@@ -447,6 +447,12 @@ def test_without_the_token_the_controls_answer_401_and_the_page_asks_to_log_in(u
 
 def test_theme_toggle_and_keyboard(up: Up, browser: Browser) -> None:
     page = browser.page
+    background = "getComputedStyle(document.body).backgroundColor"
+    assert page.evaluate(background) == "rgb(247, 248, 250)"
+    page.emulate_media(color_scheme="dark")  # the system's scheme, until the toggle picks one
+    assert page.evaluate(background) == "rgb(13, 17, 23)"
+    expect(page.get_by_role("button", name="Light theme")).to_have_attribute("aria-pressed", "true")
+    page.emulate_media(color_scheme="light")
     toggle = page.get_by_role("button", name="Dark theme")
     toggle.focus()
     page.keyboard.press("Enter")
@@ -467,4 +473,8 @@ def test_the_session_had_no_console_error_and_no_foreign_request(up: Up, browser
     streams = [url for url in browser.requests if url.endswith("/v1/operator/stream")]
     assert len(streams) == 1, f"one live stream for the whole session: {streams}"
     assert_clean(up, browser)
-    browser.page.screenshot(path=ARTIFACTS / "overview.png", full_page=True)  # docs/dashboard.png is one of these
+    page = browser.page
+    page.locator("#runs tbody tr", has_text="dash").first.locator("button.link").click()  # the three-step run
+    expect(page.locator("#run-detail .run-graph svg")).to_be_visible()
+    page.screenshot(path=ARTIFACTS / "overview.png", full_page=True)  # docs/dashboard.png is one of these
+    assert_clean(up, browser)

@@ -46,13 +46,19 @@ function options(spec, width) {
   const fg = cssVar("--muted");
   const grid = cssVar("--border");
   const axis = { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } };
+  const clock = { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false };
+  const timeAxis = {
+    ...axis,
+    space: 70,
+    values: (u, splits) => splits.map((t) => new Date(t * 1000).toLocaleTimeString([], clock)),
+  };
   return {
     width,
     height: 150,
     cursor: { drag: { x: false, y: false } },
     legend: { live: false },
     scales: { x: { time: true }, y: { range: (u, min, max) => [Math.min(0, min ?? 0), Math.max(1, max ?? 1)] } },
-    axes: [axis, { ...axis, size: 46 }],
+    axes: [timeAxis, { ...axis, size: 46 }],
     series: [
       {},
       ...spec.series.map(([, label, color]) => ({ label, stroke: cssVar(color), width: 2, spanGaps: false })),

@@ -483,6 +483,10 @@ setInterval(() => {
 
 function wire() {
   applyTheme(localStorage.getItem("fleet.theme"));
+  // following the system's scheme until the toggle picks one
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+    if (!localStorage.getItem("fleet.theme")) applyTheme(null);
+  });
   $("theme-toggle").addEventListener("click", () => {
     const dark = $("theme-toggle").getAttribute("aria-pressed") === "true";
     const next = dark ? "light" : "dark";
