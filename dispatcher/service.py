@@ -380,7 +380,13 @@ class Dispatcher:
             live_workers=len(self.state.live),
             outstanding=len(self._held),
             state=state,  # type: ignore[arg-type]
+            route_shares=self._route_shares(),
+            worker_outstanding={view.worker: view.outstanding for view in self.state.views.values()},
         )
+
+    def _route_shares(self) -> dict[str, float]:
+        total = sum(self.routes.values())
+        return {route: round(count / total, 4) for route, count in self.routes.items()} if total else {}
 
     async def _send_beat(self, state: str) -> None:
         try:

@@ -11,7 +11,17 @@ from pydantic import BaseModel
 from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
 from schemas.jobs import JobRecord
 from schemas.models import ModelSpec
-from schemas.wire import DeadLetter, Heartbeat, RequestMessage
+from schemas.operator import (
+    DeadLetterList,
+    DrainAccepted,
+    LetterSelection,
+    OperatorAccess,
+    OperatorSnapshot,
+    PurgeResult,
+    RedriveResult,
+    ScaleRequest,
+)
+from schemas.wire import DeadLetter, DispatcherBeat, DrainRequest, Heartbeat, RequestMessage
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request-message": RequestMessage,
@@ -21,6 +31,16 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "submit-request": SubmitRequest,
     "submit-response": SubmitResponse,
     "error-response": ErrorResponse,
+    "dispatcher-beat": DispatcherBeat,
+    "drain-request": DrainRequest,
+    "operator-access": OperatorAccess,
+    "operator-snapshot": OperatorSnapshot,
+    "scale-request": ScaleRequest,
+    "drain-accepted": DrainAccepted,
+    "dead-letter-list": DeadLetterList,
+    "letter-selection": LetterSelection,
+    "redrive-result": RedriveResult,
+    "purge-result": PurgeResult,
 }
 
 

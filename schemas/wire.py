@@ -118,6 +118,10 @@ class DispatcherBeat(BaseModel):
     live_workers: int = 0
     outstanding: int = 0
     state: Literal["ready", "stopped"] = "ready"
+    route_shares: dict[str, float] = Field(
+        default_factory=dict, description="share of assignments per route (idle, amnesia, fallback, policy)"
+    )
+    worker_outstanding: dict[str, int] = Field(default_factory=dict, description="requests held per worker id")
     sent_at: float = Field(default_factory=time.time)
 
 

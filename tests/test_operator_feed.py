@@ -310,3 +310,28 @@ async def test_recent_runs_index_keeps_the_newest_runs(
         assert [run_id for run_id, _ in recent] == [f"{unique}-{i}" for i in (4, 3, 2)]
     finally:
         await store.close()
+
+
+def test_schema_export_has_the_operator_models() -> None:
+    from schemas.export import all_schemas
+
+    schemas = all_schemas({})
+    snapshot = schemas["operator-snapshot.schema.json"]
+    assert {"models", "series", "decisions", "workers", "dispatchers", "dead_letters", "runs"} <= set(
+        snapshot["properties"]
+    )
+    for name in ("operator-access", "scale-request", "letter-selection", "redrive-result", "drain-request"):
+        assert f"{name}.schema.json" in schemas
+
+
+async def test_closing_the_streams_ends_them_so_a_shutdown_is_not_held_up(unique: str) -> None:
+    from producers.gateway.app import close_operator_streams
+
+    refs, _ = model_refs(unique, "echo")
+    app = create_app(FleetSettings(models=refs, operator_interval_s=0.2), limits=FAST_LIMITS)
+    async with served(app) as base, httpx.AsyncClient(base_url=base, timeout=10) as client:
+        async with client.stream("GET", "/v1/operator/stream") as response:
+            assert len(await read_events(response, 2)) == 2
+            close_operator_streams(app)
+            rest = await asyncio.wait_for(read_events(response, 1000), 5)  # the response ends
+            assert len(rest) <= 2

@@ -38,7 +38,7 @@ from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
 from fleet.tasks import cancel_and_wait
-from producers.gateway.app import create_app
+from producers.gateway.app import close_operator_streams, create_app
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,7 @@ async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     stop.set()
+    close_operator_streams(server.config.app)  # open dashboard streams would hold up uvicorn's shutdown
     server.should_exit = True
     stopper.cancel()
     await task

@@ -190,6 +190,14 @@ def _lifespan(
     return lifespan
 
 
+def close_operator_streams(app: object) -> None:
+    """End the open operator streams of ``app`` (a gateway app), so that a server shutting down is not held up by
+    them (call it before telling uvicorn to exit; a no-op before start-up or for another app)."""
+    feed = getattr(getattr(app, "state", None), "operator_feed", None)
+    if isinstance(feed, OperatorFeed):
+        feed.close_streams()
+
+
 def create_app(
     settings: FleetSettings,
     *,

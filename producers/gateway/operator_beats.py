@@ -104,6 +104,10 @@ class Beats:
                 model=beat.model,
                 policy=beat.policy,
                 idle_queue_length=beat.idle_length,
+                idle_share=beat.route_shares.get("idle", 0.0) if beat.route_shares else None,
+                amnesia_share=beat.route_shares.get("amnesia", 0.0) if beat.route_shares else None,
+                fallback_share=beat.route_shares.get("fallback", 0.0) if beat.route_shares else None,
+                outstanding=beat.worker_outstanding,
                 outstanding_total=beat.outstanding,
                 heartbeat_age_s=round(now - seen, 3),
             )

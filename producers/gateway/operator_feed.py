@@ -142,6 +142,7 @@ class OperatorFeed:
         self._full: tuple[int, bytes] | None = None
         self._new = asyncio.Event()
         self._stop = asyncio.Event()
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._warned: dict[str, float] = {}
 
@@ -167,7 +168,14 @@ class OperatorFeed:
 
     @property
     def stopped(self) -> bool:
-        return self._stop.is_set()
+        """True once the feed stopped or its streams were closed: every stream then ends."""
+        return self._stop.is_set() or self._closing
+
+    def close_streams(self) -> None:
+        """End every open stream (sampling goes on): a server shutting down waits for its open responses, and a
+        dashboard stream would otherwise never end. Browsers reconnect to the next gateway."""
+        self._closing = True
+        self._wake()
 
     async def _run(self) -> None:
         while not self._stop.is_set():

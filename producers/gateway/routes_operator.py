@@ -54,6 +54,8 @@ async def feed_events(feed: OperatorFeed, keep_alive_s: float = KEEP_ALIVE_S) ->
         yield first
         while not feed.stopped:
             seq, events = await feed.events_after(seq, keep_alive_s)
+            if feed.stopped:
+                return
             if not events:
                 yield KEEP_ALIVE
             for event in events:
