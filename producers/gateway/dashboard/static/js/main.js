@@ -325,7 +325,7 @@ function renderDeadLetters(snap) {
             box, el("code", {}, letter.job_id || letter.letter_id),
             el("span", { class: "error" }, `${letter.error?.type || "error"}: ${letter.error?.message || ""}`),
             el("span", { class: "muted" }, `${fmt.time(letter.at)} · ${letter.deliveries} deliveries · ${letter.worker_id || "?"}`),
-            letter.redrivable === false ? el("span", { class: "muted" }, "(raw bytes: purge only)") : ""));
+            letter.redrivable === false ? el("span", { class: "muted" }, "(cannot be redriven: purge only)") : ""));
         })));
     }));
   }
