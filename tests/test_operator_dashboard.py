@@ -1,8 +1,9 @@
 """The operator dashboard in a real Chromium (Debian's, driven by Playwright) against ``fleet up`` on NATS + Redis.
 
-One ``fleet up`` (models ``sleep`` and the test handler ``gate``, with ``FLEET_OPERATOR_TOKEN`` set) and one
-browser serve the whole module; the page logs in through its own form. Each test drives the page as an operator
-would (buttons, the confirmation dialog) and checks the effect through the REST API, not through the page alone.
+One ``fleet up`` (models ``sleep``, the test handler ``gate`` and ``echo`` behind a JIQ dispatcher, with
+``FLEET_OPERATOR_TOKEN`` set) and one browser serve the whole module; the page logs in through its own form. Each
+test drives the page as an operator would (buttons, the confirmation dialog) and checks the effect through the REST
+API, not through the page alone.
 Screenshots land in ``tests/artifacts/dashboard`` (git-ignored).
 """
 
@@ -74,8 +75,9 @@ def up(nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) 
         "FLEET_AUTOSCALE_STABILIZATION_S": "3",
         "FLEET_AUTOSCALE_TARGET_DRAIN_S": "3",
         "FLEET_HEARTBEAT_INTERVAL_S": "0.5",
+        "FLEET_ROUTING": "echo=dispatch",  # fleet up runs a JIQ dispatcher for echo: the dispatchers panel has one
     }
-    args = ("up", "--port", str(port), "--models", f"sleep,{GATE}", "--broker", nats_url, "--store", redis_url)
+    args = ("up", "--port", str(port), "--models", f"sleep,{GATE},echo", "--broker", nats_url, "--store", redis_url)
     with fleet_process(*args, env=env, log=log) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(f"{base}/readyz", proc, log)
@@ -155,10 +157,10 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     expect(page.locator("#live")).to_contain_text("live")
     behind = until(lambda: page.evaluate("window.fleetDashboard.events") >= 3 and behind_s(page), 10, "updates")
     assert behind < 2, f"the page is {behind:.2f}s behind the gateway's latest sample"
-    for model in ("sleep", "gate"):
+    for model in ("sleep", "gate", "echo"):
         expect(card(page, model).locator("h3").first).to_have_text(model)
     workers = up.api.get("/v1/operator/snapshot").json()["workers"]
-    assert {w["model"] for w in workers} >= {"sleep", "gate"}, workers
+    assert {w["model"] for w in workers} >= {"sleep", "gate", "echo"}, workers
     rows = page.locator("#workers tbody tr")
     until(lambda: rows.count() >= 2, 10, "the workers table lists the workers")
     shown = {rows.nth(i).locator("td").nth(1).inner_text() for i in range(rows.count())}
@@ -179,6 +181,20 @@ def assert_clean(up: Up, browser: Browser) -> None:
     assert browser.errors == [], f"console errors: {browser.errors}"
     foreign = [url for url in browser.requests if not url.startswith(f"{up.base}/") and not url.startswith("data:")]
     assert foreign == [], f"requests to another host: {foreign}"
+
+
+def test_the_dispatchers_panel_shows_the_echo_dispatcher(up: Up, browser: Browser) -> None:
+    page = browser.page
+    [view] = until(lambda: up.api.get("/v1/operator/snapshot").json()["dispatchers"], 10, "a dispatcher beat")
+    row = page.locator(f'#dispatchers tbody tr[data-key="{view["dispatcher_id"]}"]')
+    expect(row).to_be_visible()
+    cells = row.locator("td")
+    expect(cells.nth(1)).to_have_text("echo")
+    expect(cells.nth(2)).to_have_text(view["policy"])
+    assert view["policy"].startswith("jiq"), view
+    # the echo worker is idle, so it waits in the dispatcher's idle queue
+    until(lambda: int(cells.nth(3).inner_text()) >= 1, 10, "the idle worker in the idle queue")
+    expect(page.locator("#dispatchers-empty")).to_be_hidden()
 
 
 def test_a_burst_shows_on_the_lag_chart_and_the_replicas_rise_within_10s(up: Up, browser: Browser) -> None:
@@ -284,7 +300,11 @@ def test_a_redriven_dead_letter_runs_its_job_again_and_it_succeeds(up: Up, brows
     page.get_by_role("button", name="Redrive selected").click()
     confirm(page)
     expect(page.locator("#result")).to_contain_text("redriven: 1")
-    until(lambda: up.api.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded", 20, "the redriven job succeeds")
+    try:
+        until(lambda: up.api.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded", 20, "the redriven job succeeds")
+    except AssertionError as exc:
+        record = up.api.get(f"/v1/jobs/{job_id}").json()
+        raise AssertionError(f"{exc}: {record}\n{up.log.read_text()[-4000:]}") from None
     assert up.api.get(f"/v1/jobs/{job_id}").json()["output"] == {"key": key}
     expect(letter).to_be_hidden()
 
