@@ -35,7 +35,7 @@ from tests.gateway_helpers import FAST_LIMITS, error_of, urls_for
 from tests.handlers_for_tests import ItemIn, ItemOut, Items
 from tests.infra import connected_pair, eventually, settings_for
 
-PAIRS = ["memory", "nats+redis"]
+PAIRS = ["memory", "nats+redis", "kafka+redis"]
 WORKER_SETTINGS = FleetSettings.model_validate({"ack_wait_s": 5, "heartbeat_interval_s": 0.5, "drain_timeout_s": 5})
 
 

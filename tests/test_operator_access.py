@@ -130,3 +130,30 @@ async def test_openapi_documents_the_operator_errors(unique: str) -> None:
         put = spec["paths"]["/v1/scaling/{model}"]["put"]
         assert {"401", "403"} <= set(put["responses"])
         assert spec["paths"]["/v1/operator/access"]["get"]["summary"]
+
+
+def operator_calls(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """(method, path) of every operator route in the OpenAPI document, plus the mutating scaling route."""
+    calls = []
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            tags = operation.get("tags", [])
+            if path == "/v1/operator/access":
+                continue
+            if "operator" in tags or (path.startswith("/v1/scaling/") and method != "get"):
+                calls.append((method.upper(), path.replace("{model}", "m").replace("{worker_id}", "w")))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("values", "status", "kind"),
+    [({"operator_token": TOKEN}, 401, "unauthorized"), ({"host": "0.0.0.0"}, 403, "operator_disabled")],
+)
+async def test_every_operator_route_is_gated(unique: str, values: dict[str, Any], status: int, kind: str) -> None:
+    async with gateway(unique, **values) as client:
+        calls = operator_calls((await client.get("/openapi.json")).json())
+        assert len(calls) >= 9, calls  # snapshot, stream, scale x2, drain, dead letters x3, PUT scaling
+        for method, path in calls:
+            response = await client.request(method, path, json={})
+            assert response.status_code == status, (method, path, response.text)
+            assert error_of(response)["type"] == kind

@@ -16,7 +16,7 @@ from autoscaler.backends.dry_run import DryRunBackend
 from autoscaler.config import ScalingConfig
 from autoscaler.service import Autoscaler
 from fleet.scaling import MemoryScalingStore, RedisScalingStore, ScalingStore
-from schemas.scaling import ScalingOverrides
+from schemas.scaling import ScalingOverrides, ScalingStatus
 from tests.gateway_helpers import error_of
 from tests.test_autoscaler_service import memory_fleet
 from tests.test_scaling_api import Api, open_api
@@ -101,6 +101,11 @@ async def test_any_body_is_200_or_422(api: Api, body: dict[str, object]) -> None
     assert response.status_code in (200, 422), response.text
 
 
+async def status_of(store: ScalingStore, model: str) -> ScalingStatus:
+    (status,) = [s for s in await store.statuses() if s.model == model]
+    return status
+
+
 # -- the autoscaler holds N -------------------------------------------------------------------------------------
 class WallClock:
     def __init__(self) -> None:
@@ -144,7 +149,7 @@ async def test_the_autoscaler_holds_n_until_the_expiry_then_follows_its_policy(
             held = (await autoscaler.tick())[model]
             assert (held.replicas, await backend.current_replicas(model)) == (6, 6)  # above max, despite pause
             assert "scale-to-N until" in held.reason and "held at 6" in held.reason
-            status = (await scaling_store.statuses())[0]
+            status = await status_of(scaling_store, model)
             assert status.pinned is not None and status.pinned.replicas == 6
             assert status.decisions[0].reason == held.reason and status.desired_replicas == 6
 
@@ -158,7 +163,7 @@ async def test_the_autoscaler_holds_n_until_the_expiry_then_follows_its_policy(
             )
             after = (await autoscaler.tick())[model]
             assert after.replicas == 3 and after.reason.startswith("scale-to-N ended")
-            status = (await scaling_store.statuses())[0]
+            status = await status_of(scaling_store, model)
             assert status.pinned is None and status.decisions[0].reason == after.reason
         finally:
             await autoscaler.signals.stop()

@@ -270,6 +270,28 @@ async def test_inprocess_backend_keeps_the_workers_that_started_when_one_fails(u
     assert sorted(stopped) == [0, 2]
 
 
+async def test_inprocess_forgets_a_worker_that_an_operator_drained() -> None:
+    class Fake:
+        state = "ready"
+
+        async def stop(self) -> None:
+            self.state = "stopped"
+
+    started: list[Fake] = []
+
+    async def start_worker(model: str) -> Fake:
+        started.append(Fake())
+        return started[-1]
+
+    backend = InProcessBackend(start_worker)
+    await backend.set_replicas("m", 2)
+    started[0].state = "draining"  # the worker runs its own stop (POST /v1/workers/{id}/drain)
+    assert await backend.current_replicas("m") == 1
+    await backend.set_replicas("m", 2)  # the autoscaler replaces it
+    assert len(started) == 3 and await backend.current_replicas("m") == 2
+    await backend.close()
+
+
 def _async(check: Any) -> Any:
     async def wrapped() -> bool:
         return bool(check())

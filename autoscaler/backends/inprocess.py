@@ -23,6 +23,7 @@ class Stoppable(Protocol):
     async def stop(self) -> None: ...
 
 
+STOPPED_STATES = ("draining", "stopped")  # a worker's ``state`` once it stops (read when it has one)
 StartWorker = Callable[[str], Awaitable[Stoppable]]
 
 
@@ -33,6 +34,7 @@ class InProcessBackend:
         start_worker: ``await start_worker(model)`` returns a started worker for ``model``.
 
     Scale-in stops the newest workers first; their drain runs in the background and is not counted as a replica.
+    A worker that stops on its own (its ``state`` says draining or stopped: an operator drained it) is forgotten.
     ``close`` drains every worker this backend started.
     """
 
@@ -46,7 +48,16 @@ class InProcessBackend:
         self._closed = False
 
     async def current_replicas(self, model: str) -> int:
-        return len(self._workers.get(model, []))
+        return len(self._live(model))
+
+    def _live(self, model: str) -> list[Stoppable]:
+        """The model's workers, forgetting those that stopped on their own (an operator's drain request)."""
+        workers = self._workers.setdefault(model, [])
+        gone = [w for w in workers if getattr(w, "state", None) in STOPPED_STATES]
+        for worker in gone:
+            workers.remove(worker)
+            log.info("inprocess: a worker of %s stopped on its own; it is no longer counted", model)
+        return workers
 
     def draining(self) -> int:
         """How many stopped workers are still draining."""
@@ -57,7 +68,7 @@ class InProcessBackend:
         async with self._lock:
             if self._closed:
                 raise ScalerError("the inprocess backend is closed", backend=self.name, target=model, retriable=False)
-            workers = self._workers.setdefault(model, [])
+            workers = self._live(model)
             if replicas > len(workers):
                 await self._start(model, workers, replicas - len(workers))
             while len(workers) > replicas:
