@@ -91,7 +91,7 @@ async def test_drain_runs_the_sigterm_path_of_a_worker_process(
         assert {r.deliveries for r in done.values()} == {1}
 
 
-@pytest.mark.parametrize("pair", ["memory", "nats+redis"])
+@pytest.mark.parametrize("pair", ["memory", "nats+redis", "kafka+redis"])
 async def test_an_in_process_worker_stops_itself(request: pytest.FixtureRequest, pair: str, unique: str) -> None:
     refs, (model,) = model_refs(unique, "echo")
     urls = {k: request.getfixturevalue(f"{k}_url") for k in pair.split("+") if k != "memory"}
