@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -110,3 +111,29 @@ class Steps(ModelHandler[StepsIn, StepsOut]):
             else:
                 out.append(StepsOut(**item.model_dump(exclude_unset=True)))
         return out
+
+
+class GateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+
+
+class GateOut(BaseModel):
+    key: str
+
+
+class Gate(ModelHandler[GateIn, GateOut]):
+    """Fails for good (not retriable, so the job is dead-lettered) until the file ``key`` exists in
+    ``FLEET_TEST_GATE_DIR``: a job that fails, is fixed, and succeeds when its dead letter is redriven."""
+
+    spec = ModelSpec("gate", GateIn, GateOut, max_batch=8, max_wait_ms=2)
+
+    def predict(self, batch: list[GateIn]) -> list[GateOut | Exception]:
+        gates = Path(os.environ.get("FLEET_TEST_GATE_DIR", "/nonexistent"))
+        return [
+            GateOut(key=item.key)
+            if (gates / item.key).exists()
+            else ModelError(f"gate {item.key} is closed", retriable=False)
+            for item in batch
+        ]

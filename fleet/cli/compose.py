@@ -39,6 +39,7 @@ from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
 from fleet.tasks import cancel_and_wait
 from producers.gateway.app import close_operator_streams, create_app
+from producers.gateway.operator_access import OperatorGate
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,12 @@ async def announce_ready(settings: FleetSettings, tracker: WorkerTracker, stop: 
     if requires_ready_workers(settings) and not await tracker.wait_ready(models, stop):
         return
     log.info("fleet up ready: %s each have a warm worker", ", ".join(models))
-    announce_console(f"fleet up: ready at http://{settings.host}:{settings.port} ({', '.join(models)})")
+    base = f"http://{settings.host}:{settings.port}"
+    announce_console(f"fleet up: ready at {base} ({', '.join(models)})")
+    off = OperatorGate.from_settings(settings).disabled_reason
+    announce_console(
+        f"fleet up: operator dashboard off: {off}" if off else f"fleet up: operator dashboard at {base}/dashboard"
+    )
 
 
 def announce_console(line: str) -> None:

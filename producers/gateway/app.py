@@ -27,6 +27,7 @@ from fleet.store.dagstore import DagStore, make_dag_store
 from fleet.store.deadletters import make_dead_letter_store
 from producers.gateway import (
     dag_events,
+    dashboard,
     routes_dags,
     routes_deadletters,
     routes_jobs,
@@ -246,6 +247,8 @@ def create_app(
         redoc_url=None,
     )
     install_docs(app)
+    app.include_router(dashboard.router)  # the page and its assets, next to /docs (neither is in the schema)
+    app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
     app.state.require_ready_workers = require_ready_workers
     app.state.operator_gate = OperatorGate.from_settings(settings)
     install_error_handlers(app)

@@ -76,7 +76,8 @@ def run_summary(run_id: str, doc: RunDoc) -> RunSummary:
     return RunSummary(
         run_id=run_id,
         dag=str(run.get("dag", "")),
-        state=str(run.get("outcome") or run.get("state") or "running"),
+        # a run's doc stores only a bad outcome; "succeeded" is derived: no outcome, and finished (dags/state.py)
+        state=str(run.get("outcome") or ("succeeded" if doc.get("finished_at") is not None else "running")),
         started_at=float(doc.get("created_at") or 0.0),
         finished_at=doc.get("finished_at"),
     )

@@ -1,0 +1,518 @@
+// The operator dashboard: one live stream (/v1/operator/stream) feeds every panel; each control is a REST call,
+// confirmed in an in-page dialog, whose result or error shows in the status line.
+import { ApiError, call, get, stream, token } from "./api.js";
+import { ModelCharts, RING_S } from "./charts.js";
+import { RunView } from "./dag.js";
+import { confirmAction } from "./dialog.js";
+import { el, fmt, setText, syncRows } from "./dom.js";
+
+const $ = (id) => document.getElementById(id);
+const WORKER_STATES = { starting: "warming", ready: "serving", draining: "draining", degraded: "degraded" };
+const RETRY_MS = [500, 1000, 2000, 4000];
+
+const state = {
+  snapshot: null,
+  series: {}, // model -> samples, oldest first, trimmed to the 15-minute ring
+  charts: {}, // model -> ModelCharts
+  selected: new Set(), // dead letters chosen for redrive / purge
+  stream: null, // AbortController of the live stream
+  lastEventAt: 0,
+  events: 0,
+};
+window.fleetDashboard = state; // for the browser tests and for poking at in devtools
+
+// --- access -------------------------------------------------------------------------------------------------
+
+async function start() {
+  let access;
+  try {
+    access = await get("/v1/operator/access");
+  } catch (exc) {
+    return banner(`Cannot ask the gateway about operator access: ${describe(exc)}`);
+  }
+  if (!access.enabled) {
+    return banner(access.reason || "The operator surface is disabled on this gateway.");
+  }
+  if (access.token_required && !token.get()) return showLogin();
+  $("logout").hidden = !access.token_required;
+  connect();
+}
+
+function showLogin(message = "") {
+  if (state.stream) state.stream.abort();
+  $("main").hidden = true;
+  $("login").hidden = false;
+  $("logout").hidden = true;
+  setText($("login-error"), message);
+  live("not logged in", false);
+  $("token").focus();
+}
+
+function refused(exc) {
+  token.clear();
+  const why = exc.status === 401 ? "A token is needed" : "The token was refused";
+  showLogin(`${why} (${exc.describe()}). Enter the operator token to log in again.`);
+}
+
+function banner(text) {
+  const box = $("banner");
+  box.textContent = text;
+  box.hidden = false;
+  live("disabled", false);
+}
+
+function describe(exc) {
+  return exc instanceof ApiError ? exc.describe() : exc.message;
+}
+
+// --- the live stream ----------------------------------------------------------------------------------------
+
+function connect(attempt = 0) {
+  if (state.stream) state.stream.abort();
+  const controller = new AbortController();
+  state.stream = controller;
+  $("login").hidden = true;
+  $("main").hidden = false;
+  live("connecting…", false);
+  let first = true;
+  stream("/v1/operator/stream", (name, data) => {
+    if (name !== "snapshot") return;
+    apply(data, first);
+    first = false;
+    attempt = 0;
+  }, controller.signal)
+    .then(() => controller.signal.aborted || retry(controller, attempt, "the live stream ended"))
+    .catch((exc) => {
+      if (exc.isAuth) return refused(exc);
+      retry(controller, attempt, describe(exc));
+    });
+}
+
+function retry(controller, attempt, why) {
+  if (controller.signal.aborted) return;
+  live(`reconnecting: ${why}`, false);
+  setTimeout(() => controller.signal.aborted || connect(attempt + 1), RETRY_MS[Math.min(attempt, RETRY_MS.length - 1)]);
+}
+
+function live(text, ok) {
+  const node = $("live");
+  setText(node, text);
+  node.classList.toggle("ok", ok);
+  node.classList.toggle("bad", !ok);
+}
+
+function apply(snapshot, full) {
+  const cutoff = snapshot.at - RING_S;
+  for (const [model, samples] of Object.entries(snapshot.series || {})) {
+    const kept = full ? [] : state.series[model] || [];
+    const seen = kept.length ? kept[kept.length - 1].at : -Infinity;
+    state.series[model] = kept.concat(samples.filter((s) => s.at > seen)).filter((s) => s.at >= cutoff);
+  }
+  state.snapshot = snapshot;
+  state.lastEventAt = Date.now();
+  state.events += 1;
+  live(`live · ${fmt.time(snapshot.at)}`, true);
+  render(snapshot);
+}
+
+// --- panels -------------------------------------------------------------------------------------------------
+
+function render(snap) {
+  renderModels(snap);
+  renderWorkers(snap);
+  renderDispatchers(snap);
+  renderDeadLetters(snap);
+  renderRuns(snap);
+}
+
+function renderModels(snap) {
+  const host = $("models");
+  if (!snap.models.length) {
+    host.replaceChildren(el("p", { class: "empty" }, "No models are served: start the gateway with --models."));
+    return;
+  }
+  host.querySelector(":scope > .empty")?.remove();
+  for (const panel of snap.models) {
+    let card = host.querySelector(`.model[data-model="${CSS.escape(panel.model)}"]`);
+    if (!card) {
+      card = modelCard(panel.model);
+      host.append(card);
+      state.charts[panel.model] = new ModelCharts(card);
+    }
+    updateModelCard(card, panel, snap);
+    state.charts[panel.model].update(state.series[panel.model] || []);
+  }
+}
+
+function stat(label, key) {
+  return el("span", { class: "stat" }, `${label} `, el("b", { dataset: { stat: key } }, "–"));
+}
+
+function modelCard(model) {
+  const id = (suffix) => `${model}-${suffix}`.replace(/[^A-Za-z0-9_-]/g, "_");
+  const chart = (key, title) =>
+    el("div", { class: "chart", dataset: { chart: key } }, el("h3", {}, title), el("div", { class: "plot" }));
+  return el(
+    "article",
+    { class: "model", dataset: { model }, "aria-labelledby": id("title") },
+    el(
+      "div",
+      { class: "model-head" },
+      el("h3", { id: id("title") }, model),
+      stat("replicas", "replicas"),
+      stat("desired", "desired"),
+      stat("bounds", "bounds"),
+      stat("lag", "lag"),
+      stat("arrival", "arrival"),
+      stat("throughput", "throughput"),
+      stat("p50", "p50"),
+      stat("p99", "p99"),
+      stat("errors", "errors"),
+      stat("dead letters", "dead"),
+      el("span", { class: "badge paused", dataset: { badge: "paused" }, hidden: true }, "autoscaling paused"),
+      el("span", { class: "badge pinned", dataset: { badge: "pinned" }, hidden: true }),
+    ),
+    el(
+      "div",
+      { class: "charts" },
+      chart("lag", "Queue lag (requests waiting)"),
+      chart("rates", "Rates (/s): arrival, throughput, errors, dead letters"),
+      chart("latency", "Latency (ms): p50, p99"),
+      chart("replicas", "Replicas: current, desired"),
+    ),
+    el("h3", { class: "muted" }, "Autoscaler decisions (last 15 minutes)"),
+    el("div", { class: "timeline", dataset: { role: "timeline" }, "aria-hidden": "true" }),
+    el("ul", { class: "decisions", dataset: { role: "decisions" }, "aria-label": `decisions for ${model}` }),
+    controls(model, id),
+  );
+}
+
+function controls(model, id) {
+  const bounds = el(
+    "form",
+    { class: "inline-form", "aria-label": `replica bounds of ${model}`, onsubmit: (e) => setBounds(e, model) },
+    el("label", { for: id("min") }, "min"),
+    el("input", { id: id("min"), name: "min", type: "number", min: "0", step: "1", inputmode: "numeric" }),
+    el("label", { for: id("max") }, "max"),
+    el("input", { id: id("max"), name: "max", type: "number", min: "1", step: "1", inputmode: "numeric" }),
+    el("button", { type: "submit", dataset: { action: "bounds" } }, "Set bounds"),
+  );
+  const pause = el("button", { type: "button", dataset: { action: "pause" }, onclick: () => togglePause(model) }, "Pause autoscaling");
+  const scale = el(
+    "form",
+    { class: "inline-form", "aria-label": `scale ${model} now`, onsubmit: (e) => scaleNow(e, model) },
+    el("label", { for: id("n") }, "scale to"),
+    el("input", { id: id("n"), name: "n", type: "number", min: "0", step: "1", required: true }),
+    el("label", { for: id("ttl") }, "for (s)"),
+    el("input", { id: id("ttl"), name: "ttl", type: "number", min: "1", step: "1", value: "600", required: true }),
+    el("button", { type: "submit", dataset: { action: "scale" } }, "Scale now"),
+    el("button", { type: "button", dataset: { action: "unpin" }, onclick: () => unpin(model) }, "End override"),
+  );
+  return el("div", { class: "controls" }, bounds, pause, scale);
+}
+
+function updateModelCard(card, m, snap) {
+  const put = (key, text) => setText(card.querySelector(`[data-stat="${key}"]`), text);
+  put("replicas", m.current_replicas);
+  put("desired", m.desired_replicas);
+  put("bounds", `${m.min_replicas} to ${m.max_replicas}`);
+  put("lag", m.lag ?? "–");
+  put("arrival", `${fmt.num(m.arrival_rate, 2)}/s`);
+  put("throughput", `${fmt.num(m.throughput_per_s, 2)}/s`);
+  put("p50", fmt.ms(m.latency_p50_ms));
+  put("p99", fmt.ms(m.latency_p99_ms));
+  put("errors", `${fmt.num(m.error_rate, 2)}/s`);
+  put("dead", `${m.dead_letters} (${fmt.num(m.dead_letter_rate, 2)}/s)`);
+  card.querySelector('[data-badge="paused"]').hidden = !m.paused;
+  const pinned = card.querySelector('[data-badge="pinned"]');
+  pinned.hidden = !m.pinned;
+  if (m.pinned) setText(pinned, `held at ${m.pinned.replicas} until ${fmt.time(m.pinned.until)}`);
+  setText(card.querySelector('[data-action="pause"]'), m.paused ? "Resume autoscaling" : "Pause autoscaling");
+  card.dataset.paused = m.paused;
+  const min = card.querySelector('input[name="min"]');
+  const max = card.querySelector('input[name="max"]');
+  min.placeholder = m.min_replicas;
+  max.placeholder = m.max_replicas;
+  renderDecisions(card, (snap.decisions || {})[m.model] || [], snap.at);
+}
+
+function renderDecisions(card, decisions, now) {
+  const line = card.querySelector('[data-role="timeline"]');
+  line.replaceChildren(
+    ...decisions.map((d) =>
+      el("span", {
+        class: d.changed ? "tick changed" : "tick",
+        style: `left: ${Math.max(0, Math.min(100, 100 - ((now - d.at) / RING_S) * 100))}%`,
+        title: `${fmt.time(d.at)} ${d.current_replicas} → ${d.replicas}: ${d.reason}`,
+      }),
+    ),
+  );
+  const list = card.querySelector('[data-role="decisions"]');
+  if (!decisions.length) {
+    list.replaceChildren(el("li", { class: "empty" }, "No decisions yet: the autoscaler records one each time it acts."));
+    return;
+  }
+  list.replaceChildren(
+    ...decisions.slice(0, 30).map((d) =>
+      el("li", { dataset: { changed: d.changed } }, el("time", {}, fmt.time(d.at)),
+        `${d.current_replicas} → ${d.replicas}${d.changed ? "" : " (kept)"}: ${d.reason}`),
+    ),
+  );
+}
+
+function renderWorkers(snap) {
+  const tbody = $("workers").querySelector("tbody");
+  syncRows(
+    tbody,
+    snap.workers,
+    (w) => w.worker_id,
+    (w) => el("tr", {}, ...Array.from({ length: 9 }, () => el("td")),
+      el("td", {}, el("button", { type: "button", onclick: () => drain(w.worker_id) }, "Drain"))),
+    (row, w) => {
+      const shown = WORKER_STATES[w.state] || w.state;
+      const cells = [w.worker_id, w.model, w.device, shown, w.in_flight, fmt.num(w.mean_batch_size, 1),
+        fmt.ms(w.latency_ewma_ms), fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s)];
+      cells.forEach((text, i) => setText(row.children[i], text ?? "–"));
+      row.children[3].className = `state state-${shown}`;
+      row.dataset.state = shown;
+      row.querySelector("button").disabled = shown === "draining";
+      row.querySelector("button").setAttribute("aria-label", `Drain worker ${w.worker_id}`);
+    },
+  );
+  const missing = snap.models.map((m) => m.model).filter((m) => !snap.workers.some((w) => w.model === m));
+  setText($("workers-empty"), missing.map((m) => `no workers for ${m}: start one with \`fleet worker --model ${m}\``).join(" · "));
+}
+
+function renderDispatchers(snap) {
+  const tbody = $("dispatchers").querySelector("tbody");
+  const list = snap.dispatchers || [];
+  syncRows(tbody, list, (d) => d.dispatcher_id, () => el("tr", {}, ...Array.from({ length: 9 }, () => el("td"))),
+    (row, d) => {
+      const outstanding = Object.entries(d.outstanding || {}).map(([w, n]) => `${w}: ${n}`).join(", ") || "none";
+      const cells = [d.dispatcher_id, d.model, d.policy, d.idle_queue_length, fmt.pct(d.idle_share),
+        fmt.pct(d.amnesia_share), fmt.pct(d.fallback_share), outstanding, fmt.age(d.heartbeat_age_s)];
+      cells.forEach((text, i) => setText(row.children[i], text ?? "–"));
+    });
+  setText($("dispatchers-empty"), list.length ? "" :
+    "No dispatchers: workers pull from the queue. Start one with `fleet dispatcher --model <model>` to assign jobs directly (JIQ).");
+}
+
+function renderDeadLetters(snap) {
+  const host = $("dead-letters");
+  const byModel = snap.dead_letters || {};
+  const models = Object.keys(byModel).filter((m) => byModel[m].count > 0);
+  const signature = JSON.stringify(models.map((m) => [m, byModel[m].count, byModel[m].latest.map((l) => l.letter_id)]));
+  if (signature === state.deadSignature) return; // unchanged: keep the checkboxes (and the keyboard's focus)
+  state.deadSignature = signature;
+  const present = new Set();
+  if (!models.length) {
+    host.replaceChildren(el("p", { class: "empty" }, "No dead letters: every job that failed for good would show here, to redrive or purge."));
+  } else {
+    host.replaceChildren(...models.map((model) => {
+      const { count, latest } = byModel[model];
+      return el("div", { class: "dead-model", dataset: { model } },
+        el("h3", {}, `${model}: ${count} dead letter${count === 1 ? "" : "s"}`,
+          latest.length < count ? el("span", { class: "muted" }, ` (latest ${latest.length} shown)`) : ""),
+        el("ul", {}, latest.map((letter) => {
+          present.add(letter.letter_id);
+          const box = el("input", {
+            type: "checkbox", id: `dl-${letter.letter_id}`, value: letter.letter_id,
+            checked: state.selected.has(letter.letter_id),
+            "aria-label": `select the dead letter of ${letter.job_id || letter.letter_id}`,
+            onchange: (e) => { e.target.checked ? state.selected.add(letter.letter_id) : state.selected.delete(letter.letter_id); selection(); },
+          });
+          return el("li", { dataset: { letter: letter.letter_id, job: letter.job_id || "" } }, el("label", { for: box.id },
+            box, el("code", {}, letter.job_id || letter.letter_id),
+            el("span", { class: "error" }, `${letter.error?.type || "error"}: ${letter.error?.message || ""}`),
+            el("span", { class: "muted" }, `${fmt.time(letter.at)} · ${letter.deliveries} deliveries · ${letter.worker_id || "?"}`),
+            letter.redrivable === false ? el("span", { class: "muted" }, "(cannot be redriven: purge only)") : ""));
+        })));
+    }));
+  }
+  for (const id of [...state.selected]) if (!present.has(id)) state.selected.delete(id);
+  selection();
+}
+
+function selection() {
+  const n = state.selected.size;
+  $("redrive").disabled = $("purge").disabled = n === 0;
+  setText($("dead-selected"), n ? `${n} selected` : "none selected");
+}
+
+function renderRuns(snap) {
+  const runs = snap.runs || [];
+  syncRows($("runs").querySelector("tbody"), runs, (r) => r.run_id,
+    (r) => el("tr", {},
+      el("td", {}, el("button", {
+        type: "button", class: "link", title: r.run_id, "aria-label": `Show run ${r.run_id}`,
+        onclick: () => openRun(r.run_id, r.dag),
+      }, r.run_id.length > 14 ? `${r.run_id.slice(0, 12)}…` : r.run_id)),
+      el("td"), el("td"), el("td"), el("td"),
+      el("td", {}, el("button", { type: "button", dataset: { action: "cancel-run" }, onclick: () => cancelRun(r.run_id) }, "Cancel"))),
+    (row, r) => {
+      setText(row.children[1], r.dag);
+      setText(row.children[2], r.state);
+      row.children[2].className = `state state-${r.state}`;
+      setText(row.children[3], fmt.time(r.started_at));
+      setText(row.children[4], fmt.time(r.finished_at));
+      row.children[5].querySelector("button").hidden = r.state !== "running";
+      row.classList.toggle("selected", runView.runId === r.run_id);
+    });
+  setText($("runs-empty"), runs.length ? "" : "No DAG runs yet: start one with `fleet dag run <name>` or POST /v1/dags/{name}/runs.");
+}
+
+// --- controls -----------------------------------------------------------------------------------------------
+
+function result(text, ok) {
+  const node = $("result");
+  node.textContent = text;
+  node.className = `result ${ok ? "ok" : "error"}`;
+}
+
+async function act(title, body, okLabel, method, path, payload, done) {
+  if (!(await confirmAction(title, body, okLabel))) return result(`${title}: not done (cancelled)`, true);
+  try {
+    const answer = await call(method, path, payload);
+    result(done(answer), true);
+  } catch (exc) {
+    result(`${title} failed: ${describe(exc)}`, false);
+    if (exc instanceof ApiError && exc.isAuth) refused(exc);
+  }
+}
+
+const panelOf = (model) => (state.snapshot?.models || []).find((m) => m.model === model);
+const scalingPath = (model) => `/v1/scaling/${encodeURIComponent(model)}`;
+
+function setBounds(event, model) {
+  event.preventDefault();
+  const form = event.target;
+  const body = {};
+  if (form.min.value !== "") body.min_replicas = Number(form.min.value);
+  if (form.max.value !== "") body.max_replicas = Number(form.max.value);
+  if (!Object.keys(body).length) return result("Set bounds: enter a min, a max or both", false);
+  const words = Object.entries(body).map(([k, v]) => `${k.replace("_replicas", "")} ${v}`).join(", ");
+  act(`Set the bounds of ${model}`, `The autoscaler keeps ${model} within ${words} replicas.`, "Set bounds",
+    "PUT", scalingPath(model), body, (s) => {
+      form.reset();
+      return `${model}: replicas between ${s.min_replicas} and ${s.max_replicas}`;
+    });
+}
+
+function togglePause(model) {
+  const paused = !panelOf(model)?.paused;
+  act(paused ? `Pause autoscaling of ${model}` : `Resume autoscaling of ${model}`,
+    paused ? `The autoscaler keeps ${model}'s replica count whatever the signals say, until resumed.`
+      : `The autoscaler decides ${model}'s replicas from its signals again.`,
+    paused ? "Pause" : "Resume", "PUT", scalingPath(model), { paused },
+    (s) => `${model}: autoscaling ${s.paused ? "paused" : "resumed"}`);
+}
+
+function scaleNow(event, model) {
+  event.preventDefault();
+  const form = event.target;
+  const replicas = Number(form.n.value);
+  const ttl = Number(form.ttl.value);
+  act(`Scale ${model} to ${replicas}`, `${model} runs ${replicas} replica${replicas === 1 ? "" : "s"} now, held for ${ttl} s; then the autoscaler decides again.`,
+    "Scale now", "POST", `${scalingPath(model)}/scale`, { replicas, ttl_s: ttl },
+    (s) => `${model}: scaling to ${replicas} for ${ttl} s (now ${s.current_replicas ?? "?"} running)`);
+}
+
+function unpin(model) {
+  act(`End the override of ${model}`, `The autoscaler decides ${model}'s replicas from its signals again.`, "End override",
+    "DELETE", `${scalingPath(model)}/scale`, undefined, () => `${model}: override removed`);
+}
+
+function drain(workerId) {
+  act(`Drain worker ${workerId}`, `${workerId} stops fetching, finishes and settles the jobs it holds, then exits.`, "Drain",
+    "POST", `/v1/workers/${encodeURIComponent(workerId)}/drain`, undefined, (a) => `${a.worker_id}: ${a.state}`);
+}
+
+function deadLetters(kind) {
+  const ids = [...state.selected];
+  const redrive = kind === "redrive";
+  act(redrive ? `Redrive ${ids.length} dead letter${ids.length === 1 ? "" : "s"}` : `Purge ${ids.length} dead letter${ids.length === 1 ? "" : "s"}`,
+    redrive ? "Each job's request goes back on its model's queue as a fresh attempt." : "The letters are deleted for good; their jobs stay failed.",
+    redrive ? "Redrive" : "Purge", "POST", `/v1/deadletters/${kind}`, { letter_ids: ids }, (a) => {
+      const done = redrive ? a.redriven : a.purged;
+      done.forEach((id) => state.selected.delete(id));
+      selection();
+      const refused = Object.entries(a.not_redrivable || {}).map(([id, why]) => `${id}: ${why}`);
+      return `${redrive ? "redriven" : "purged"}: ${done.length}${a.missing.length ? `; already gone: ${a.missing.length}` : ""}` +
+        (refused.length ? `; not redriven: ${refused.join("; ")}` : "");
+    });
+}
+
+function cancelRun(runId) {
+  act(`Cancel run ${runId}`, "Steps not yet finished are cancelled; the run ends cancelled.", "Cancel run",
+    "POST", `/v1/runs/${encodeURIComponent(runId)}/cancel`, undefined, (a) => `run ${runId}: ${a.state ?? "cancelled"}`);
+}
+
+function cancelJob(event) {
+  event.preventDefault();
+  const id = event.target.job_id.value.trim();
+  act(`Cancel job ${id}`, "A queued or running job ends cancelled; a finished job keeps its result.", "Cancel job",
+    "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, undefined, (a) => `job ${id}: ${a.state ?? "cancelled"}`);
+}
+
+const runView = new RunView($("run-detail"), (exc) => {
+  if (exc instanceof ApiError && exc.isAuth) refused(exc);
+});
+
+function openRun(runId, dag) {
+  runView.open(runId, dag);
+  for (const row of $("runs").querySelectorAll("tbody tr")) row.classList.toggle("selected", row.dataset.key === runId);
+}
+
+// --- theme --------------------------------------------------------------------------------------------------
+
+function applyTheme(theme) {
+  if (theme) document.documentElement.dataset.theme = theme;
+  const dark = theme ? theme === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+  const button = $("theme-toggle");
+  button.setAttribute("aria-pressed", String(dark));
+  button.textContent = dark ? "Light theme" : "Dark theme";
+  for (const charts of Object.values(state.charts)) charts.build();
+}
+
+// The stream sends a snapshot every second: say so when it has gone quiet.
+setInterval(() => {
+  if (state.lastEventAt && !$("main").hidden && Date.now() - state.lastEventAt > 3000) {
+    live(`stale: no update for ${Math.round((Date.now() - state.lastEventAt) / 1000)} s`, false);
+  }
+}, 1000);
+
+function wire() {
+  applyTheme(localStorage.getItem("fleet.theme"));
+  // following the system's scheme until the toggle picks one
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+    if (!localStorage.getItem("fleet.theme")) applyTheme(null);
+  });
+  $("theme-toggle").addEventListener("click", () => {
+    const dark = $("theme-toggle").getAttribute("aria-pressed") === "true";
+    const next = dark ? "light" : "dark";
+    localStorage.setItem("fleet.theme", next);
+    applyTheme(next);
+  });
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    token.set($("token").value);
+    $("token").value = "";
+    $("logout").hidden = false;
+    connect();
+  });
+  $("logout").addEventListener("click", () => {
+    token.clear();
+    showLogin("Logged out.");
+  });
+  $("redrive").addEventListener("click", () => deadLetters("redrive"));
+  $("purge").addEventListener("click", () => deadLetters("purge"));
+  $("cancel-job-form").addEventListener("submit", cancelJob);
+  let resizing = null;
+  addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(() => Object.values(state.charts).forEach((c) => c.resize()), 150);
+  });
+}
+
+wire();
+start();
