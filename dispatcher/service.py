@@ -68,6 +68,12 @@ class Assignment:
     attempts: int = 0  # deliveries of the source before us + assignments made here
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
+    def inbox_msg_id(self, worker: str) -> str:
+        """The message id of its assignment to ``worker``: a repeat to the same worker is de-duplicated, but a
+        request published again under a new id (an operator's redrive) is a new assignment."""
+        source = next((d.msg_id for d in self.deliveries if d.msg_id), None) or self.job_id
+        return f"{source}@{worker}"
+
 
 def job_id_of(delivery: Delivery) -> str | None:
     """The job id of a raw request: the body's ``job_id``, else the message id; ``None`` when neither is usable."""
@@ -232,7 +238,7 @@ class Dispatcher:
         assignment.attempts += 1
         try:
             await self.broker.publish(
-                c.inbox_subject(worker), assignment.data, msg_id=f"{assignment.job_id}@{worker}", headers=headers
+                c.inbox_subject(worker), assignment.data, msg_id=assignment.inbox_msg_id(worker), headers=headers
             )
         except BrokerError as exc:
             log.warning("dispatcher %s: assignment of %s failed (%s); retrying", self.dispatcher_id, worker, exc)

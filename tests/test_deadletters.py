@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from consumers.handlers import with_name
 from consumers.requests import Job
 from consumers.worker import Worker
+from dispatcher.service import Dispatcher
 from fleet import constants as c
 from fleet.errors import ModelError
 from fleet.settings import FleetSettings
@@ -126,7 +127,7 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def open_env(request: pytest.FixtureRequest, pair: str, unique: str) -> AsyncIterator[Env]:
+async def open_env(request: pytest.FixtureRequest, pair: str, unique: str, routing: str = "pull") -> AsyncIterator[Env]:
     model = f"items-{unique}"
     handler_cls = with_name(Repairable, model)
     handler_cls.broken = True
@@ -142,12 +143,24 @@ async def open_env(request: pytest.FixtureRequest, pair: str, unique: str) -> As
                 async def observe(job: Job, record: JobRecord, won: bool) -> None:
                     env.settled.append((job.job_id, record.state.value))
 
-                worker = Worker(handler, broker, store, settings=WORKER_SETTINGS, max_wait_ms=2, on_settled=[observe])
-                await worker.start()
-                try:
-                    yield env
-                finally:
-                    await worker.stop()
+                worker = Worker(
+                    handler,
+                    broker,
+                    store,
+                    settings=WORKER_SETTINGS,
+                    max_wait_ms=2,
+                    on_settled=[observe],
+                    routing="dispatch" if routing == "dispatch" else "pull",
+                )
+                async with contextlib.AsyncExitStack() as stack:
+                    if routing == "dispatch":
+                        dispatcher = Dispatcher(broker, store, model=model, settings=WORKER_SETTINGS)
+                        await stack.enter_async_context(dispatcher)
+                    await worker.start()
+                    try:
+                        yield env
+                    finally:
+                        await worker.stop()
 
 
 def __getattr__(name: str) -> Any:
@@ -202,6 +215,25 @@ async def test_a_redriven_letter_runs_again_and_ends_once(env: Env) -> None:
     assert (await env.letters())["count"] == 0
     again = await env.client.post("/v1/deadletters/redrive", json={"letter_ids": [view["letter_id"]]})
     assert again.json() == {"redriven": [], "missing": [view["letter_id"]], "not_redrivable": {}}
+
+
+async def test_a_redriven_letter_of_a_dispatched_model_runs_again(request: pytest.FixtureRequest, unique: str) -> None:
+    """Behind a dispatcher too: its inbox assignment of the redriven request is not taken for a duplicate of the
+    first one (same job, same worker)."""
+    async with open_env(request, "nats+redis", unique, routing="dispatch") as env:
+        job_id = await submit(env, 8)
+        assert (await final(env, job_id))["state"] == "failed"
+        (view,) = await env.wait_letters(1)
+        type(env.handler).broken = False
+        response = await env.client.post("/v1/deadletters/redrive", json={"letter_ids": [view["letter_id"]]})
+        assert response.json()["redriven"] == [view["letter_id"]]
+
+        async def succeeded() -> bool:
+            return (await final(env, job_id))["state"] == "succeeded"
+
+        await eventually(succeeded, 15, "the redriven job succeeded behind the dispatcher")
+        assert (await final(env, job_id))["output"] == {"value": 16, "batch_size": 1}
+        assert [state for jid, state in env.settled if jid == job_id] == ["failed", "succeeded"]
 
 
 async def test_a_job_redriven_that_fails_again_gets_a_new_letter(env: Env) -> None:
