@@ -3,11 +3,11 @@
     python -m benchmarks.bench_dashboard [--jobs N] [--streams 50] [--rounds 3] [--concurrency 32]
 
 A real ``fleet gateway`` process and a real ``fleet worker --model echo`` process run on NATS + Redis. A client
-in this process submits ``--jobs`` echo jobs (``POST /v1/jobs``) and long-polls each result (``GET
-/v1/jobs/{id}?wait=``) with ``--concurrency`` in flight; the rate is jobs per second from the first submit to the
-last result. Each round runs once without streams and once with ``--streams`` dashboard streams held open and
-read by a separate process (so reading them costs this client nothing), interleaved; the best of the rounds of each
-side is compared. The target: the streams cost under 5 % of the throughput.
+in this process (the SDK, ``FleetClient``) submits ``--jobs`` echo jobs (``POST /v1/jobs``) and long-polls each
+result (``GET /v1/jobs/{id}?wait=``) with ``--concurrency`` in flight; the rate is jobs per second from the first
+submit to the last result. Each round runs once without streams and once with ``--streams`` dashboard streams
+held open and read by a separate process (so reading them costs this client nothing), interleaved; the best of the
+rounds of each side is compared. The target: the streams cost under 5 % of the throughput.
 
 Services come from FLEET_BENCH_{NATS,REDIS}_URL or are started as in the tests. Writes
 ``benchmarks/results/bench_dashboard.json``.
@@ -23,13 +23,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
+from producers.sdk import FleetClient, GatewayUnreachable
 from tests.processes import fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
@@ -80,38 +81,35 @@ def wait_ready(base: str, procs: list[subprocess.Popen[bytes]], timeout_s: float
 RETRIES = 3
 
 
-async def _call(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> httpx.Response:
-    """One request, retried on a dropped connection (the bench's job ids make a repeated submit idempotent)."""
+TRANSPORT_RETRIES = [0]
+
+
+async def _retried(call: Callable[[], Awaitable[Any]]) -> Any:
+    """One SDK call, retried on a dropped connection (the bench's job ids make a repeated submit idempotent)."""
     for attempt in range(RETRIES):
         try:
-            response = await client.request(method, url, **kwargs)
-            response.raise_for_status()
-            return response
-        except httpx.TransportError:
+            return await call()
+        except GatewayUnreachable:
             TRANSPORT_RETRIES[0] += 1
             if attempt == RETRIES - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-TRANSPORT_RETRIES = [0]
-
-
 async def throughput(base: str, jobs: int, concurrency: int) -> float:
-    """Jobs per second, submit to result, with ``concurrency`` jobs in flight."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    """Jobs per second, submit to result, with ``concurrency`` jobs in flight, through the SDK (``FleetClient``:
+    its aiohttp connections cost the client little, so the gateway is what bounds the rate)."""
     run = uuid.uuid4().hex[:8]
-    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+    async with FleetClient(base, timeout_s=30) as client:
         pending = iter(range(jobs))
 
         async def one_at_a_time() -> None:
             for i in pending:
                 job_id = f"bench-{run}-{i}"
-                body = {"model": "echo", "input": {"i": i}, "job_id": job_id}
-                await _call(client, "POST", "/v1/jobs", json=body)
-                record = (await _call(client, "GET", f"/v1/jobs/{job_id}", params={"wait": 20})).json()
-                if record["state"] != "succeeded":
-                    raise SystemExit(f"job {job_id} ended {record['state']}: {record}")
+                await _retried(lambda: client.submit("echo", {"i": i}, job_id=job_id))  # noqa: B023
+                record = await _retried(lambda: client.wait(job_id, 30))  # noqa: B023
+                if record.state != "succeeded":
+                    raise SystemExit(f"job {job_id} ended {record.state}: {record}")
 
         started = time.perf_counter()
         await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
