@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.store.base import ResultStore
+from fleet.store.redis_errors import RedisErrors, text
 
 RunDoc = dict[str, Any]
 """``{"run": RunState.to_dict(), "version": int, "created_at": float, "deadline": float | None,
@@ -210,7 +211,7 @@ class RedisDagStore:
 
     async def recent_runs(self, limit: int) -> list[tuple[str, RunDoc]]:
         async with self._errors("read the recent DAG runs"):
-            ids = [_text(i) for i in await self.redis.zrevrange(c.DAG_RECENT_RUNS_KEY, 0, max(0, limit - 1))]
+            ids = [text(i) for i in await self.redis.zrevrange(c.DAG_RECENT_RUNS_KEY, 0, max(0, limit - 1))]
             raws = await self.redis.mget([c.dag_key(i) for i in ids]) if ids else []
         return [(run_id, json.loads(raw)) for run_id, raw in zip(ids, raws, strict=True) if raw is not None]
 
@@ -270,22 +271,7 @@ class RedisDagStore:
         return await self.get_run(run_id)  # timed out, or woken by a reconnection: read what is there
 
     def _errors(self, action: str) -> Any:
-        return _RedisErrors(self._store.display_url, action)
-
-
-class _RedisErrors:
-    def __init__(self, url: str, action: str) -> None:
-        self.url, self.action = url, action
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        from redis.exceptions import RedisError
-
-        if isinstance(exc, RedisError | OSError):
-            raise StoreError(f"DAG store at {self.url} could not {self.action}: {exc}") from exc
-        return False
+        return RedisErrors("DAG store", self._store.display_url, action)
 
 
 # KEYS[1] run key; ARGV: expected value, new value, ttl_s, channel. {1} when written, else {0, current or ''}.
@@ -312,10 +298,6 @@ redis.call('HSET', KEYS[1], tostring(version), ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
 return version
 """
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def make_dag_store(store: ResultStore) -> DagStore:

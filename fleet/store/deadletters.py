@@ -21,11 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
-
 from fleet import constants as c
-from fleet.errors import StoreError
 from fleet.store.base import ResultStore
+from fleet.store.redis_errors import RedisErrors, text
 from schemas.wire import DeadLetter
 
 
@@ -115,7 +113,7 @@ class RedisDeadLetterStore:
     async def counts(self) -> dict[str, int]:
         cutoff = time.time() - c.DEAD_LETTER_TTL_S
         async with self._errors("count the dead letters"):
-            models = sorted(_text(m) for m in await self.redis.smembers(c.DEAD_LETTER_MODELS_KEY))
+            models = sorted(text(m) for m in await self.redis.smembers(c.DEAD_LETTER_MODELS_KEY))
             async with self.redis.pipeline(transaction=False) as pipe:
                 for model in models:
                     pipe.zremrangebyscore(c.dead_letter_index_key(model), "-inf", cutoff)
@@ -126,7 +124,7 @@ class RedisDeadLetterStore:
     async def ids(self, model: str, limit: int) -> list[str]:
         async with self._errors("list the dead letters"):
             found = await self.redis.zrevrange(c.dead_letter_index_key(model), 0, max(0, limit - 1))
-        return [_text(i) for i in found]
+        return [text(i) for i in found]
 
     async def latest(self, model: str, limit: int) -> list[StoredLetter]:
         ids = await self.ids(model, limit)
@@ -165,24 +163,7 @@ class RedisDeadLetterStore:
             await self.add(stored.letter_id, stored.letter)
 
     def _errors(self, action: str) -> Any:
-        return _RedisErrors(self.display_url, action)
-
-
-class _RedisErrors:
-    def __init__(self, url: str, action: str) -> None:
-        self.url, self.action = url, action
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if isinstance(exc, RedisError | OSError | TimeoutError):
-            raise StoreError(f"dead-letter store at {self.url} could not {self.action}: {exc}") from exc
-        return False
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        return RedisErrors("dead-letter store", self.display_url, action)
 
 
 def make_dead_letter_store(store: ResultStore) -> DeadLetterStore:
