@@ -2,5 +2,6 @@
 
 A worker pulls micro-batches of requests for one or more models from the broker, runs each batch through a
 ``consumers.handlers.base.ModelHandler`` on one device (``consumers.device``), writes every job's terminal record
-to the result store and only then acks.
+to the result store and only then acks (``consumers.settle``, with the DAG continuation as a settle hook). An
+operator's drain (``consumers.drain``) runs the same graceful stop as SIGTERM.
 """

@@ -1,4 +1,5 @@
-"""Result stores: the ``ResultStore`` seam (``base``), Redis (``redis``) and the embedded one (``memory``)."""
+"""Result stores: the ``ResultStore`` seam (``base``), Redis (``redis``) and the embedded one (``memory``); beside
+them the DAG store (``dagstore``) and the dead-letter store (``deadletters``), in the same Redis or in memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The REST + WebSocket gateway: submit, poll and push job results over HTTP.
+"""The REST + WebSocket gateway: submit, poll and push job results over HTTP; DAG runs; the operator dashboard
+(``/dashboard``) and operator API (live feed, scaling controls, drain, dead letters).
 
 ``create_app(settings)`` builds the FastAPI application; see ``producers.gateway.app``.
 """
