@@ -267,6 +267,8 @@ def test_min_and_max_replicas_change_the_autoscaler_state(up: Up, browser: Brows
     refused = browser.errors[before:]
     assert all("status of 422" in e for e in refused), refused
     del browser.errors[before:]  # expected: the one refused request
+    sleep.get_by_label("min", exact=True).fill("1")  # what the card shows again (later screenshots include it)
+    sleep.get_by_label("max", exact=True).fill("4")
 
 
 def test_scale_to_n_holds_the_replicas_until_the_override_ends(up: Up, browser: Browser) -> None:
