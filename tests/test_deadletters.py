@@ -259,6 +259,18 @@ async def test_raw_letters_are_not_redrivable_but_purgeable(env: Env) -> None:
     assert (await env.letters())["count"] == 0
 
 
+async def test_garbage_on_the_dead_letter_subject_is_recorded_as_unreadable_and_recording_goes_on(env: Env) -> None:
+    subject = c.dlq_subject(env.model)
+    junk = [b"\xffnot json", b"[" * 100_000, b'{"job_id": 5, "model": []}', b'{"error": "x" }' + b" " * 200_000]
+    for n, body in enumerate(junk):
+        await env.broker.publish(subject, body, msg_id=f"junk-{env.model}-{n}")
+    job_id = await submit(env, 3)  # a real letter after the garbage
+    views = await env.wait_letters(len(junk) + 1)
+    unreadable = [v for v in views if v["error"]["type"] == "unreadable_letter"]
+    assert len(unreadable) == len(junk) and all(not v["redrivable"] for v in unreadable)
+    assert [v["job_id"] for v in views if v["error"]["type"] == "model_error"] == [job_id]
+
+
 async def test_purge_all_of_a_model(env: Env) -> None:
     ids = [await submit(env, v) for v in (1, 2, 3)]
     await env.wait_letters(3)

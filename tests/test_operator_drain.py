@@ -16,6 +16,7 @@ from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
 from consumers.handlers.sleep import SleepHandler
 from consumers.worker import Worker
+from fleet import constants as c
 from fleet.settings import FleetSettings
 from producers.gateway import create_app
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs
@@ -101,6 +102,12 @@ async def test_an_in_process_worker_stops_itself(request: pytest.FixtureRequest,
         await worker.start()
         try:
             await eventually(lambda: worker_seen(client, f"w-{unique}"), 10, "the worker heard")
+            # Garbage on its drain subject (not JSON, deep nesting, wrong types, another worker's id) changes nothing.
+            subject = c.drain_subject(f"w-{unique}")
+            for junk in (b"\xffnot json", b"[" * 100_000, b'{"worker_id": 5}', b'{"worker_id": "someone-else"}'):
+                await broker.emit(subject, junk)
+            await asyncio.sleep(1.0)
+            assert worker.state == "ready", worker.state
             assert (await client.post(f"/v1/workers/w-{unique}/drain")).status_code == 202
 
             async def stopped() -> bool:
