@@ -49,7 +49,7 @@ from fleet.errors import (
 from producers.sdk_http import GatewayUnreachable, make_http
 from schemas.jobs import JobRecord, JobState
 
-__all__ = ["FleetClient", "GatewayError", "GatewayUnreachable", "JobFailed", "error_from_response"]
+__all__ = ["FleetClient", "GatewayError", "GatewayUnreachable", "InferTimeout", "JobFailed", "error_from_response"]
 
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
@@ -67,6 +67,17 @@ class GatewayError(FleetError):
         self.type = type_
         self.details = details
         self.retriable = status >= 500
+
+
+class InferTimeout(FleetError):
+    """``infer`` waited its ``wait_s`` and the job had not ended; it goes on: ``wait(exc.job_id)`` gets its record."""
+
+    retriable = True
+
+    def __init__(self, job_id: str, state: str, message: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
 
 
 class JobFailed(FleetError):
@@ -95,7 +106,7 @@ def error_from_response(status: int, body: Any) -> FleetError:
     exc: FleetError
     if type_ == "unknown_model":
         exc = UnknownModel(str(info.get("model", "")), list(info.get("known", [])))
-    elif type_ in ("invalid_input", "invalid_request", "malformed_json"):
+    elif type_ in ("invalid_input", "invalid_request", "malformed_json") and "record" not in info:
         exc = InvalidInput(message, details if isinstance(details, list) else [])
     elif type_ == "payload_too_large":
         exc = PayloadTooLarge(int(info.get("size", 0)), int(info.get("limit", 0)))
@@ -110,6 +121,12 @@ def error_from_response(status: int, body: Any) -> FleetError:
     elif type_ == "queue_full":
         limit, depth, wait_s = info.get("limit"), info.get("depth"), info.get("retry_after_s")
         exc = QueueFull(str(info.get("model", "")), limit, depth=depth, retry_after_s=wait_s)
+    elif type_ in ("job_failed", "job_cancelled", "job_expired") and isinstance(info.get("record"), dict):
+        exc = JobFailed(JobRecord.model_validate(info["record"]))
+    elif type_ == "invalid_input" and isinstance(info.get("record"), dict):
+        exc = JobFailed(JobRecord.model_validate(info["record"]))
+    elif type_ == "infer_timeout":
+        exc = InferTimeout(str(info.get("job_id", "")), str(info.get("state", "")), message)
     elif type_ == "broker_unavailable":
         exc = BrokerUnavailable(message)
     elif type_ == "store_unavailable":
@@ -117,6 +134,18 @@ def error_from_response(status: int, body: Any) -> FleetError:
     else:
         exc = GatewayError(status, type_, message, details)
     return _with_message(exc, message)
+
+
+def _job_body(
+    model: str, input: dict[str, Any], job_id: str | None, timeout_s: float | None, priority: int
+) -> dict[str, Any]:
+    """The ``POST /v1/jobs`` (and ``/v1/infer``) body."""
+    body: dict[str, Any] = {"model": model, "input": input, "priority": priority}
+    if job_id is not None:
+        body["job_id"] = job_id
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    return body
 
 
 def ws_url(base_url: str, path: str) -> str:
@@ -196,13 +225,39 @@ class FleetClient:
             QueueFull: retriable; the model's queue holds its bound, retry after ``exc.retry_after_s``.
             GatewayUnreachable: retriable; resubmit with the same ``job_id`` to stay idempotent.
         """
-        body: dict[str, Any] = {"model": model, "input": input, "priority": priority}
-        if job_id is not None:
-            body["job_id"] = job_id
-        if timeout_s is not None:
-            body["timeout_s"] = timeout_s
-        answer = await self._request("POST", "/v1/jobs", json=body)
+        answer = await self._request("POST", "/v1/jobs", json=_job_body(model, input, job_id, timeout_s, priority))
         return str(answer["job_id"])
+
+    async def infer(
+        self,
+        model: str,
+        input: dict[str, Any],
+        *,
+        wait_s: float = 30.0,
+        job_id: str | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
+    ) -> Any:
+        """Run one job in one request (``POST /v1/infer``) and return its output.
+
+        Args:
+            wait_s: how long the gateway holds the request for the output (at most its ``max_long_poll_s``).
+            job_id, timeout_s, priority: as ``submit``.
+
+        Raises:
+            InferTimeout: the job had not ended within ``wait_s``; it goes on (``exc.job_id``).
+            JobFailed: the job ended failed, cancelled or expired (``exc.record`` has the details).
+            UnknownModel, InvalidInput, PayloadTooLarge, QueueFull, BrokerUnavailable, StoreError,
+            GatewayUnreachable: as ``submit``.
+        """
+        answer = await self._request(
+            "POST",
+            "/v1/infer",
+            json=_job_body(model, input, job_id, timeout_s, priority),
+            params={"wait": f"{wait_s:g}"},
+            timeout_s=wait_s + self.timeout_s,
+        )
+        return answer["output"]
 
     async def get(self, job_id: str) -> JobRecord:
         """The job's current record. Raises JobNotFound for an unknown (or expired) id."""

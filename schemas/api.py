@@ -33,6 +33,17 @@ class SubmitResponse(BaseModel):
     status: JobState
 
 
+class InferResponse(BaseModel):
+    """``POST /v1/infer``: the output of a job that succeeded within the wait."""
+
+    job_id: str
+    model: str
+    output: Any = Field(description="the model's output, as in the job's record")
+    worker_id: str | None = Field(None, description="the worker that computed it")
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
 class ErrorBody(BaseModel):
     type: str = Field(description="machine-readable kind, e.g. unknown_model, invalid_input, payload_too_large")
     message: str

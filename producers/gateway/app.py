@@ -30,6 +30,7 @@ from producers.gateway import (
     dashboard,
     routes_dags,
     routes_deadletters,
+    routes_infer,
     routes_jobs,
     routes_operator,
     routes_ops,
@@ -254,6 +255,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_infer.router)
     app.include_router(ws.router)
     app.include_router(sse.router)
     app.include_router(routes_ops.router)

@@ -24,7 +24,7 @@ from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
 from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
-from producers.gateway.routes_jobs import _check_wait
+from producers.gateway.routes_jobs import check_wait
 from producers.gateway.state import GatewayState, gateway_state
 from schemas.dags import DagDetail, DagList, DagRegistered, DagSummary, RunStarted, RunView, StartRunRequest
 
@@ -219,7 +219,7 @@ async def get_run(
 ) -> dict[str, Any]:
     runner = runner_of(state)
     if wait is not None:
-        _check_wait(wait, state.settings.max_long_poll_s)
+        check_wait(wait, state.settings.max_long_poll_s)
         return await view_doc(runner, await runner.wait(run_id, wait))
     return await view_doc(runner, await runner.get(run_id))
 

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_SUBMIT_BODY = {
+SUBMIT_BODY = {
     "requestBody": {
         "required": True,
         "content": {"application/json": {"schema": SubmitRequest.model_json_schema()}},
@@ -236,9 +236,14 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
         "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate."
     ),
     responses=error_responses(400, 404, 409, 413, 422, 429, 503),
-    openapi_extra=_SUBMIT_BODY,
+    openapi_extra=SUBMIT_BODY,
 )
 async def submit_job(request: Request, state: GatewayState = Depends(gateway_state)) -> SubmitResponse:
+    return await submit(request, state)
+
+
+async def submit(request: Request, state: GatewayState) -> SubmitResponse:
+    """Submit the job in ``request``'s body (``POST /v1/jobs`` and ``POST /v1/infer``), counting refusals."""
     try:
         return await _submit(request, state)
     except Exception as exc:
@@ -247,7 +252,7 @@ async def submit_job(request: Request, state: GatewayState = Depends(gateway_sta
 
 
 # -- poll and cancel ------------------------------------------------------------------------------------------
-def _check_wait(wait_s: float, max_s: float) -> None:
+def check_wait(wait_s: float, max_s: float) -> None:
     if not 0 < wait_s <= max_s:
         raise ApiError(
             422,
@@ -270,7 +275,7 @@ async def get_job(
     state: GatewayState = Depends(gateway_state),
 ) -> JobRecord:
     if wait is not None:
-        _check_wait(wait, state.settings.max_long_poll_s)
+        check_wait(wait, state.settings.max_long_poll_s)
     store, timeout_s = state.store, state.limits.store_timeout_s
     if wait is not None:
         return await long_poll(store, job_id, wait, timeout_s)
