@@ -20,8 +20,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -31,8 +29,7 @@ from dataclasses import dataclass, field
 from autoscaler.policy import Signals
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
-from fleet.brokers.events import validated
-from fleet.tasks import cancel_and_wait
+from fleet.brokers.events import Listener, validated
 from schemas.wire import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -99,8 +96,7 @@ class SignalReader:
         self.partitions = partitions
         self.clock = clock
         self._models: dict[str, _Model] = {}
-        self._events: EventStream | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._listener = Listener(broker, c.heartbeat_subject("*"), self._listen, "autoscaler-heartbeats")
         self._stopping = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -113,18 +109,13 @@ class SignalReader:
 
     async def start(self) -> None:
         """Listen to the heartbeats of every model (``fleet.ctl.heartbeat.*``)."""
-        self._events = await self.broker.listen(c.heartbeat_subject("*"))
-        self._task = asyncio.create_task(self._listen(self._events), name="autoscaler-heartbeats")
+        self._stopping = False
+        await self._listener.start()
 
     async def stop(self) -> None:
         """Idempotent."""
         self._stopping = True
-        if self._events is not None:
-            with contextlib.suppress(Exception):
-                await self._events.close()
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-        self._events = self._task = None
+        await self._listener.stop()
 
     async def _listen(self, events: EventStream) -> None:
         async for heartbeat in validated(events, Heartbeat, "worker heartbeat"):

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
-from fleet.tasks import cancel_and_wait, wait_event
+from fleet.brokers.events import Listener
+from fleet.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ class WorkerTracker:
     """Listens to every model's heartbeats and keeps ``ready`` (a ``ReadyWorkers``) up to date.
 
     ``async with WorkerTracker(broker, heartbeat_interval_s)`` starts and stops the listener; the broker must be
-    connected and stays open.
+    connected and stays open. Other readers of the heartbeats in the same process (the gateway's operator feed)
+    register with ``add_observer`` instead of subscribing a second time.
     """
 
     def __init__(
@@ -99,8 +101,8 @@ class WorkerTracker:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.ready = ReadyWorkers(heartbeat_interval_s, clock)
         self._changed = asyncio.Event()
-        self._events: EventStream | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._observers: list[Callable[[bytes], None]] = []
+        self._listener = Listener(broker, c.heartbeat_subject("*"), self._listen, "readiness-heartbeats")
 
     async def __aenter__(self) -> WorkerTracker:
         await self.start()
@@ -110,17 +112,19 @@ class WorkerTracker:
         await self.stop()
 
     async def start(self) -> None:
-        self._events = await self.broker.listen(c.heartbeat_subject("*"))
-        self._task = asyncio.create_task(self._listen(self._events), name="readiness-heartbeats")
+        await self._listener.start()
 
     async def stop(self) -> None:
         """Idempotent."""
-        events, self._events = self._events, None
-        if events is not None:
-            await events.close()
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
+        await self._listener.stop()
+
+    def add_observer(self, observer: Callable[[bytes], None]) -> Callable[[], None]:
+        """Hand each heartbeat's body to ``observer`` as well; returns the function that removes it again.
+
+        An observer that raises is logged and keeps getting the next heartbeats.
+        """
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
 
     async def wait_ready(self, models: Iterable[str], stop: asyncio.Event | None = None) -> bool:
         """Wait until every model in ``models`` has a ready worker (True), or until ``stop`` is set (False)."""
@@ -135,9 +139,17 @@ class WorkerTracker:
 
     async def _listen(self, events: EventStream) -> None:
         async for _subject, data in events:
+            self._tell_observers(data)
             beat = parse_beat(data)
             if beat is None:
                 log.warning("ignoring a malformed worker heartbeat: %r", data[:200])
                 continue
             self.ready.observe(beat)
             self._changed.set()
+
+    def _tell_observers(self, data: bytes) -> None:
+        for observer in list(self._observers):
+            try:
+                observer(data)
+            except Exception:
+                log.exception("a heartbeat observer failed; it keeps getting the next heartbeats")

@@ -168,6 +168,11 @@ async def test_snapshot_shows_the_model_its_worker_and_the_completions(env: Env)
         return any((s.throughput_per_s or 0) > 0 for s in snap.series[env.model])
 
     await eventually(throughput_seen, 10, "throughput in the series")
+
+    async def drained() -> bool:  # a sample may have read the lag before the last acks
+        return (await snapshot_of(env)).models[0].lag == 0
+
+    await eventually(drained, 10, "lag 0 once every job is done")
     snap = await snapshot_of(env)
     (panel,) = snap.models
     assert panel.model == env.model and panel.lag == 0 and panel.dead_letters == 0

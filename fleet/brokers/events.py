@@ -1,14 +1,18 @@
-"""The queue half of an ``EventStream``, shared by the brokers whose events arrive by callback, and ``validated``,
-which every listener uses to read typed control events."""
+"""The queue half of an ``EventStream``, shared by the brokers whose events arrive by callback; ``validated``,
+which every listener uses to read typed control events; and ``Listener``, the start / stop of one listening task."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+from fleet.brokers.base import Broker, EventStream
+from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +73,44 @@ async def validated(stream: AsyncIterable[tuple[str, bytes]], schema: type[M], w
             yield schema.model_validate_json(data)
         except ValidationError as exc:
             log.warning("ignoring a malformed %s: %s", what, exc)
+
+
+class Listener:
+    """``broker.listen(pattern)`` consumed by ``consume(events)`` in one task named ``name``.
+
+    ``async with`` (or ``start`` / ``stop``) runs it; ``stop`` is idempotent: it closes the stream, which ends the
+    consumer's iteration, then cancels the task if it is still running.
+    """
+
+    def __init__(
+        self, broker: Broker, pattern: str, consume: Callable[[EventStream], Awaitable[None]], name: str
+    ) -> None:
+        self.broker = broker
+        self.pattern = pattern
+        self.consume = consume
+        self.name = name
+        self._events: EventStream | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Listener:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._events = await self.broker.listen(self.pattern)
+        self._task = asyncio.create_task(self._run(self._events), name=self.name)
+
+    async def _run(self, events: EventStream) -> None:
+        await self.consume(events)
+
+    async def stop(self) -> None:
+        events, self._events = self._events, None
+        if events is not None:
+            with contextlib.suppress(Exception):
+                await events.close()
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait([task])

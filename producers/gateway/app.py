@@ -138,7 +138,7 @@ async def _open_operator(
     """The operator surface's parts: beats heard, the dead-letter recorder and its store, and the one feed of
     this process."""
     beats = Beats(settings.heartbeat_interval_s)
-    await stack.enter_async_context(BeatListener(broker, beats))
+    await stack.enter_async_context(BeatListener(broker, beats, app.state.workers))
     app.state.beats = beats
     app.state.dead_letters = make_dead_letter_store(store)
     app.state.dead_letter_recorder = await stack.enter_async_context(

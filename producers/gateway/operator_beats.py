@@ -10,17 +10,17 @@ how ``POST /v1/workers/{id}/drain`` knows a worker exists.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
-from fleet.brokers.events import validated
-from fleet.tasks import cancel_and_wait
+from fleet.brokers.events import Listener, validated
+from fleet.readiness import WorkerTracker
 from schemas.operator import DispatcherView, WorkerView
 from schemas.wire import DispatcherBeat, Heartbeat
 
@@ -119,35 +119,34 @@ class Beats:
 
 
 class BeatListener:
-    """Feeds ``beats`` from the broker's control events. ``async with`` starts and stops the two listeners."""
+    """Feeds ``beats``: worker heartbeats through ``heartbeats`` (the gateway's readiness tracker, so the process
+    subscribes to them once) and dispatcher beats from the broker. ``async with`` starts and stops both."""
 
-    def __init__(self, broker: Broker, beats: Beats) -> None:
-        self.broker = broker
+    def __init__(self, broker: Broker, beats: Beats, heartbeats: WorkerTracker) -> None:
         self.beats = beats
-        self._streams: list[EventStream] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self.heartbeats = heartbeats
+        self._dispatchers = Listener(broker, c.dispatcher_subject("*"), self._read_dispatchers, "operator-beats")
+        self._unobserve: Callable[[], None] | None = None
 
     async def __aenter__(self) -> BeatListener:
-        workers = await self.broker.listen(c.heartbeat_subject("*"))
-        dispatchers = await self.broker.listen(c.dispatcher_subject("*"))
-        self._streams = [workers, dispatchers]
-        self._tasks = [
-            asyncio.create_task(self._workers(workers), name="operator-heartbeats"),
-            asyncio.create_task(self._dispatchers(dispatchers), name="operator-dispatcher-beats"),
-        ]
+        await self._dispatchers.start()
+        self._unobserve = self.heartbeats.add_observer(self._worker_beat)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for stream in self._streams:
-            with contextlib.suppress(Exception):
-                await stream.close()
-        await cancel_and_wait(self._tasks)
-        self._streams, self._tasks = [], []
+        if self._unobserve is not None:
+            self._unobserve()
+            self._unobserve = None
+        await self._dispatchers.stop()
 
-    async def _workers(self, events: EventStream) -> None:
-        async for beat in validated(events, Heartbeat, "worker heartbeat"):
-            self.beats.observe_worker(beat)
+    def _worker_beat(self, data: bytes) -> None:
+        try:
+            beat = Heartbeat.model_validate_json(data)
+        except ValidationError as exc:
+            log.warning("ignoring a malformed worker heartbeat: %s", exc)
+            return
+        self.beats.observe_worker(beat)
 
-    async def _dispatchers(self, events: EventStream) -> None:
+    async def _read_dispatchers(self, events: EventStream) -> None:
         async for beat in validated(events, DispatcherBeat, "dispatcher beat"):
             self.beats.observe_dispatcher(beat)
