@@ -8,26 +8,29 @@ latency as the worker sees it when its batch has computed: queue wait (since the
 compute. The rules, in order:
 
 1. **No evidence, no change**: a window without batches keeps the knobs.
-2. **Over the high-water mark** (p99 > ``high_water`` x target): the wait goes to 0 first (the cheapest latency
-   to give back). With no wait left: when batches close full, work is queueing at the device's capacity, and
-   the batch grows, because a smaller one would drain the queue slower (with a per-batch overhead, bigger
-   batches are cheaper per item) and the latency would only grow. When batches are not full and compute is
-   what fills the target (an item waits for the batch in flight, then computes in its own: about twice the
-   compute time, so more than ``compute_share`` of the target), and the device has slack (busy less than
-   ``slack_busy`` of the time), the batch shrinks by ``shrink_factor``, but never below ``shrink_margin`` x the
-   mean batch: a cap below what arrives would only make batches full and the queue grow.
+2. **Over the high-water mark** (p99 > ``high_water`` x target): when the device has slack, the wait goes to 0
+   first (the cheapest latency to give back; on a busy device the wait is spent while the batch before still
+   computes, so it costs nothing and fills the next batch). Then: when batches close full, work is queueing at
+   the device's capacity, and the batch grows, because a smaller one would drain the queue slower (with a
+   per-batch overhead, bigger batches are cheaper per item) and the latency would only grow. When batches are
+   not full and compute is what fills the target (an item waits for the batch in flight, then computes in its
+   own: about twice the compute time, so more than ``compute_share`` of the target), and the device has slack
+   (busy less than ``slack_busy`` of the time), the batch shrinks by ``shrink_factor``, but never below
+   ``shrink_margin`` x the mean batch: a cap below what arrives would only make batches full and the queue grow.
 3. **Under the low-water mark** (p99 < ``low_water`` x target) with full batches (work queueing): the batch grows
    by ``grow_factor`` while the grown batch's predicted compute stays within ``compute_share`` of the target.
 4. **The wait**: 0 when no second message is coming (batches of about one item, never full): a lone request
-   must not sit out ``max_wait_ms`` at low load. When batches get company and there is headroom, the wait
-   follows the batch compute time (capped by the limit): waiting while the device still computes the batch
-   before is free, and fills the next one. The wait rises only when p99 plus the added wait stays under the
-   low-water mark; and each time rule 2 took a wait back, the wait may rise again only to half of it (until
-   the load is gone: lone requests), so it does not push p99 over the high-water mark and back forever.
+   must not sit out ``max_wait_ms`` at low load; 0 too while the device computes less than ``idle_busy`` of the
+   time, because then a wait is pure latency. On a busy device (at least ``slack_busy`` of the time) with
+   company, the wait follows the batch compute time (capped by the limit): the worker collects the next batch
+   while the device computes the one before, so waiting that long costs nothing and fills the next batch. Each
+   time rule 2 took a wait back, the wait may rise again only to half of it (until the load is gone: lone
+   requests), so it does not push p99 over the high-water mark and back forever.
 
-Hysteresis: nothing moves between the two marks; a batch change needs its condition in ``patience``
-consecutive windows (a shrink only one: an overshoot is worse than a missed gain), and the wait moves only by
-more than ``wait_deadband_ms`` or a quarter of itself, so noise does not make the knobs oscillate.
+Hysteresis: nothing moves between the two marks (of p99, and of busy time for the wait); a batch change needs
+its condition in ``patience`` consecutive windows (a shrink only one: an overshoot is worse than a missed gain),
+and the wait moves only by more than ``wait_deadband_ms`` or a quarter of itself, so noise does not make the
+knobs oscillate.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class BatchLimits:
     shrink_factor: float = 0.7
     shrink_margin: float = 1.25
     slack_busy: float = 0.8
+    idle_busy: float = 0.6
     patience: int = 2
     wait_deadband_ms: float = 0.5
 
@@ -115,9 +119,9 @@ class ControlState:
 
 
 def initial_state(limits: BatchLimits) -> ControlState:
-    """Start from the ceilings, the model's declared batch limits: until the first window, the worker batches
-    as it would without the controller."""
-    return ControlState(Knobs(limits.max_batch, limits.max_wait_ms))
+    """Start from the largest batch and no wait: the first requests are answered at once, and the wait grows
+    only once the device is busy (rule 4)."""
+    return ControlState(Knobs(limits.max_batch, 0.0))
 
 
 def control(obs: Observation, state: ControlState, limits: BatchLimits) -> tuple[Knobs, ControlState]:
@@ -126,7 +130,7 @@ def control(obs: Observation, state: ControlState, limits: BatchLimits) -> tuple
     if obs.batches == 0:
         return knobs, replace(state, knobs=knobs, reason="no batches")
     target = limits.p99_target_ms
-    if obs.p99_ms > limits.high_water * target and knobs.max_wait_ms > 0:
+    if obs.p99_ms > limits.high_water * target and knobs.max_wait_ms > 0 and obs.busy_share < limits.slack_busy:
         new = Knobs(knobs.max_batch, 0.0)
         return new, ControlState(new, reason="over high water: wait to 0", wait_cap_ms=knobs.max_wait_ms / 2)
     cap = None if obs.mean_batch < 1.5 and obs.full_share == 0 else state.wait_cap_ms  # load gone: forget it
@@ -179,15 +183,15 @@ def _resized(batch: int, direction: Direction, limits: BatchLimits) -> int:
 
 
 def _wait(obs: Observation, knobs: Knobs, limits: BatchLimits) -> float:
-    """Rule 4: no wait for lone requests; with company and headroom, about the batch compute time."""
+    """Rule 4: no wait for lone requests nor on a device with slack; on a busy one, about the batch compute
+    time. Between the two busy marks, or with 1.5 to 2 items a batch, the wait stays as it is."""
     if obs.mean_batch < 1.5 and obs.full_share == 0:
         return 0.0
-    wanted = min(limits.max_wait_ms, obs.compute_mean_ms)
-    if (
-        wanted > knobs.max_wait_ms
-        and obs.p99_ms + wanted - knobs.max_wait_ms >= limits.low_water * limits.p99_target_ms
-    ):
-        return knobs.max_wait_ms  # no headroom to spend on waiting: keep it (rule 2 lowers it when needed)
+    if obs.busy_share < limits.idle_busy:
+        return 0.0  # the device waits for work: a wait is pure latency, and batches gain nothing from it
+    if obs.busy_share < limits.slack_busy or obs.mean_batch < 2.0:
+        return knobs.max_wait_ms
+    wanted = min(limits.max_wait_ms, obs.compute_mean_ms)  # spent while the batch before computes
     moved = abs(wanted - knobs.max_wait_ms)
     if moved <= max(limits.wait_deadband_ms, 0.25 * knobs.max_wait_ms):
         return knobs.max_wait_ms

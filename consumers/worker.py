@@ -177,6 +177,8 @@ class Worker:
             min_batch = min(self.spec.min_batch, self.batch_ceiling)
             self.batch_limits = BatchLimits(target, self.batch_ceiling, self.wait_ceiling_ms, min_batch=min_batch)
         self._control: ControlState | None = initial_state(self.batch_limits) if self.batch_limits else None
+        if self._control is not None:
+            self.max_batch, self.max_wait_ms = self._control.knobs.max_batch, self._control.knobs.max_wait_ms
         self._window = ControlWindow()
         self._parsed: dict[int, Job] = {}  # deliveries parsed to weigh their cost, by id, until admitted
         self.max_deliveries = settings.max_deliveries

@@ -177,21 +177,19 @@ async def test_the_heartbeat_reports_the_knobs_the_controller_set(infra, setting
 
     reader = asyncio.create_task(listen())
     try:
+        # A backlog keeps the device busy: the wait rises from 0 to about the batch compute time (16 x 12 ms).
+        ids = await publish_requests(broker, model, [{"value": i, "sleep_ms": 12} for i in range(192)], unique)
         handler = with_name(Targeted, model)()
-        async with Worker(handler, broker, store, settings=settings) as worker:
-            ceiling = worker.wait_ceiling_ms  # the tests' settings set max_wait_ms, over the model's 50
-            assert (worker.max_batch, worker.max_wait_ms) == (16, ceiling) and ceiling > 0, "it starts at the limits"
-            for i in range(10):  # lone requests, one after another: no second message is coming
-                (job_id,) = await publish_requests(broker, model, [{"value": i}], f"{unique}-{i}")
-                await wait_terminal(store, [job_id])
-            assert worker.max_wait_ms == 0.0, "a lone request must not sit out the wait"
-            beat_count = len(beats)
+        worker = Worker(handler, broker, store, settings=settings, max_wait_ms=400)
+        assert (worker.max_batch, worker.max_wait_ms) == (16, 0.0), "largest batch, no wait to begin with"
+        async with worker:
+            await wait_terminal(store, ids, timeout_s=30)
             await asyncio.sleep(3 * settings.heartbeat_interval_s)
-            assert len(beats) > beat_count
-            latest = beats[-1]
-        assert latest.max_wait_ms == 0.0 and latest.max_batch == worker.max_batch
-        assert latest.p99_target_ms == 2000
-        assert beats[0].max_wait_ms == ceiling
+        waits = [beat.max_wait_ms for beat in beats]
+        assert waits[0] == 0.0
+        assert any(100 < wait < 400 for wait in waits), f"heartbeats should show the wait following compute: {waits}"
+        assert (beats[-1].max_wait_ms, beats[-1].max_batch) == (worker.max_wait_ms, worker.max_batch)
+        assert beats[-1].p99_target_ms == 2000
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

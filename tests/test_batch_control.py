@@ -50,11 +50,13 @@ ONE_WINDOW = [
     ("over high water, compute-bound, slack: shrink at once", obs(p99=95, compute=60), state(wait=0), Knobs(22, 0.0)),
     ("a shrink keeps room above the mean batch", obs(p99=95, compute=60, mean=20), state(wait=0), Knobs(25, 0.0)),
     (
-        "no shrink without slack: it would not keep up",
+        "busy device: no shrink (it would not keep up), the wait is free",
         obs(p99=95, compute=60, busy=0.95),
         state(wait=0),
-        Knobs(32, 0.0),
+        Knobs(32, 10.0),
     ),
+    ("busy device over high water: the wait stays", obs(p99=95, compute=8, busy=0.95), state(wait=8), Knobs(32, 8.0)),
+    ("1.5 to 2 items a batch keep the wait", obs(mean=1.8, compute=6, busy=0.9), state(wait=2), Knobs(32, 2.0)),
     ("no shrink below what arrives", obs(p99=95, compute=60, mean=28), state(wait=0), Knobs(32, 0.0)),
     (
         "over high water and full batches: a grow is pending",
@@ -66,7 +68,7 @@ ONE_WINDOW = [
         "headroom and full batches: grow waits for patience",
         obs(p99=20, compute=8, mean=16, full=1),
         state(16, 0),
-        Knobs(16, 8.0),
+        Knobs(16, 0.0),
     ),
     ("between the marks: hold", obs(p99=75, compute=20, full=1, mean=32), state(wait=0), Knobs(32, 0.0)),
     (
@@ -76,15 +78,16 @@ ONE_WINDOW = [
         Knobs(32, 0.0),
     ),
     ("shrinking stops at min_batch", obs(p99=200, compute=90, mean=1.5), state(2, 0), Knobs(2, 0.0)),
-    ("company and headroom: the wait follows compute", obs(mean=6, p99=30, compute=4), state(wait=0), Knobs(32, 4.0)),
+    ("busy device, company: the wait follows compute", obs(mean=6, compute=4, busy=0.9), state(wait=0), Knobs(32, 4.0)),
+    ("between the busy marks the wait stays", obs(mean=6, compute=4, busy=0.7), state(wait=2), Knobs(32, 2.0)),
     (
         "the wait follows compute up to its limit",
-        obs(mean=6, p99=30, compute=40, compute_mean=20),
+        obs(mean=6, p99=30, compute=40, compute_mean=20, busy=0.9),
         state(wait=0),
         Knobs(32, 10.0),
     ),
-    ("no wait that would spend the headroom", obs(mean=6, p99=55, compute=8), state(wait=0), Knobs(32, 0.0)),
-    ("a small change of the wait is noise", obs(mean=6, p99=30, compute=5.3), state(wait=5.0), Knobs(32, 5.0)),
+    ("a device with slack: no wait, it is pure latency", obs(mean=6, p99=30, compute=8), state(wait=5), Knobs(32, 0.0)),
+    ("a small change of the wait is noise", obs(mean=6, compute=5.3, busy=0.9), state(wait=5.0), Knobs(32, 5.0)),
     ("knobs outside the limits are brought inside", obs(batches=0), state(500, 99), Knobs(64, 10.0)),
 ]
 
@@ -126,20 +129,22 @@ def test_a_shrink_resets_a_pending_grow() -> None:
     assert knobs.max_batch == 22 and s.streak == 0
 
 
-def test_initial_state_is_the_declared_limits() -> None:
-    assert initial_state(LIMITS).knobs == Knobs(64, 10.0)
+def test_initial_state_is_the_largest_batch_and_no_wait() -> None:
+    assert initial_state(LIMITS).knobs == Knobs(64, 0.0)
 
 
 def fluid(batch_knob: int, wait_ms: float, rate_per_ms: float, a: float, b: float) -> tuple[Observation, bool]:
     """A worker computing ``a + b*n`` ms per batch at an arrival rate, in steady state (fluid approximation):
-    a batch takes what arrived during the previous compute (plus the wait), capped by the knob. An item waits
-    for the batch in flight, then computes in its own. Returns the observation and whether it keeps up."""
+    a batch takes what arrived during the previous compute, capped by the knob, and the wait is spent while the
+    batch before computes (the worker collects ahead), so only a wait longer than compute adds latency. An item
+    waits for the batch in flight, then computes in its own. Returns the observation and whether it keeps up."""
     n = 1.0
-    for _ in range(100):  # fixed point of n = rate * (compute(n) + wait), capped
-        n = min(float(batch_knob), max(1.0, rate_per_ms * (a + b * n + wait_ms)))
+    for _ in range(100):  # fixed point of n = rate * max(compute(n), wait), capped
+        n = min(float(batch_knob), max(1.0, rate_per_ms * max(a + b * n, wait_ms)))
     compute = a + b * n
     keeps_up = n / compute >= rate_per_ms * 0.999
-    p99 = (2 * compute + wait_ms) * (1.0 if keeps_up else 20.0)  # overload: the queue grows without bound
+    exposed_wait = max(0.0, wait_ms - compute)
+    p99 = (2 * compute + exposed_wait) * (1.0 if keeps_up else 20.0)  # overload: the queue grows without bound
     full = 1.0 if n >= batch_knob else 0.0
     busy = min(1.0, rate_per_ms * compute / n)
     return Observation(8, n, full, p99, compute, compute, busy), keeps_up
