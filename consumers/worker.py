@@ -487,8 +487,10 @@ class Worker:
         if not self._window.ready():
             return
         knobs, self._control = control(self._window.observe(), self._control, self.batch_limits)
-        if (knobs.max_batch, knobs.max_wait_ms) != (self.max_batch, self.max_wait_ms):
-            log.info(
+        if (knobs.max_batch, knobs.max_wait_ms) != (self.max_batch, self.max_wait_ms) and log.isEnabledFor(
+            logging.DEBUG
+        ):
+            log.debug(
                 "worker %s: batch %d -> %d, wait %.1f -> %.1f ms (%s)",
                 self.worker_id,
                 self.max_batch,
