@@ -203,3 +203,14 @@ def test_fixed_batches_without_a_target() -> None:
     assert worker.batch_limits is None and worker.heartbeat().p99_target_ms is None
     on = Worker(with_name(Targeted, "targeted-on")(), None, None, settings=FleetSettings())  # type: ignore[arg-type]
     assert on.batch_limits is not None and on.batch_limits.p99_target_ms == 2000
+
+
+def test_embed_weighs_a_request_in_estimated_tokens_without_its_tokenizer() -> None:
+    from consumers.handlers.embed import EmbedHandler
+    from schemas.models import EMBED, EmbedInput
+
+    handler = EmbedHandler()  # not loaded: the estimate needs no tokenizer
+    assert handler.cost(EmbedInput(text="word " * 8)) == 2 + 10
+    assert handler.cost(EmbedInput(texts=["abcd" * 10, "x" * 5000])) == (2 + 10) + 256, "capped at truncation"
+    biggest = EmbedInput(texts=["x" * 5000] * 64)
+    assert EMBED.max_batch_cost is not None and handler.cost(biggest) <= EMBED.max_batch_cost
