@@ -38,9 +38,13 @@ class Admission:
         self.settler = settler
         self.max_deliveries = settler.max_deliveries
 
-    async def admit(self, batch: list[Delivery]) -> list[Job]:
-        """The jobs of ``batch`` that may run; everything else in it is settled. Never raises (but cancellation)."""
-        jobs = [parse_delivery(delivery, self.spec) for delivery in batch]
+    async def admit(self, batch: list[Delivery], parsed: list[Job | None] | None = None) -> list[Job]:
+        """The jobs of ``batch`` that may run; everything else in it is settled. Never raises (but cancellation).
+
+        ``parsed`` holds, per delivery, the job it was already parsed into (to weigh its cost), or ``None``.
+        """
+        given = parsed or [None] * len(batch)
+        jobs = [job or parse_delivery(delivery, self.spec) for delivery, job in zip(batch, given, strict=True)]
         candidates: list[Job] = []
         rejected: list[tuple[Job, JobError]] = []
         for job in jobs:

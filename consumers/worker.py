@@ -34,12 +34,13 @@ from pydantic import BaseModel
 
 from consumers import metrics
 from consumers.admission import Admission
-from consumers.batcher import collect_batch
+from consumers.batch_control import BatchLimits, ControlState, ControlWindow, control, initial_state
+from consumers.batcher import BatchBounds, BatchCollector
 from consumers.drain import DrainListener
 from consumers.handlers.base import ModelHandler
 from consumers.idle import IdleAnnouncer
 from consumers.outage import StoreOutage
-from consumers.requests import Job
+from consumers.requests import Job, parse_delivery
 from consumers.settle import Held, OnSettled, Settler
 from consumers.stats import WorkerStats
 from fleet import constants as c
@@ -128,7 +129,9 @@ class Worker:
         handler: a constructed (not yet loaded) model handler; ``start`` loads and warms it up.
         broker, store: connected seam implementations (the worker does not close them).
         settings: batch limits, ack wait, max deliveries, heartbeat interval, drain timeout.
-        max_batch, max_wait_ms: override the settings and the model's preferences.
+        max_batch, max_wait_ms: override the settings and the model's preferences. With a p99 target (the
+            model's ``p99_target_ms`` or ``settings.p99_target_ms``) they are ceilings, and ``worker.max_batch``
+            and ``worker.max_wait_ms`` are the controller's current values (``consumers.batch_control``).
         routing: override ``settings.routing`` for this model: ``pull`` competes on the request subject,
             ``dispatch`` reads this worker's inbox and announces free slots to the dispatchers.
         on_settled: hooks awaited with ``(job, terminal record, won)`` after a job's record is terminal and before
@@ -163,8 +166,21 @@ class Worker:
         self.settings = settings
         self.worker_id = worker_id or new_worker_id(self.model)
         self.device = device
-        self.max_batch: int = _pick(max_batch, settings, "max_batch", self.spec.max_batch)
-        self.max_wait_ms: float = _pick(max_wait_ms, settings, "max_wait_ms", self.spec.max_wait_ms)
+        self.batch_ceiling: int = _pick(max_batch, settings, "max_batch", self.spec.max_batch)
+        self.wait_ceiling_ms: float = _pick(max_wait_ms, settings, "max_wait_ms", self.spec.max_wait_ms)
+        self.max_batch = self.batch_ceiling  # in force now; the controller, if any, moves them within the limits
+        self.max_wait_ms = self.wait_ceiling_ms
+        self.max_batch_cost = settings.max_batch_cost_for(self.model, self.spec.max_batch_cost)
+        self.batch_limits: BatchLimits | None = None
+        target = settings.p99_target_for(self.model, self.spec.p99_target_ms)
+        if target is not None:
+            min_batch = min(self.spec.min_batch, self.batch_ceiling)
+            self.batch_limits = BatchLimits(target, self.batch_ceiling, self.wait_ceiling_ms, min_batch=min_batch)
+        self._control: ControlState | None = initial_state(self.batch_limits) if self.batch_limits else None
+        if self._control is not None:
+            self.max_batch, self.max_wait_ms = self._control.knobs.max_batch, self._control.knobs.max_wait_ms
+        self._window = ControlWindow()
+        self._parsed: dict[int, Job] = {}  # deliveries parsed to weigh their cost, by id, until admitted
         self.max_deliveries = settings.max_deliveries
         self.routing = routing or settings.routing_for(self.model)
         self.stats = WorkerStats()
@@ -235,7 +251,7 @@ class Worker:
             await asyncio.to_thread(self.handler.load)
             await asyncio.to_thread(self.handler.warmup)
             log.info("worker %s: %s ready in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
-            YOUNG_GC.acquire(self.max_batch)
+            YOUNG_GC.acquire(self.batch_ceiling)
             self._gc_tuned = True
             self._sub = await self._subscribe()
         except BaseException:
@@ -345,16 +361,18 @@ class Worker:
     # -- loops ----------------------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
         assert self._sub is not None
+        collector = BatchCollector(self._sub, self._cost_of, on_fetch=self.held.add)
         while not self._stopping.is_set():
+            bounds = BatchBounds(self.max_batch, self.max_wait_ms / 1000, self.max_batch_cost)
             try:
-                batch = await collect_batch(self._sub, self.max_batch, self.max_wait_ms / 1000, IDLE_FETCH_TIMEOUT_S)
+                batch = await collector.collect(bounds, IDLE_FETCH_TIMEOUT_S)
             except BrokerError as exc:
                 log.warning("worker %s: fetch failed (%s); retrying in 1s", self.worker_id, exc)
                 await asyncio.sleep(1.0)
                 continue
-            if not batch:
+            if not batch:  # every fetched message, held over ones included, is in self.held already
                 continue
-            self.held.add(batch)
+            self._window.fetched(collector.closed_full)
             if self._announcer is not None:
                 self._announcer.on_assigned(batch)
                 count_prior_deliveries(batch)
@@ -372,10 +390,23 @@ class Worker:
             if not self._sub.partitioned:
                 await self._taken.wait()
 
+    def _cost_of(self, delivery: Delivery) -> int:
+        """The handler's cost of a fetched message; the parsed job is kept for its admission (parsed once)."""
+        job = parse_delivery(delivery, self.spec)
+        self._parsed[id(delivery)] = job
+        if job.input is None:
+            return 1  # not a valid request: admission settles it without computing
+        try:
+            return int(self.handler.cost(job.input))
+        except Exception:
+            log.exception("worker %s: the model's cost() raised; counting the item as 1", self.worker_id)
+            return 1
+
     async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
         """Admit a fetched batch: the jobs that may compute. Never raises (but cancellation)."""
+        parsed = [self._parsed.pop(id(d), None) for d in batch] if self._parsed else None
         try:
-            return await self.admission.admit(batch)
+            return await self.admission.admit(batch, parsed)
         except Exception:  # a defect, not a message: admission settles every message problem itself
             log.exception("worker %s: could not admit a batch; handing it back", self.worker_id)
             await asyncio.gather(*(self.settler.release(d, 1.0) for d in batch))
@@ -411,6 +442,8 @@ class Worker:
             pid=os.getpid(),
             max_batch=self.max_batch,
             max_wait_ms=self.max_wait_ms,
+            p99_target_ms=self.batch_limits.p99_target_ms if self.batch_limits else None,
+            max_batch_cost=self.max_batch_cost,
             state=self.state,  # type: ignore[arg-type]
             routing=self.routing,
             in_flight=len(self.held),
@@ -430,12 +463,43 @@ class Worker:
         results = await self._predict(jobs)
         compute_ms = (time.perf_counter() - t0) * 1000
         self.stats.record_batch(len(jobs), compute_ms)
+        if self._control is not None:
+            self._adapt(jobs, compute_ms)
         self._batch_size.observe(len(jobs))
         self._batch_seconds.observe(compute_ms / 1000)
         await self._settle_slots.acquire()
         task = asyncio.create_task(self.settler.results(jobs, results))
         self._settling.add(task)
         task.add_done_callback(self._settled)
+
+    def _adapt(self, jobs: list[Job], compute_ms: float) -> None:
+        """Feed the controller's window; at the end of a window, put its knobs in force."""
+        assert self._control is not None and self.batch_limits is not None
+        now = time.time()
+        # An item's latency so far: queue wait since it was submitted, plus compute. Redeliveries are left out
+        # (their age says how long ago a worker died, not how these knobs serve).
+        latencies = [
+            max(0.0, now - job.request.submitted_at) * 1000
+            for job in jobs
+            if job.request is not None and job.delivery.delivery_count == 1
+        ]
+        self._window.computed(len(jobs), compute_ms, latencies)
+        if not self._window.ready():
+            return
+        knobs, self._control = control(self._window.observe(), self._control, self.batch_limits)
+        if (knobs.max_batch, knobs.max_wait_ms) != (self.max_batch, self.max_wait_ms) and log.isEnabledFor(
+            logging.DEBUG
+        ):
+            log.debug(
+                "worker %s: batch %d -> %d, wait %.1f -> %.1f ms (%s)",
+                self.worker_id,
+                self.max_batch,
+                knobs.max_batch,
+                self.max_wait_ms,
+                knobs.max_wait_ms,
+                self._control.reason,
+            )
+        self.max_batch, self.max_wait_ms = knobs.max_batch, knobs.max_wait_ms
 
     def _settled(self, task: asyncio.Task[None]) -> None:
         self._settling.discard(task)

@@ -69,6 +69,19 @@ class FleetSettings(BaseSettings):
     )
     heartbeat_interval_s: float = Field(c.DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
     drain_timeout_s: float = Field(c.DEFAULT_DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: finish in-flight work")
+    adaptive_batching: bool = Field(
+        True, description="size micro-batches from the model's p99 target (false: use the batch limits as they are)"
+    )
+    p99_target_ms: Annotated[dict[str, Annotated[float, Field(ge=0, le=600_000)]], NoDecode] = Field(
+        default_factory=dict,
+        description="per model: the p99 latency (queue wait + compute) its batches are sized for, overriding the "
+        "model's declaration; 0 turns the controller off for that model; e.g. 'embed=50,echo=20' or a JSON object",
+    )
+    max_batch_cost: Annotated[dict[str, Annotated[int, Field(ge=1)]], NoDecode] = Field(
+        default_factory=dict,
+        description="per model: the most summed item cost (embed: estimated tokens) one batch may hold, overriding "
+        "the model's declaration; e.g. 'embed=8192' or a JSON object",
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     slowness: float = Field(1.0, gt=0, description="per-worker service-time factor of the sleep model")
 
@@ -164,6 +177,27 @@ class FleetSettings(BaseSettings):
     @classmethod
     def _parse_max_queued(cls, value: object) -> object:
         return parse_pairs(value, "max_queued_per_model", "MODEL=COUNT")
+
+    @field_validator("p99_target_ms", mode="before")
+    @classmethod
+    def _parse_p99_targets(cls, value: object) -> object:
+        return parse_pairs(value, "p99_target_ms", "MODEL=MILLISECONDS")
+
+    @field_validator("max_batch_cost", mode="before")
+    @classmethod
+    def _parse_batch_costs(cls, value: object) -> object:
+        return parse_pairs(value, "max_batch_cost", "MODEL=COST")
+
+    def p99_target_for(self, model: str, declared: float | None) -> float | None:
+        """The p99 target that sizes ``model``'s batches, or ``None`` when its batches are not adapted."""
+        if not self.adaptive_batching:
+            return None
+        target = self.p99_target_ms.get(model, declared)
+        return target if target else None
+
+    def max_batch_cost_for(self, model: str, declared: int | None) -> int | None:
+        """The cost budget of one of ``model``'s batches (``None``: bounded by count only)."""
+        return self.max_batch_cost.get(model, declared)
 
     def max_queued_for(self, model: str) -> int:
         """The bound on ``model``'s queued requests (0: unbounded)."""

@@ -15,11 +15,19 @@ EMBED_DIM = 384
 EMBED_MAX_TEXTS = 64
 EMBED_MAX_CHARS = 20_000
 SLEEP_MAX_MS = 60_000.0
+# embed's cost budget, in estimated tokens: one request of 64 texts at the 256-token cap fits it alone
+EMBED_MAX_BATCH_TOKENS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """What a model declares: its name, its I/O schemas and its preferred batch limits."""
+    """What a model declares: its name, its I/O schemas and its preferred batch limits.
+
+    ``max_batch`` and ``max_wait_ms`` are the batch limits. With ``p99_target_ms`` the worker sizes its batches
+    from that target within ``min_batch..max_batch`` and ``0..max_wait_ms`` (``consumers.batch_control``);
+    without it they are used as they are. ``max_batch_cost`` bounds a batch's summed item costs (the handler's
+    ``cost``, e.g. tokens) as well as its count.
+    """
 
     name: str
     input_model: type[BaseModel]
@@ -27,6 +35,19 @@ class ModelSpec:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     description: str = ""
+    p99_target_ms: float | None = None
+    min_batch: int = 1
+    max_batch_cost: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise ValueError(
+                f"model {self.name!r}: need 1 <= min_batch ({self.min_batch}) <= max_batch ({self.max_batch})"
+            )
+        if self.p99_target_ms is not None and not self.p99_target_ms > 0:
+            raise ValueError(f"model {self.name!r}: p99_target_ms must be > 0, got {self.p99_target_ms}")
+        if self.max_batch_cost is not None and self.max_batch_cost < 1:
+            raise ValueError(f"model {self.name!r}: max_batch_cost must be >= 1, got {self.max_batch_cost}")
 
     def json_schemas(self) -> dict[str, Any]:
         return {
@@ -102,6 +123,7 @@ EMBED = ModelSpec(
     max_batch=64,
     max_wait_ms=5,
     description="all-MiniLM-L6-v2 sentence embeddings, mean-pooled and L2-normalised, 384 floats",
+    max_batch_cost=EMBED_MAX_BATCH_TOKENS,
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (ECHO, SLEEP, EMBED)}

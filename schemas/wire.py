@@ -56,8 +56,10 @@ class Heartbeat(BaseModel):
     model: str
     device: str
     pid: int
-    max_batch: int
-    max_wait_ms: float
+    max_batch: int = Field(description="the batch size in force (the controller's current value when adaptive)")
+    max_wait_ms: float = Field(description="the batch wait in force (the controller's current value when adaptive)")
+    p99_target_ms: float | None = Field(None, description="the p99 target batches are sized for; null: fixed")
+    max_batch_cost: int | None = Field(None, description="the cost budget of one batch; null: bounded by count")
     state: Literal["starting", "ready", "degraded", "draining", "stopped"] = Field(
         description="starting: loading the model; ready: serving; degraded: serving, but the store cannot be reached"
     )

@@ -104,6 +104,15 @@ class ModelHandler(ABC, Generic[InT, OutT]):
                 item that causes it and retries the rest, so raising must not leave the handler broken.
         """
 
+    def cost(self, item: InT) -> int:
+        """The cost of one input, for models whose batches are bounded by cost (``spec.max_batch_cost``).
+
+        Called on the event loop for every fetched message, before the batch forms, so it must be cheap (no
+        model call, no tokenizer run that ``predict`` repeats). The default is 1: the budget counts items.
+        ``embed`` estimates tokens.
+        """
+        return 1
+
     def sample_input(self) -> InT | None:
         """A representative input for ``warmup``; ``None`` (the default) skips the warm-up."""
         return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import zlib
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_TOKENS = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
+# English word pieces run about 4 to 5 characters each; 4 over-estimates a little, so a budget is rarely passed
+CHARS_PER_TOKEN = 4
 CPU_TOKENS_PER_FORWARD = 8192
 CUDA_TOKENS_PER_FORWARD = 65536
 # all-MiniLM-L6-v2's shape, used when even config.json is missing (random_weights only)
@@ -266,6 +269,12 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
             else:
                 outputs.append(EmbedOutput.model_construct(dim=self._dim, embeddings=vecs))
         return outputs
+
+    def cost(self, item: EmbedInput) -> int:
+        """Estimated tokens, without running the tokenizer (``predict`` runs it once, on the whole batch): per
+        text its 2 special tokens plus one per ``CHARS_PER_TOKEN`` characters, at most the truncation length."""
+        cap = self._max_seq_tokens
+        return sum(min(cap, 2 + math.ceil(len(text) / CHARS_PER_TOKEN)) for text in item.items())
 
     def sample_input(self) -> EmbedInput:
         return EmbedInput.model_validate({"texts": ["A short warm-up sentence.", "Fleet " * 40, "ok"]})
