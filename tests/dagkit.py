@@ -110,7 +110,8 @@ async def dag_fleet(
     handler_cls = with_name(Steps, model)
     counting = CountingStore(store)
     dags = RecordingDagStore(make_dag_store(store))
-    runner = DagRunner(broker, counting, dags, {model: handler_cls.spec})  # type: ignore[arg-type]
+    # As ``fleet worker`` runs them: successors published early, checked at admission (``fleet.cli.compose``).
+    runner = DagRunner(broker, counting, dags, {model: handler_cls.spec}, speculate=True)  # type: ignore[arg-type]
     settled: collections.Counter[str] = collections.Counter()
 
     async def count(job: Any, record: JobRecord, won: bool) -> None:
@@ -120,6 +121,8 @@ async def dag_fleet(
         Worker(handler_cls(), broker, counting, settings=settings, on_settled=[runner.on_settled, count])  # type: ignore[arg-type]
         for _ in range(workers)
     ]
+    for worker in pool:
+        worker.admission.checks.append(runner.check_admission)
     completions: collections.Counter[str] | None = None
     listener: asyncio.Task[None] | None = None
     if store.scheme == "redis":
