@@ -15,6 +15,7 @@ worker stops; then the messages go back to the broker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,11 +31,10 @@ from schemas.models import ModelSpec
 
 log = logging.getLogger(__name__)
 
-AdmissionCheck = Callable[[list[Job]], Callable[[], Awaitable[dict[int, JobError]]] | None]
-"""A check of the jobs about to be admitted (the DAG runner's ``check_admission``): None when it has nothing to ask,
-else what finds the jobs that must not compute, by position, with the error their record is cancelled with. That
-runs beside the batch's record read (so it adds no round trip in sequence) and a ``StoreError`` of it is waited
-out like one of the read."""
+AdmissionCheck = Callable[[list[Job]], Awaitable[dict[int, JobError]]]
+"""A check of the jobs about to be admitted (the DAG runner's ``check_admission``): those that must not compute, by
+position, with the error their record is cancelled with. Run beside the batch's record read, so a check that has
+nothing to do costs no round trip; one that raises ``StoreError`` is waited out like the read."""
 
 
 class Admission:
@@ -124,11 +124,10 @@ class Admission:
         ``cancelled`` first, so it is settled like any job that ended before it ran."""
         settler = self.settler
         ids = [job.job_id or "" for job in jobs]
-        checks = [ask for ask in (check(jobs) for check in self.checks) if ask is not None]
-        read = settler.outage.call(lambda: settler.store.get_many(ids), f"read {len(ids)} jobs", stop=settler.stop)
-        if not checks:
-            return await read
-        records, refused = await asyncio.gather(read, self._run_checks(checks))
+        records, refused = await asyncio.gather(
+            settler.outage.call(lambda: settler.store.get_many(ids), f"read {len(ids)} jobs", stop=settler.stop),
+            self._run_checks(jobs),
+        )
         if not refused:
             return records
         finishes = [
@@ -143,10 +142,11 @@ class Admission:
             records[i] = record
         return records
 
-    async def _run_checks(self, checks: list[Callable[[], Awaitable[dict[int, JobError]]]]) -> dict[int, JobError]:
+    async def _run_checks(self, jobs: list[Job]) -> dict[int, JobError]:
         refused: dict[int, JobError] = {}
-        for ask in checks:
-            refused.update(await self.settler.outage.call(ask, "check jobs", stop=self.settler.stop))
+        for check in self.checks:
+            found = await self.settler.outage.call(functools.partial(check, jobs), "check jobs", stop=self.settler.stop)
+            refused.update(found)
         return refused
 
     def _exhausted_error(self, job: Job) -> JobError:

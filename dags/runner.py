@@ -16,11 +16,10 @@ one skips it, and pending steps are never started.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dags import evaluate
@@ -210,24 +209,18 @@ class DagRunner:
         publish = asyncio.ensure_future(self._publish(change.doc, launch, job, trigger))
         return frozenset({launch.step_id}), publish
 
-    def check_admission(self, jobs: list[Any]) -> Callable[[], Awaitable[dict[int, JobError]]] | None:
-        """An admission check (``consumers.admission``) of the jobs published before their launch was recorded
-        (``dag.trigger``): None when there is nothing to check (no such job, or this process recorded their
-        launches itself), else what reads their runs and says which must not compute (``_check_early``)."""
+    async def check_admission(self, jobs: list[Any]) -> dict[int, JobError]:
+        """An admission check (``consumers.admission``): of the jobs published before their launch was recorded
+        (``dag.trigger``), those that must not compute, by position, with the error their record is cancelled
+        with. A run that is over refuses them; a launch still unrecorded is recorded first from the trigger's
+        stored result (idempotent, as the trigger's redelivery would). Jobs without a trigger cost nothing."""
         early = [(i, job.request.dag) for i, job in enumerate(jobs) if _triggered(job)]
-        if not early:
-            return None
-        known = {run: self.dags.cached_run(run) for run in {ctx.run for _, ctx in early}}
-        doubtful = [(i, ctx) for i, ctx in early if (doc := known[ctx.run]) is None or _unlaunched(doc, ctx)]
-        return functools.partial(self._check_early, doubtful) if doubtful else None
-
-    async def _check_early(self, early: list[tuple[int, DagContext]]) -> dict[int, JobError]:
-        """Of the early jobs (by position), those that must not compute, with the error their record is cancelled
-        with: a run that is over refuses them; a launch still unrecorded is recorded first from the trigger's
-        stored result (idempotent, as the trigger's redelivery would be)."""
         refused: dict[int, JobError] = {}
         for run_id in {ctx.run for _, ctx in early}:
             mine = [(i, ctx) for i, ctx in early if ctx.run == run_id]
+            known = self.dags.cached_run(run_id)  # a launch this process recorded is recorded: no read needed
+            if known is not None and not any(_unlaunched(known, ctx) for _, ctx in mine):
+                continue
             doc = await self.dags.get_run(run_id)
             if doc is not None and any(_unlaunched(doc, ctx) for _, ctx in mine) and not _ended(doc):
                 doc = await self._record_triggers([ctx for _, ctx in mine if _unlaunched(doc, ctx)]) or doc
