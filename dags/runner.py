@@ -358,7 +358,7 @@ class DagRunner:
         items = [
             Finish(job_id(state.run_id, sid, 0), JobState.cancelled, dag.steps[sid].spec.model, error=error)
             for sid in sent
-            if not state.steps[sid].items
+            if state.steps[sid].state == "pending"
         ]
         if items:
             await self.store.finish_many(items)
@@ -406,10 +406,8 @@ def _triggered(job: Any) -> bool:
 
 
 def _unlaunched(doc: RunDoc, ctx: DagContext) -> bool:
-    """The run's document lists no job at the index of ``ctx`` (its step is pending, or ended unlaunched: a
-    cancelled run's pending steps end ``cancelled`` with no jobs)."""
     step = doc["run"]["steps"].get(ctx.step)
-    return step is not None and len(step["items"]) <= ctx.index
+    return step is not None and step["state"] == "pending"
 
 
 def _ended(doc: RunDoc) -> bool:
