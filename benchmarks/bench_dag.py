@@ -224,11 +224,9 @@ async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str
     await store.connect()
     model = f"echo-{uuid.uuid4().hex[:8]}"
     handler = with_name(EchoHandler, model)()
-    runner = DagRunner(broker, store, make_dag_store(store), {model: handler.spec}, speculate=True)
-    worker = Worker(handler, broker, store, settings=settings, on_settled=[runner.on_settled])
-    worker.admission.checks.append(runner.check_admission)  # as fleet.cli.compose wires a worker
+    runner = DagRunner(broker, store, make_dag_store(store), {model: handler.spec})
     try:
-        async with worker:
+        async with Worker(handler, broker, store, settings=settings, on_settled=[runner.on_settled]):
             chain, _, _ = await runner.register(chain_spec(f"bench-chain-{model}", model))
             fan, _, _ = await runner.register(fanout_spec(f"bench-fan-{model}", model))
             items = list(range(args.items))

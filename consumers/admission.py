@@ -15,26 +15,19 @@ worker stops; then the messages go back to the broker.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 from consumers.acks import exhausted, poisoned
 from consumers.requests import Job, parse_delivery
 from consumers.settle import Settler, runs_allowed
 from fleet.brokers.base import Delivery
 from fleet.errors import StoreError
-from fleet.store.base import Finish, Start
-from schemas.jobs import JobError, JobRecord, JobState
+from fleet.store.base import Start
+from schemas.jobs import JobError, JobRecord
 from schemas.models import ModelSpec
 
 log = logging.getLogger(__name__)
-
-AdmissionCheck = Callable[[list[Job]], Awaitable[dict[int, JobError]]]
-"""A check of the jobs about to be admitted (the DAG runner's ``check_admission``): those that must not compute, by
-position, with the error their record is cancelled with. Run beside the batch's record read, so a check that has
-nothing to do costs no round trip; one that raises ``StoreError`` is waited out like the read."""
 
 
 class Admission:
@@ -44,7 +37,6 @@ class Admission:
         self.spec = spec
         self.settler = settler
         self.max_deliveries = settler.max_deliveries
-        self.checks: list[AdmissionCheck] = []
 
     async def admit(self, batch: list[Delivery]) -> list[Job]:
         """The jobs of ``batch`` that may run; everything else in it is settled. Never raises (but cancellation)."""
@@ -94,8 +86,11 @@ class Admission:
         settler = self.settler
         records: list[JobRecord | None] = []
         if jobs:
+            ids = [job.job_id or "" for job in jobs]
             try:
-                records = await self._read_records(jobs)
+                records = await settler.outage.call(
+                    lambda: settler.store.get_many(ids), f"read {len(ids)} jobs", stop=settler.stop
+                )
             except StoreError:  # stopping with the store away: hand the runnable ones back, settle the rest
                 await asyncio.gather(*(settler.release(job.delivery) for job in jobs))
                 jobs = []
@@ -118,36 +113,6 @@ class Admission:
                 runnable.append(job)
         await asyncio.gather(settler.reject(rejected), settler.stored(ended), settler.expire(late))
         return runnable
-
-    async def _read_records(self, jobs: list[Job]) -> list[JobRecord | None]:
-        """The jobs' records (one read), with the checks run beside it; a job a check refuses is stored
-        ``cancelled`` first, so it is settled like any job that ended before it ran."""
-        settler = self.settler
-        ids = [job.job_id or "" for job in jobs]
-        records, refused = await asyncio.gather(
-            settler.outage.call(lambda: settler.store.get_many(ids), f"read {len(ids)} jobs", stop=settler.stop),
-            self._run_checks(jobs),
-        )
-        if not refused:
-            return records
-        finishes = [
-            Finish(ids[i], JobState.cancelled, settler.model, error=error, worker_id=settler.worker_id)
-            for i, error in refused.items()
-        ]
-        stored = await settler.outage.call(
-            lambda: settler.store.finish_many(finishes), f"cancel {len(finishes)} jobs", stop=settler.stop
-        )
-        records = list(records)
-        for i, (_, record) in zip(refused, stored, strict=True):
-            records[i] = record
-        return records
-
-    async def _run_checks(self, jobs: list[Job]) -> dict[int, JobError]:
-        refused: dict[int, JobError] = {}
-        for check in self.checks:
-            found = await self.settler.outage.call(functools.partial(check, jobs), "check jobs", stop=self.settler.stop)
-            refused.update(found)
-        return refused
 
     def _exhausted_error(self, job: Job) -> JobError:
         runs = job.attempt - 1

@@ -24,7 +24,7 @@ from typing import Any
 
 from dags import evaluate
 from dags.spec import load_spec
-from dags.state import SETTLED, RunState, check_run_id, job_id, parse_job_id
+from dags.state import SETTLED, RunState, check_run_id, job_id
 from dags.validate import CompiledDag, validate
 from fleet import constants as c
 from fleet.brokers.base import Broker
@@ -47,18 +47,10 @@ class DagRunner:
     Args:
         models: the models DAGs may use, for validation at registration (a worker passes what it knows; it only
             continues runs of DAGs that were validated when they were registered).
-        speculate: publish a successor while the update recording its launch is under way (``_speculate``). Only
-            where every worker that may take a DAG job runs ``check_admission`` (``fleet.cli.compose`` wires both).
     """
 
     def __init__(
-        self,
-        broker: Broker,
-        store: ResultStore,
-        dags: DagStore,
-        models: Mapping[str, ModelSpec] | None = None,
-        *,
-        speculate: bool = False,
+        self, broker: Broker, store: ResultStore, dags: DagStore, models: Mapping[str, ModelSpec] | None = None
     ) -> None:
         self.broker = broker
         self.store = store
@@ -66,7 +58,6 @@ class DagRunner:
         self.models = dict(models or {})
         self._compiled: dict[tuple[str, int], CompiledDag] = {}
         self._joining: dict[str, list[tuple[DagContext, JobRecord, asyncio.Future[None]]]] = {}
-        self.speculate = speculate
 
     # -- specs ------------------------------------------------------------------------------------------------
     async def register(self, source: str | bytes | Mapping[str, Any]) -> tuple[str, int, CompiledDag]:
@@ -79,13 +70,7 @@ class DagRunner:
         return spec.name, version, compiled
 
     async def compiled(self, name: str, version: int | None = None) -> tuple[int, CompiledDag]:
-        """The compiled spec of ``name`` at ``version`` (None: the latest). Versions never change, so each is read
-        and compiled once per process; the latest costs one small read to learn its number."""
-        if version is None:
-            version = await self.dags.latest_version(name)
-            if version is None:
-                raise UnknownDag(name, None)
-        if (name, version) in self._compiled:
+        if version is not None and (name, version) in self._compiled:
             return version, self._compiled[(name, version)]
         found = await self.dags.spec(name, version)
         if found is None:
@@ -152,97 +137,36 @@ class DagRunner:
             if not other.done():
                 other.set_result(None)
 
-    async def _continue(
-        self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]], held: frozenset[str] = frozenset()
-    ) -> RunDoc | None:
-        """Apply ``results`` to the run's document, publish what that launched (but the steps in ``held``, whose
-        jobs are on the broker already); the document after (None: the run no longer exists)."""
+    async def _continue(self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
         _, dag = await self.compiled(ctx.dag, ctx.version)
-        change = _Change(dag, results)
-        early = None if held else self._speculate(ctx, results, change)
+
+        replayed = False  # a result the run had already: its first settle may have died before publishing
+
+        def change(doc: RunDoc) -> RunDoc | None:
+            nonlocal replayed
+            replayed = False
+            old = RunState.from_dict(doc["run"])
+            new = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
+            for item, record in results:
+                output, error = record.output, _error_dict(record.error)
+                applied = evaluate.apply_result(dag, new, item.step, item.index, record.state.value, output, error)
+                replayed = replayed or applied is new
+                new = applied
+            new, _ = evaluate.advance(dag, new)
+            return _updated(doc, old, new, dag)
+
         try:
             before, after = await self.dags.update_run(ctx.run, change)
         except StoreError:
-            await _finish_quietly(early)
             if await self.dags.get_run(ctx.run) is None:  # the run expired: nothing to continue
                 log.warning("%d jobs belong to DAG run %s, which no longer exists", len(results), ctx.run)
-                return None
+                return
             raise
-        except BaseException:
-            await _finish_quietly(early)
-            raise
-        sent = held if early is None else early[0]
-        if early is not None:
-            await early[1]  # a publish that failed fails the hook: the redelivery publishes what is outstanding
         # A change publishes what it launched. A result the run had already means a redelivery: the settle that
         # recorded it may have died before publishing, so everything the run has outstanding goes out again.
-        if change.replayed:
-            await self._publish_outstanding(after, skip=sent)
-        else:
-            await self._publish_launches(after, [launch for launch in change.launches if launch.step_id not in sent])
+        await self._publish_outstanding(after, None if replayed else _launched(before, after))
         if _over(dag, after) and not _over(dag, before):
             await self._cancel_outstanding(dag, after)
-        if sent and _over(dag, after):
-            await self._cancel_unlaunched(dag, after, sent)
-        return after
-
-    def _speculate(
-        self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]], change: _Change
-    ) -> tuple[frozenset[str], asyncio.Future[None]] | None:
-        """Publish the one job that the change launches, as the remembered document says, while the update that
-        records the launch is under way (a round trip off every hop of a chain). Its ``trigger`` names this job:
-        the worker that takes it checks the run first (``check_admission``), so a run that ended meanwhile does
-        not compute it, and a launch that was never recorded (this worker died, or lost the race to a change that
-        made it moot) is recorded from this job's stored result or refused. Only a single result launching a
-        single job is published early: its input depends on settled results alone, which never change, so the
-        confirmed launch renders the same job."""
-        if not self.speculate or len(results) != 1:
-            return None
-        guess = self.dags.cached_run(ctx.run)
-        if guess is None or change(guess) is None or change.replayed:
-            return None
-        jobs = [(launch, job) for launch in change.launches for job in launch.jobs]
-        if len(jobs) != 1 or change.doc is None:
-            return None
-        launch, job = jobs[0]
-        trigger = job_id(ctx.run, ctx.step, ctx.index)
-        publish = asyncio.ensure_future(self._publish(change.doc, launch, job, trigger))
-        return frozenset({launch.step_id}), publish
-
-    async def check_admission(self, jobs: list[Any]) -> dict[int, JobError]:
-        """An admission check (``consumers.admission``): of the jobs published before their launch was recorded
-        (``dag.trigger``), those that must not compute, by position, with the error their record is cancelled
-        with. A run that is over refuses them; a launch still unrecorded is recorded first from the trigger's
-        stored result (idempotent, as the trigger's redelivery would). Jobs without a trigger cost nothing."""
-        early = [(i, job.request.dag) for i, job in enumerate(jobs) if _triggered(job)]
-        refused: dict[int, JobError] = {}
-        for run_id in {ctx.run for _, ctx in early}:
-            mine = [(i, ctx) for i, ctx in early if ctx.run == run_id]
-            known = self.dags.cached_run(run_id)  # a launch this process recorded is recorded: no read needed
-            if known is not None and not any(_unlaunched(known, ctx) for _, ctx in mine):
-                continue
-            doc = await self.dags.get_run(run_id)
-            if doc is not None and any(_unlaunched(doc, ctx) for _, ctx in mine) and not _ended(doc):
-                doc = await self._record_triggers([ctx for _, ctx in mine if _unlaunched(doc, ctx)]) or doc
-            for i, ctx in mine:
-                if doc is not None and _unlaunched(doc, ctx) and _ended(doc):
-                    why = f"its DAG run {run_id} ended before step {ctx.step!r} was launched"
-                    refused[i] = JobError(type="cancelled", message=why)
-        return refused
-
-    async def _record_triggers(self, early: list[DagContext]) -> RunDoc | None:
-        """Continue the run from the stored results of the triggers of ``early``'s jobs; the document after."""
-        doc = None
-        for trigger in {ctx.trigger for ctx in early if ctx.trigger}:
-            parsed = parse_job_id(trigger)
-            record = await self.store.get(trigger)
-            if parsed is None or record is None or not record.terminal:
-                continue  # not a job whose result is stored: nothing launched this one
-            sample = early[0]
-            origin = DagContext(run=parsed[0], dag=sample.dag, version=sample.version, step=parsed[1], index=parsed[2])
-            held = frozenset(ctx.step for ctx in early)  # their messages are the ones being admitted
-            doc = await self._continue(origin, [(origin, record)], held) or doc
-        return doc
 
     async def cancel(self, run_id: str, outcome: str = "cancelled", message: str | None = None) -> RunDoc:
         """End a run as ``cancelled`` (or ``expired``); its outstanding jobs are cancelled in the store."""
@@ -285,14 +209,14 @@ class DagRunner:
         return doc
 
     # -- publishing -------------------------------------------------------------------------------------------
-    async def _publish_outstanding(self, doc: RunDoc, skip: frozenset[str] = frozenset()) -> None:
-        """Publish the jobs of ``doc`` that have no result yet (but those of the steps in ``skip``)."""
+    async def _publish_outstanding(self, doc: RunDoc, only: set[str] | None = None) -> None:
+        """Publish the jobs of ``doc`` that have no result yet (of the steps in ``only``, when given)."""
         state = RunState.from_dict(doc["run"])
         _, dag = await self.compiled(state.dag, doc["version"])
         jobs = [
             (launch, job)
             for launch in evaluate.outstanding(dag, state)
-            if launch.step_id not in skip
+            if only is None or launch.step_id in only
             for job in launch.jobs
         ]
         # Concurrently, a window at a time: a fan-out's jobs cost about one broker round trip, not one each.
@@ -303,19 +227,7 @@ class DagRunner:
             if failed is not None:
                 raise failed
 
-    async def _publish_launches(self, doc: RunDoc, launches: list[evaluate.StepLaunch]) -> None:
-        """Publish the jobs of ``launches`` (rendered by the change that recorded them in ``doc``)."""
-        jobs = [(launch, job) for launch in launches for job in launch.jobs]
-        for start in range(0, len(jobs), PUBLISH_WINDOW):
-            window = (self._publish(doc, step, job) for step, job in jobs[start : start + PUBLISH_WINDOW])
-            outcomes = await asyncio.gather(*window, return_exceptions=True)
-            failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-            if failed is not None:
-                raise failed
-
-    async def _publish(
-        self, doc: RunDoc, launch: evaluate.StepLaunch, job: evaluate.JobLaunch, trigger: str | None = None
-    ) -> None:
+    async def _publish(self, doc: RunDoc, launch: evaluate.StepLaunch, job: evaluate.JobLaunch) -> None:
         started = (doc["times"].get(launch.step_id) or {}).get("started_at") or time.time()
         deadlines = [d for d in (doc.get("deadline"), launch.timeout_s and started + launch.timeout_s) if d]
         message = RequestMessage(
@@ -331,7 +243,6 @@ class DagRunner:
                 step=launch.step_id,
                 index=job.index,
                 runs=None if launch.retries is None else launch.retries + 1,
-                trigger=trigger,
             ),
         )
         await self.broker.publish(
@@ -350,68 +261,6 @@ class DagRunner:
         ]
         if items:
             await self.store.finish_many(items)
-
-    async def _cancel_unlaunched(self, dag: CompiledDag, doc: RunDoc, sent: frozenset[str]) -> None:
-        """Cancel the jobs published early for steps that the run, now over, never launched."""
-        state = RunState.from_dict(doc["run"])
-        error = JobError(type="cancelled", message=f"its DAG run {state.run_id} ended {_status(dag, doc)}")
-        items = [
-            Finish(job_id(state.run_id, sid, 0), JobState.cancelled, dag.steps[sid].spec.model, error=error)
-            for sid in sent
-            if state.steps[sid].state == "pending"
-        ]
-        if items:
-            await self.store.finish_many(items)
-
-
-class _Change:
-    """The change a settled batch makes to a run's document (``update_run`` may apply it more than once, to newer
-    documents); remembers of its last application whether it replayed a known result and what it launched."""
-
-    def __init__(self, dag: CompiledDag, results: list[tuple[DagContext, JobRecord]]) -> None:
-        self.dag = dag
-        self.results = results
-        self.replayed = False  # a result the run had already: its first settle may have died before publishing
-        self.launches: list[evaluate.StepLaunch] = []
-        self.doc: RunDoc | None = None
-        self._applied_to: RunDoc | None = None
-
-    def __call__(self, doc: RunDoc) -> RunDoc | None:
-        if self._applied_to is not None and doc == self._applied_to:  # the guess it was tried on, confirmed
-            return self.doc
-        self._applied_to = doc
-        dag = self.dag
-        self.replayed = False
-        old = RunState.from_dict(doc["run"])
-        new = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
-        for item, record in self.results:
-            output, error = record.output, _error_dict(record.error)
-            applied = evaluate.apply_result(dag, new, item.step, item.index, record.state.value, output, error)
-            self.replayed = self.replayed or applied is new
-            new = applied
-        new, self.launches = evaluate.advance(dag, new)
-        self.doc = _updated(doc, old, new, dag)
-        return self.doc
-
-
-async def _finish_quietly(early: tuple[frozenset[str], asyncio.Future[None]] | None) -> None:
-    """Wait for an early publish whose update failed (the redelivery publishes it again if it was lost)."""
-    if early is not None:
-        await asyncio.gather(early[1], return_exceptions=True)
-
-
-def _triggered(job: Any) -> bool:
-    request = getattr(job, "request", None)
-    return request is not None and request.dag is not None and request.dag.trigger is not None
-
-
-def _unlaunched(doc: RunDoc, ctx: DagContext) -> bool:
-    step = doc["run"]["steps"].get(ctx.step)
-    return step is not None and step["state"] == "pending"
-
-
-def _ended(doc: RunDoc) -> bool:
-    return doc.get("finished_at") is not None or doc["run"].get("outcome") is not None
 
 
 class _Lenient(Mapping[str, ModelSpec]):
@@ -444,6 +293,16 @@ def _any_input(spec: ModelSpec, name: str) -> ModelSpec:
     import dataclasses
 
     return dataclasses.replace(spec, name=name)
+
+
+def _launched(before: RunDoc, after: RunDoc) -> set[str]:
+    """The steps ``after`` launched: pending in ``before``, not any more."""
+    old = before["run"]["steps"]
+    return {
+        sid
+        for sid, run in after["run"]["steps"].items()
+        if run["state"] != "pending" and old[sid]["state"] == "pending"
+    }
 
 
 def _error_dict(error: JobError | None) -> dict[str, Any] | None:

@@ -30,13 +30,6 @@ class DagContext(BaseModel):
     step: str = Field(description="the step's id")
     index: int = Field(0, ge=0, description="the item of a for_each step (0 otherwise)")
     runs: int | None = Field(None, ge=1, description="most runs of this job (the step's retries + 1)")
-    trigger: str | None = Field(
-        None,
-        pattern=JOB_ID_PATTERN,
-        description="the job whose settle published this one before the run's document recorded its launch: the "
-        "worker that takes it checks the run first (a run that ended meanwhile cancels it; an unrecorded launch is "
-        "completed from the trigger's stored result)",
-    )
 
 
 class RequestMessage(BaseModel):

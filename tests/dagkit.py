@@ -110,8 +110,7 @@ async def dag_fleet(
     handler_cls = with_name(Steps, model)
     counting = CountingStore(store)
     dags = RecordingDagStore(make_dag_store(store))
-    # As ``fleet worker`` runs them: successors published early, checked at admission (``fleet.cli.compose``).
-    runner = DagRunner(broker, counting, dags, {model: handler_cls.spec}, speculate=True)  # type: ignore[arg-type]
+    runner = DagRunner(broker, counting, dags, {model: handler_cls.spec})  # type: ignore[arg-type]
     settled: collections.Counter[str] = collections.Counter()
 
     async def count(job: Any, record: JobRecord, won: bool) -> None:
@@ -121,8 +120,6 @@ async def dag_fleet(
         Worker(handler_cls(), broker, counting, settings=settings, on_settled=[runner.on_settled, count])  # type: ignore[arg-type]
         for _ in range(workers)
     ]
-    for worker in pool:
-        worker.admission.checks.append(runner.check_admission)
     completions: collections.Counter[str] | None = None
     listener: asyncio.Task[None] | None = None
     if store.scheme == "redis":

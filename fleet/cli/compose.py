@@ -109,9 +109,7 @@ def build_worker(
 ) -> Worker:
     handler, device = build_handler(ref, settings)
     worker = Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
-    runner = DagRunner(broker, store, make_dag_store(store), speculate=True)
-    worker.settler.on_settled.append(runner.on_settled)  # DAG continuation
-    worker.admission.checks.append(runner.check_admission)  # ... which needs this check of early-published jobs
+    worker.settler.on_settled.append(DagRunner(broker, store, make_dag_store(store)).on_settled)  # DAG continuation
     return worker
 
 
