@@ -57,11 +57,6 @@ class DagStore(Protocol):
 
     async def wait_change(self, run_id: str, seen: RunDoc | None, timeout_s: float) -> RunDoc | None: ...
 
-    def cached_run(self, run_id: str) -> RunDoc | None:
-        """The document this process wrote last for the run, without a read (None: none remembered). A guess that
-        may be stale: what it says is only acted on where ``update_run`` then confirms it."""
-        ...
-
     async def recent_runs(self, limit: int) -> list[tuple[str, RunDoc]]: ...
 
 
@@ -145,9 +140,6 @@ class MemoryDagStore:
                 pass
         return self._read(run_id)
 
-    def cached_run(self, run_id: str) -> RunDoc | None:
-        return None  # reading is free here: nothing to save by guessing
-
     def _read(self, run_id: str) -> RunDoc | None:
         entry = self._runs.get(run_id)
         if entry is None or entry[1] < time.monotonic():
@@ -179,10 +171,6 @@ class RedisDagStore:
         self._known.move_to_end(run_id)
         if len(self._known) > KNOWN_RUNS:
             self._known.popitem(last=False)
-
-    def cached_run(self, run_id: str) -> RunDoc | None:
-        raw = self._known.get(run_id)
-        return None if raw is None else json.loads(raw)
 
     async def register(self, name: str, spec: dict[str, Any]) -> int:
         raw = _dumps(spec)
