@@ -70,7 +70,13 @@ class DagRunner:
         return spec.name, version, compiled
 
     async def compiled(self, name: str, version: int | None = None) -> tuple[int, CompiledDag]:
-        if version is not None and (name, version) in self._compiled:
+        """The compiled spec of ``name`` at ``version`` (None: the latest). Versions never change, so each is read
+        and compiled once per process; the latest costs one small read to learn its number."""
+        if version is None:
+            version = await self.dags.latest_version(name)
+            if version is None:
+                raise UnknownDag(name, None)
+        if (name, version) in self._compiled:
             return version, self._compiled[(name, version)]
         found = await self.dags.spec(name, version)
         if found is None:
@@ -139,22 +145,7 @@ class DagRunner:
 
     async def _continue(self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
         _, dag = await self.compiled(ctx.dag, ctx.version)
-
-        replayed = False  # a result the run had already: its first settle may have died before publishing
-
-        def change(doc: RunDoc) -> RunDoc | None:
-            nonlocal replayed
-            replayed = False
-            old = RunState.from_dict(doc["run"])
-            new = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
-            for item, record in results:
-                output, error = record.output, _error_dict(record.error)
-                applied = evaluate.apply_result(dag, new, item.step, item.index, record.state.value, output, error)
-                replayed = replayed or applied is new
-                new = applied
-            new, _ = evaluate.advance(dag, new)
-            return _updated(doc, old, new, dag)
-
+        change = _Change(dag, results)
         try:
             before, after = await self.dags.update_run(ctx.run, change)
         except StoreError:
@@ -162,10 +153,14 @@ class DagRunner:
                 log.warning("%d jobs belong to DAG run %s, which no longer exists", len(results), ctx.run)
                 return
             raise
-        # A change publishes what it launched. A result the run had already means a redelivery: the settle that
-        # recorded it may have died before publishing, so everything the run has outstanding goes out again.
-        await self._publish_outstanding(after, None if replayed else _launched(before, after))
-        if _over(dag, after) and not _over(dag, before):
+        # A change publishes what it launched (the jobs it rendered). A result the run had already means a
+        # redelivery: the settle that recorded it may have died before publishing, so everything the run has
+        # outstanding goes out again.
+        if change.replayed:
+            await self._publish_outstanding(after)
+        elif after is not before:
+            await self._publish_launches(after, change.launches)
+        if after is not before and after.get("finished_at") is not None and before.get("finished_at") is None:
             await self._cancel_outstanding(dag, after)
 
     async def cancel(self, run_id: str, outcome: str = "cancelled", message: str | None = None) -> RunDoc:
@@ -209,16 +204,15 @@ class DagRunner:
         return doc
 
     # -- publishing -------------------------------------------------------------------------------------------
-    async def _publish_outstanding(self, doc: RunDoc, only: set[str] | None = None) -> None:
-        """Publish the jobs of ``doc`` that have no result yet (of the steps in ``only``, when given)."""
+    async def _publish_outstanding(self, doc: RunDoc) -> None:
+        """Publish the jobs of ``doc`` that have no result yet."""
         state = RunState.from_dict(doc["run"])
         _, dag = await self.compiled(state.dag, doc["version"])
-        jobs = [
-            (launch, job)
-            for launch in evaluate.outstanding(dag, state)
-            if only is None or launch.step_id in only
-            for job in launch.jobs
-        ]
+        await self._publish_launches(doc, evaluate.outstanding(dag, state))
+
+    async def _publish_launches(self, doc: RunDoc, launches: list[evaluate.StepLaunch]) -> None:
+        """Publish the jobs of ``launches``, recorded in ``doc``."""
+        jobs = [(launch, job) for launch in launches for job in launch.jobs]
         # Concurrently, a window at a time: a fan-out's jobs cost about one broker round trip, not one each.
         for start in range(0, len(jobs), PUBLISH_WINDOW):
             window = (self._publish(doc, step, job) for step, job in jobs[start : start + PUBLISH_WINDOW])
@@ -263,6 +257,31 @@ class DagRunner:
             await self.store.finish_many(items)
 
 
+class _Change:
+    """What a settled batch changes in a run's document. ``update_run`` may apply it more than once (to a newer
+    document after a conflict); it remembers of the last application whether a result was there already
+    (``replayed``) and the jobs it launched, rendered once (``launches``)."""
+
+    def __init__(self, dag: CompiledDag, results: list[tuple[DagContext, JobRecord]]) -> None:
+        self.dag = dag
+        self.results = results
+        self.replayed = False  # a result the run had already: its first settle may have died before publishing
+        self.launches: list[evaluate.StepLaunch] = []
+
+    def __call__(self, doc: RunDoc) -> RunDoc | None:
+        dag = self.dag
+        self.replayed = False
+        old = RunState.from_dict(doc["run"])
+        new = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
+        for item, record in self.results:
+            output, error = record.output, _error_dict(record.error)
+            applied = evaluate.apply_result(dag, new, item.step, item.index, record.state.value, output, error)
+            self.replayed = self.replayed or applied is new
+            new = applied
+        new, self.launches = evaluate.advance(dag, new)
+        return _updated(doc, old, new, dag)
+
+
 class _Lenient(Mapping[str, ModelSpec]):
     """The models a stored spec names: known ones as they are; one this process does not serve passes as a stand-in
     (the spec was checked against it when it was registered)."""
@@ -293,16 +312,6 @@ def _any_input(spec: ModelSpec, name: str) -> ModelSpec:
     import dataclasses
 
     return dataclasses.replace(spec, name=name)
-
-
-def _launched(before: RunDoc, after: RunDoc) -> set[str]:
-    """The steps ``after`` launched: pending in ``before``, not any more."""
-    old = before["run"]["steps"]
-    return {
-        sid
-        for sid, run in after["run"]["steps"].items()
-        if run["state"] != "pending" and old[sid]["state"] == "pending"
-    }
 
 
 def _error_dict(error: JobError | None) -> dict[str, Any] | None:
@@ -339,10 +348,6 @@ def _stamp(doc: RunDoc, old: RunState | None, new: RunState, now: float) -> None
             times["finished_at"] = now
         if times["started_at"] is not None or times["finished_at"] is not None:
             doc["times"][sid] = times
-
-
-def _over(dag: CompiledDag, doc: RunDoc) -> bool:
-    return evaluate.run_state(dag, RunState.from_dict(doc["run"])).state != "running"
 
 
 def _status(dag: CompiledDag, doc: RunDoc) -> str:

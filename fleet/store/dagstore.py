@@ -38,6 +38,10 @@ class DagStore(Protocol):
 
     async def spec(self, name: str, version: int | None = None) -> tuple[int, dict[str, Any]] | None: ...
 
+    async def latest_version(self, name: str) -> int | None:
+        """The newest version of ``name`` (None: no such DAG)."""
+        ...
+
     async def names(self) -> list[str]: ...
 
     async def versions(self, name: str) -> list[int]: ...
@@ -85,6 +89,9 @@ class MemoryDagStore:
             return None
         chosen = max(versions) if version is None else version
         return (chosen, versions[chosen]) if chosen in versions else None
+
+    async def latest_version(self, name: str) -> int | None:
+        return max(self._specs.get(name) or [0]) or None
 
     async def names(self) -> list[str]:
         return sorted(self._specs)
@@ -156,6 +163,7 @@ class RedisDagStore:
         self.job_ttl_s: int = store.job_ttl_s
         self._cas = self.redis.register_script(REDIS_CAS_LUA)
         self._register = self.redis.register_script(REGISTER_LUA)
+        self._create = self.redis.register_script(CREATE_RUN_LUA)
         self._known: OrderedDict[str, bytes | str] = OrderedDict()  # run id -> the document this process wrote last
 
     def _remember(self, run_id: str, raw: str) -> None:
@@ -180,6 +188,11 @@ class RedisDagStore:
             raw = await self.redis.hget(key, str(int(chosen)))
         return None if raw is None else (int(chosen), json.loads(raw))
 
+    async def latest_version(self, name: str) -> int | None:
+        async with self._errors(f"read DAG {name!r}"):
+            latest = await self.redis.hget(c.dag_spec_key(name), "latest")
+        return None if latest is None else int(latest)
+
     async def names(self) -> list[str]:
         async with self._errors("list DAGs"):
             names = await self.redis.smembers(c.DAG_SPECS_KEY)
@@ -191,23 +204,15 @@ class RedisDagStore:
         return sorted(int(f) for f in (x.decode() if isinstance(x, bytes) else x for x in fields) if f.isdigit())
 
     async def create_run(self, run_id: str, doc: RunDoc) -> tuple[bool, RunDoc]:
+        """One script: the document when the run is new (then also indexed as recent), else the one stored."""
         raw = _dumps(doc)
+        args = [raw, self.job_ttl_s, run_id, time.time(), c.DEFAULT_RECENT_RUNS_KEPT]
         async with self._errors(f"create DAG run {run_id!r}"):
-            created = await self.redis.set(c.dag_key(run_id), raw, nx=True, ex=self.job_ttl_s)
-            if created:
-                await self._index_recent(run_id)
-        if created:
+            existing = await self._create(keys=[c.dag_key(run_id), c.DAG_RECENT_RUNS_KEY], args=args)
+        if not existing:
+            self._remember(run_id, raw)
             return True, json.loads(raw)
-        current = await self.get_run(run_id)
-        if current is None:  # expired between the two calls: try once more
-            return await self.create_run(run_id, doc)
-        return False, current
-
-    async def _index_recent(self, run_id: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(c.DAG_RECENT_RUNS_KEY, {run_id: time.time()})
-            pipe.zremrangebyrank(c.DAG_RECENT_RUNS_KEY, 0, -(c.DEFAULT_RECENT_RUNS_KEPT + 1))
-            await pipe.execute()
+        return False, json.loads(existing)
 
     async def recent_runs(self, limit: int) -> list[tuple[str, RunDoc]]:
         async with self._errors("read the recent DAG runs"):
@@ -255,7 +260,12 @@ class RedisDagStore:
         channel = c.dag_events_channel(run_id)
         future = await mux.watch(channel, timeout_s)
         try:
-            current = await self.get_run(run_id)
+            last = mux.last_message(channel)  # the document it woke a waiter with, when nothing came since
+            current: RunDoc | None
+            if seen is not None and last is not None and json.loads(last) == seen:
+                current = seen
+            else:
+                current = await self.get_run(run_id)
             if current != seen:
                 return current
             try:
@@ -282,6 +292,17 @@ if current ~= ARGV[1] then return {0, current} end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[2])
 return {1}
+"""
+
+# KEYS: run key, recent runs; ARGV: document, ttl_s, run id, unix time, runs kept. The stored document when there is
+# one (the run exists), else '' after writing this one and indexing the run (the newest ``kept`` stay indexed).
+CREATE_RUN_LUA = """
+local current = redis.call('GET', KEYS[1])
+if current then return current end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(tonumber(ARGV[5]) + 1))
+return ''
 """
 
 # KEYS: spec hash, names set; ARGV: name, spec JSON. A spec equal to a registered version returns that version.

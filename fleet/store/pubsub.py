@@ -64,6 +64,7 @@ class PubSubMux:
         self._subs: dict[str, asyncio.Future[None]] = {}  # subscribed on the current connection -> its ack
         self._acks: dict[str, deque[asyncio.Future[None]]] = {}  # acks owed by the server, FIFO per channel
         self._unsub_pending: set[str] = set()
+        self._last: dict[str, bytes | str] = {}  # newest message of each channel subscribed without a break since
         self._lock = asyncio.Lock()  # orders SUBSCRIBE/UNSUBSCRIBE writes with the bookkeeping above
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -119,6 +120,12 @@ class PubSubMux:
         for future in self._waiters.get(channel, ()):
             if not future.done():
                 future.set_result(data)
+
+    def last_message(self, channel: str) -> bytes | str | None:
+        """The newest message received on ``channel`` while it has stayed subscribed since (None: none, or the
+        subscription broke). A waiter that has seen it knows nothing newer was published before it watched
+        again: what comes later wakes it, so it needs no read."""
+        return self._last.get(channel)
 
     def watched(self) -> list[str]:
         """The channels with at least one waiter now."""
@@ -203,6 +210,7 @@ class PubSubMux:
                 self._unsub_pending.clear()
                 for channel in channels:
                     del self._subs[channel]
+                    self._last.pop(channel, None)
                 if channels and self.connected:
                     await self._send("UNSUBSCRIBE", *channels)
         except (RedisError, OSError) as exc:
@@ -279,6 +287,8 @@ class PubSubMux:
             return  # PONG outside subscribed mode
         kind, channel = _text(response[0]), _text(response[1])
         if kind == "message":
+            if channel in self._subs:
+                self._last[channel] = response[2]
             self.deliver(channel, response[2])
         elif kind == "subscribe":
             acks = self._acks.get(channel)
@@ -293,6 +303,7 @@ class PubSubMux:
         # Every waiter re-watches, which waits for the reconnection; the wake-up after it makes them read the record.
         self._connected.clear()
         self._subs.clear()
+        self._last.clear()
         for acks in self._acks.values():
             for ack in acks:
                 if not ack.done():
