@@ -27,7 +27,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from websockets.asyncio.client import connect as ws_connect
@@ -208,7 +208,7 @@ class FleetClient:
         *,
         job_id: str | None = None,
         timeout_s: float | None = None,
-        priority: int = 0,
+        priority: Literal["high", "normal", "low"] | int = "normal",
     ) -> str:
         """Submit one job and return its id once the broker acknowledged it.
 
@@ -217,10 +217,12 @@ class FleetClient:
             input: the model input; the gateway validates it against the model's input schema.
             job_id: an idempotency key; submitting the same id again creates no second job.
             timeout_s: a job not started within this many seconds ends ``expired``.
-            priority: 0 (normal) to 9.
+            priority: ``"high"``, ``"normal"`` or ``"low"``; workers take higher levels first (low never starves).
+                Integers from -9 to 9 are accepted too and map by sign (> 0 high, 0 normal, < 0 low).
 
         Raises:
-            UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong; fix it.
+            UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong (an unknown priority is an
+                InvalidInput: a 422); fix it.
             BrokerUnavailable, StoreError: retriable; the gateway's dependencies are down.
             QueueFull: retriable; the model's queue holds its bound, retry after ``exc.retry_after_s``.
             GatewayUnreachable: retriable; resubmit with the same ``job_id`` to stay idempotent.
