@@ -32,13 +32,15 @@ from fleet.priorities import check_weights, priority_of_subject, serve_cycle, se
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from producers.gateway.calls import message_priority
+from producers.gateway.reconcile import Reconciler
 from producers.publish import check_priority, prepare
 from producers.sdk import FleetClient
 from schemas.api import SubmitRequest
 from schemas.export import all_schemas
+from schemas.jobs import JobRecord, JobState
 from schemas.models import BUILTIN_SPECS
 from schemas.wire import PRIORITY_NAMES, RequestMessage, to_priority
-from tests.gateway_helpers import asgi_gateway, error_of, model_refs
+from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs
 from tests.infra import PAIRS, connected_pair, eventually, settings_for, wait_terminal
 
 # -- the weighting: a pure table -----------------------------------------------------------------------------
@@ -342,3 +344,33 @@ async def test_the_dispatcher_assigns_higher_priorities_first(infra, unique) -> 
         _, low_after = await high_overtakes_the_backlog(broker, store, model, worker, unique)
     assert low_after >= BACKLOG // 4, f"only {low_after} low jobs finished after the last high one"
     assert dispatcher._sub is not None and dispatcher._sub.served["high"] >= HIGH  # type: ignore[attr-defined]
+
+
+async def test_lag_counts_every_level_on_every_broker(infra, unique) -> None:
+    broker, _, _ = infra
+    model = f"prio-lag-{unique}"
+    await broker.ensure_model(model)
+    for level, count in (("high", 3), ("normal", 2), ("low", 1)):
+        await publish_level(broker, model, level, [f"{unique}-{level}-{i}" for i in range(count)])
+
+    async def counted() -> bool:
+        return await read_lag_by_priority(broker, model) == {"high": 3, "normal": 2, "low": 1}
+
+    await eventually(counted, timeout_s=10, what="the lag of each level")
+    assert await read_lag(broker, model) == 6
+
+
+async def test_a_reconcile_sweep_republishes_on_the_jobs_level(unique: str) -> None:
+    settings = settings_for("memory", {})
+    async with connected_pair(settings) as (broker, store):
+        model = f"prio-rec-{unique}"
+        await broker.ensure_model(model)
+        for level in ("high", "low"):
+            job_id = f"{unique}-{level}"
+            data = RequestMessage(job_id=job_id, model=model, input={}, priority=level).model_dump_json().encode()
+            await store.create(JobRecord(job_id=job_id, model=model, state=JobState.queued), data)
+        await asyncio.sleep(0.3)
+        assert await Reconciler(broker, store, FAST_LIMITS, after_s=0.2).sweep() >= 2
+        assert await read_lag_by_priority(broker, model) == {"high": 1, "normal": 0, "low": 1}
+        await expect_on_level(broker, model, "high", f"{unique}-high")
+        await expect_on_level(broker, model, "low", f"{unique}-low")

@@ -15,15 +15,15 @@ handed out as its level's subscription made it. ``PrioritySubscription`` only ch
    half-way through a broker's fetch.
 
 Messages a finished wait fetched beyond what a round returns are kept for the next rounds (they were fetched for
-this consumer; the worker's next fetch comes within one batch). ``close`` stops the outstanding waits, hands back
-what it kept (``nak``) and closes every level.
+this consumer; the worker's next fetch comes within one batch). ``close`` lets the outstanding waits end (each
+lasts at most the timeout of the fetch that started it), hands back what they and earlier waits brought (``nak``)
+and closes every level.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
 from collections.abc import Callable
 
@@ -33,7 +33,7 @@ from fleet.errors import BrokerError, BrokerUnavailable
 from fleet.priorities import Weights, check_weights, serve_order
 from fleet.tasks import cancel_and_wait
 
-log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 5.0  # how long close lets outstanding waits end by themselves (they last one fetch's timeout)
 
 
 class PrioritySubscription:
@@ -104,6 +104,8 @@ class PrioritySubscription:
             return
         self._closed = True
         waits = list(self._waits.values())
+        if waits:  # let them end by their own timeout: a pull cut short could leave the server a request to fill
+            await asyncio.wait(waits, timeout=CLOSE_WAIT_S)
         await cancel_and_wait(waits, timeout_s=2.0)
         for wait in waits:
             if wait.done() and not wait.cancelled() and wait.exception() is None:
