@@ -2,9 +2,10 @@
 
     python -m benchmarks.bench_priority [--broker nats|kafka|memory] [--seconds 6] [--overload 1.5] [--rounds 2]
 
-One in-process ``Worker`` serves the ``sleep`` model (``--mean-ms`` per item, fixed, so its capacity is about
-``1000 / mean_ms`` jobs per second) over the chosen broker and Redis (the in-memory store with ``memory``). An
-open-loop producer publishes Poisson arrivals at ``--overload`` x that capacity for ``--seconds``, a mix of
+One in-process ``Worker`` serves the ``sleep`` model (``--mean-ms`` per item, fixed) over the chosen broker and
+Redis (the in-memory store with ``memory``). Its capacity is measured first (a burst of jobs, completions per
+second, which is below ``1000 / mean_ms`` by the per-job overhead). An open-loop producer then publishes Poisson
+arrivals at ``--overload`` x that measured capacity for ``--seconds``, a mix of
 ``--mix`` high / normal / low, each job on its level's subject; then every job is waited for. A job's latency is
 its record's ``finished_at`` minus the time it was published.
 
@@ -35,6 +36,7 @@ from fleet.brokers.base import Broker
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
+from schemas.jobs import JobRecord
 from schemas.wire import RequestMessage
 
 LEVELS = c.PRIORITIES
@@ -74,29 +76,61 @@ async def offer(
     return jobs
 
 
-async def one_round(
-    broker: Broker, store: ResultStore, settings: FleetSettings, args: argparse.Namespace, prioritised: bool, seed: int
-) -> dict[str, list[float]]:
-    """One setup's round on a fresh model: latencies in seconds per level."""
+def new_worker(broker: Broker, store: ResultStore, settings: FleetSettings, args: argparse.Namespace) -> Worker:
     model = f"bprio-{uuid.uuid4().hex[:8]}"
-    worker = Worker(
-        with_name(SleepHandler, model)(), broker, store, settings=settings, max_batch=args.max_batch, max_wait_ms=1
-    )
+    handler = with_name(SleepHandler, model)()
+    return Worker(handler, broker, store, settings=settings, max_batch=args.max_batch, max_wait_ms=1)
+
+
+async def wait_all(store: ResultStore, ids: list[str]) -> list[JobRecord]:
+    records: list[JobRecord] = []
+    for start in range(0, len(ids), 500):
+        got = await asyncio.gather(*(store.wait(job_id, 600) for job_id in ids[start : start + 500]))
+        for record in got:
+            assert record is not None and record.state == "succeeded" and record.finished_at is not None, record
+            records.append(record)
+    return records
+
+
+async def capacity(broker: Broker, store: ResultStore, settings: FleetSettings, args: argparse.Namespace) -> float:
+    """Jobs per second the worker completes with a backlog: a burst, first start to last finish."""
+    worker = new_worker(broker, store, settings, args)
     await worker.start()
     try:
-        plan = arrivals(1000 / args.mean_ms * args.overload, args.seconds, tuple(args.mix), seed)
-        jobs = await offer(broker, model, plan, prioritised, args.mean_ms)
-        ids = list(jobs)
-        records = []
-        for start in range(0, len(ids), 500):
-            records += await asyncio.gather(*(store.wait(job_id, 600) for job_id in ids[start : start + 500]))
+        burst = int(3 * 1000 / args.mean_ms)
+        jobs = await offer(broker, worker.model, [(0.0, "normal")] * burst, False, args.mean_ms)
+        records = await wait_all(store, list(jobs))
     finally:
         await worker.stop()
+    began = min(r.started_at or r.finished_at or 0 for r in records)
+    return len(records) / (max(r.finished_at or 0 for r in records) - began)
+
+
+async def one_round(
+    broker: Broker, store: ResultStore, settings: FleetSettings, args: argparse.Namespace, rate: float, seed: int
+) -> dict[str, dict[str, list[float]]]:
+    """Both setups on the same arrivals (each on a fresh model, in turn, the order alternating by ``seed``):
+    latencies in seconds per setup and level."""
+    plan = arrivals(rate, args.seconds, tuple(args.mix), seed)
+    out: dict[str, dict[str, list[float]]] = {}
+    for side in ("priorities", "fifo") if seed % 2 else ("fifo", "priorities"):
+        worker = new_worker(broker, store, settings, args)
+        await worker.start()
+        try:
+            jobs = await offer(broker, worker.model, plan, side == "priorities", args.mean_ms)
+            records = await wait_all(store, list(jobs))
+        finally:
+            await worker.stop()
+        out[side] = latencies(jobs, records)
+        print(f"{side}: " + ", ".join(f"{lv} {len(out[side][lv])}" for lv in LEVELS), flush=True)
+    return out
+
+
+def latencies(jobs: dict[str, tuple[str, float]], records: list[JobRecord]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {level: [] for level in LEVELS}
-    for job_id, record in zip(ids, records, strict=True):
-        assert record is not None and record.state == "succeeded" and record.finished_at is not None, record
+    for job_id, record in zip(jobs, records, strict=True):
         level, sent_at = jobs[job_id]
-        out[level].append(record.finished_at - sent_at)
+        out[level].append((record.finished_at or 0) - sent_at)
     return out
 
 
@@ -106,16 +140,18 @@ async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str
     await store.connect()
     sides: dict[str, dict[str, list[float]]] = {side: {lv: [] for lv in LEVELS} for side in ("priorities", "fifo")}
     try:
+        measured = await capacity(broker, store, settings, args)
+        rate = measured * args.overload
+        print(f"capacity {measured:.0f} jobs/s; offering {rate:.0f} jobs/s", flush=True)
         for r in range(args.rounds):
-            for side in ("priorities", "fifo") if r % 2 == 0 else ("fifo", "priorities"):
-                got = await one_round(broker, store, settings, args, side == "priorities", seed=args.seed + r)
+            got = await one_round(broker, store, settings, args, rate, seed=args.seed + r)
+            for side, by_level in got.items():
                 for level in LEVELS:
-                    sides[side][level] += got[level]
-                print(f"round {r + 1} {side}: " + ", ".join(f"{lv} {len(got[lv])}" for lv in LEVELS), flush=True)
+                    sides[side][level] += by_level[level]
     finally:
         await store.close()
         await broker.close()
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"capacity_per_s": measured, "offered_per_s": rate}
     for side, by_level in sides.items():
         stats = {level: {**percentiles_ms(values), "jobs": len(values)} for level, values in by_level.items()}
         result[side] = {**stats, "high_low_p99_ratio": stats["high"]["p99_ms"] / stats["low"]["p99_ms"]}
@@ -144,7 +180,8 @@ async def main(args: argparse.Namespace) -> None:
         )
         result = await measure(settings, args)
     show(
-        f"Priorities under {args.overload:g}x overload, one worker, {args.broker} broker "
+        f"Priorities under {args.overload:g}x overload ({result['offered_per_s']:.0f} jobs/s offered to a worker doing "
+        f"{result['capacity_per_s']:.0f}/s), {args.broker} broker "
         f"(mix high/normal/low {'/'.join(f'{m:g}' for m in args.mix)})",
         rows(result),
     )

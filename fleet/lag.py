@@ -30,11 +30,15 @@ async def read_lag(broker: Broker, model: str) -> int:
 
 
 async def read_lag_by_priority(broker: Broker, model: str) -> dict[str, int]:
-    """The lag of each priority level of ``model`` (``high``, ``normal``, ``low``), read concurrently."""
-    lags = await asyncio.gather(
-        *(broker.lag(c.request_subject(model, level), c.consumer_name(model, level)) for level in c.PRIORITIES)
-    )
-    return dict(zip(c.PRIORITIES, lags, strict=True))
+    """The lag of each priority level of ``model`` (``high``, ``normal``, ``low``).
+
+    Read one level after the other: a broker client that swallows a cancellation (nats-py's can) then still
+    finishes the read it was in, as with one subject, instead of ``gather`` turning it into a cancelled read.
+    """
+    return {
+        level: await broker.lag(c.request_subject(model, level), c.consumer_name(model, level))
+        for level in c.PRIORITIES
+    }
 
 
 class LagMonitor:
