@@ -53,6 +53,8 @@ __all__ = ["FleetClient", "GatewayError", "GatewayUnreachable", "InferTimeout", 
 
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
+# A job's priority: a name, or an integer of -9..9 mapped by sign (> 0 high, 0 normal, < 0 low); see submit.
+PriorityArg = Literal["high", "normal", "low"] | int
 SUBSCRIBE_IDS_PER_FRAME = 100  # the gateway's default ws_max_ids_per_frame
 RETRY_FIRST_S = 0.1  # first pause of wait/subscribe after a retriable failure
 RETRY_MAX_S = 2.0  # and the longest
@@ -137,7 +139,7 @@ def error_from_response(status: int, body: Any) -> FleetError:
 
 
 def _job_body(
-    model: str, input: dict[str, Any], job_id: str | None, timeout_s: float | None, priority: int
+    model: str, input: dict[str, Any], job_id: str | None, timeout_s: float | None, priority: PriorityArg
 ) -> dict[str, Any]:
     """The ``POST /v1/jobs`` (and ``/v1/infer``) body."""
     body: dict[str, Any] = {"model": model, "input": input, "priority": priority}
@@ -208,7 +210,7 @@ class FleetClient:
         *,
         job_id: str | None = None,
         timeout_s: float | None = None,
-        priority: Literal["high", "normal", "low"] | int = "normal",
+        priority: PriorityArg = "normal",
     ) -> str:
         """Submit one job and return its id once the broker acknowledged it.
 
@@ -238,7 +240,7 @@ class FleetClient:
         wait_s: float = 30.0,
         job_id: str | None = None,
         timeout_s: float | None = None,
-        priority: int = 0,
+        priority: PriorityArg = "normal",
     ) -> Any:
         """Run one job in one request (``POST /v1/infer``) and return its output.
 
