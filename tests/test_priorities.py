@@ -26,7 +26,7 @@ from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.brokers.memory import MemoryBroker
 from fleet.brokers.prioritized import PrioritySubscription, subscribe_priorities
-from fleet.errors import InvalidInput
+from fleet.errors import BrokerUnavailable, InvalidInput
 from fleet.lag import read_lag, read_lag_by_priority
 from fleet.priorities import check_weights, priority_of_subject, serve_cycle, serve_order
 from fleet.settings import FleetSettings
@@ -374,3 +374,42 @@ async def test_a_reconcile_sweep_republishes_on_the_jobs_level(unique: str) -> N
         assert await read_lag_by_priority(broker, model) == {"high": 1, "normal": 0, "low": 1}
         await expect_on_level(broker, model, "high", f"{unique}-high")
         await expect_on_level(broker, model, "low", f"{unique}-low")
+
+
+class FailingLevel:
+    """A level whose every fetch fails, as a NATS level whose consumer was deleted."""
+
+    partitioned = False
+
+    def __init__(self) -> None:
+        self.fetches = 0
+
+    async def fetch(self, max_messages: int, timeout_s: float) -> list[Any]:
+        self.fetches += 1
+        raise BrokerUnavailable("pull from fleet.req.m.low failed: status 409 Consumer Deleted")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_failing_level_rests_while_the_others_serve_and_its_error_is_raised_when_nothing_else_came() -> None:
+    broker = MemoryBroker(ack_wait_s=30, dedup_window_s=60, max_message_bytes=1 << 20)
+    await broker.connect()
+    await broker.ensure_model("m")
+    failing = FailingLevel()
+    levels: dict[str, Any] = {
+        lv: await broker.subscribe(c.request_subject("m", lv), c.consumer_name("m", lv)) for lv in ("high", "normal")
+    }
+    sub = PrioritySubscription({**levels, "low": failing})
+    try:
+        await publish_level(broker, "m", "normal", ["n-1", "n-2"])
+        got = [d.msg_id for _ in range(2) for d in await sub.fetch(1, 1.0)]
+        assert got == ["n-1", "n-2"]
+        with pytest.raises(BrokerUnavailable, match="Consumer Deleted"):
+            await sub.fetch(8, 0.3)
+        assert failing.fetches == 1, "a failed level rests instead of being asked again at once"
+        await publish_level(broker, "m", "high", ["h-1"])
+        assert [d.msg_id for d in await sub.fetch(8, 1.0)] == ["h-1"]
+    finally:
+        await sub.close()
+        await broker.close()

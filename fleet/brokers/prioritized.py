@@ -14,6 +14,10 @@ handed out as its level's subscription made it. ``PrioritySubscription`` only ch
    order), so a long-poll on an empty high level never delays normal work, and nothing is lost to a cancellation
    half-way through a broker's fetch.
 
+A level whose fetch fails (its consumer was deleted, its broker call timed out) rests for ``FAILED_LEVEL_REST_S``
+while the other levels go on serving; the error is logged, and raised by a fetch that found nothing elsewhere (the
+caller backs off as from a plain subscription).
+
 Messages a finished wait fetched beyond what a round returns are kept for the next rounds (they were fetched for
 this consumer; the worker's next fetch comes within one batch). ``close`` lets the outstanding waits end (each
 lasts at most the timeout of the fetch that started it), hands back what they and earlier waits brought (``nak``)
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable
 
@@ -33,6 +38,9 @@ from fleet.errors import BrokerError, BrokerUnavailable
 from fleet.priorities import Weights, check_weights, serve_order
 from fleet.tasks import cancel_and_wait
 
+log = logging.getLogger(__name__)
+
+FAILED_LEVEL_REST_S = 1.0  # a level whose fetch failed is not read again for this long
 CLOSE_WAIT_S = 5.0  # how long close lets outstanding waits end by themselves (they last one fetch's timeout)
 
 
@@ -49,6 +57,8 @@ class PrioritySubscription:
         self.served = dict.fromkeys(c.PRIORITIES, 0)  # messages handed out per level
         self._kept: dict[str, deque[Delivery]] = {level: deque() for level in c.PRIORITIES}
         self._waits: dict[str, asyncio.Task[list[Delivery]]] = {}
+        self._resting: dict[str, float] = {}  # level -> loop time until which it is not read (its fetch failed)
+        self._failure: BrokerError | None = None  # the latest failure of this fetch, raised if nothing else came
         self._lock = asyncio.Lock()
         self._closed = False
 
@@ -63,36 +73,65 @@ class PrioritySubscription:
             deadline = loop.time() + max(0.0, timeout_s)
             order = serve_order(self.rounds, self.weights)
             self.rounds += 1
+            self._failure = None
             for level in order:
                 got = await self._now(level, max_messages)
                 if got:
                     return self._hand_out(level, got)
             while not self._closed and (remaining := deadline - loop.time()) > 0:
-                for level in order:
-                    if level not in self._waits:
-                        self._waits[level] = asyncio.ensure_future(self.levels[level].fetch(max_messages, remaining))
-                await asyncio.wait(self._waits.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                self._start_waits(order, max_messages, remaining)
+                if self._waits:
+                    await asyncio.wait(self._waits.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                else:  # every level rests after a failure: wait for the first to come back (or the deadline)
+                    await asyncio.sleep(max(0.0, min(remaining, min(self._resting.values()) - loop.time())))
                 for level in order:
                     got = self._finished(level, max_messages)
                     if got:
                         return self._hand_out(level, got)
+            if self._failure is not None:
+                raise self._failure
             return []
+
+    def _start_waits(self, order: tuple[str, ...], max_messages: int, remaining: float) -> None:
+        now = asyncio.get_running_loop().time()
+        for level in order:
+            if level not in self._waits and self._resting.get(level, 0.0) <= now:
+                self._waits[level] = asyncio.ensure_future(self.levels[level].fetch(max_messages, remaining))
 
     async def _now(self, level: str, max_messages: int) -> list[Delivery]:
         """What ``level`` has at once: kept messages, a finished wait's, else a fetch that does not wait."""
         got = self._finished(level, max_messages)
         if got or level in self._waits:  # a wait still running holds the level's fetch: it reports when it has some
             return got
-        return list(await self.levels[level].fetch(max_messages, 0.0))
+        if self._resting.get(level, 0.0) > asyncio.get_running_loop().time():
+            return []
+        try:
+            return list(await self.levels[level].fetch(max_messages, 0.0))
+        except BrokerError as exc:
+            self._rest(level, exc)
+            return []
 
     def _finished(self, level: str, max_messages: int) -> list[Delivery]:
-        """Kept messages of ``level``, after taking in its wait if that finished; raises the wait's broker error."""
+        """Kept messages of ``level``, after taking in its wait if that finished (a failed wait rests the level)."""
         wait = self._waits.get(level)
         if wait is not None and wait.done():
             del self._waits[level]
-            self._kept[level].extend(wait.result())  # a BrokerError surfaces here, as from a plain fetch
+            try:
+                self._kept[level].extend(wait.result())
+            except BrokerError as exc:
+                self._rest(level, exc)
         kept = self._kept[level]
         return [kept.popleft() for _ in range(min(max_messages, len(kept)))]
+
+    def _rest(self, level: str, exc: BrokerError) -> None:
+        log.warning(
+            "fetch from the %s level failed (%s); reading the other levels, this one again in %.0fs",
+            level,
+            exc,
+            FAILED_LEVEL_REST_S,
+        )
+        self._resting[level] = asyncio.get_running_loop().time() + FAILED_LEVEL_REST_S
+        self._failure = exc
 
     def _hand_out(self, level: str, got: list[Delivery]) -> list[Delivery]:
         self.served[level] += len(got)
