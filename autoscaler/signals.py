@@ -30,6 +30,7 @@ from autoscaler.policy import Signals
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
 from fleet.brokers.events import Listener, validated
+from fleet.lag import read_lag
 from schemas.wire import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ class SignalReader:
         policy sees the signals go stale rather than a made-up number; before any read the lag is unknown."""
         state = self._models.setdefault(model, _Model())
         try:
-            lag = await self.broker.lag(c.request_subject(model), c.consumer_name(model))
+            lag = await read_lag(self.broker, model)  # every priority level's backlog
         except Exception as exc:
             log.warning("lag of %s not read: %s", model, exc)
         else:

@@ -45,6 +45,7 @@ from consumers.settle import Held, OnSettled, Settler
 from consumers.stats import WorkerStats
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
+from fleet.brokers.prioritized import subscribe_inbox, subscribe_priorities
 from fleet.errors import BrokerError, FleetError
 from fleet.keepalive import keep_alive
 from fleet.settings import FleetSettings
@@ -270,11 +271,12 @@ class Worker:
         self._aux_tasks.append(asyncio.create_task(keepalive, name=f"{self.worker_id}-keepalive"))
 
     async def _subscribe(self) -> Subscription:
-        """Pull routing: compete with the model's other workers. Dispatch routing: read our own inbox, and
-        announce free slots to the dispatchers that fill it."""
+        """Pull routing: compete with the model's other workers, on every priority level (higher levels first:
+        ``fleet.brokers.prioritized``). Dispatch routing: read our own inbox, and announce free slots to the
+        dispatchers that fill it (they take higher levels first)."""
         if self.routing == "pull":
-            return await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
-        sub = await self.broker.subscribe(c.inbox_subject(self.worker_id), c.inbox_group(self.worker_id))
+            return await subscribe_priorities(self.broker, self.model, self.settings.priority_weights)
+        sub = await subscribe_inbox(self.broker, self.worker_id, self.settings.priority_weights)
         self._announcer = IdleAnnouncer(
             self.broker,
             model=self.model,

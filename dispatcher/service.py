@@ -34,9 +34,11 @@ from dispatcher.state import DispatcherState
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream, Subscription
 from fleet.brokers.events import validated
+from fleet.brokers.prioritized import subscribe_priorities
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
 from fleet.keepalive import keep_alive
+from fleet.priorities import priority_of_subject, rank
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait, wait_event
@@ -66,6 +68,7 @@ class Assignment:
     route: str = ""
     assigned_at: float = 0.0
     attempts: int = 0  # deliveries of the source before us + assignments made here
+    priority: str = c.DEFAULT_PRIORITY  # the level of the subject it came from: requests waiting here go highest first
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def inbox_msg_id(self, worker: str) -> str:
@@ -143,7 +146,7 @@ class Dispatcher:
         beats = await self.broker.listen(c.heartbeat_subject(self.model))
         idle = await self.broker.listen(c.idle_subject(self.model, self.dispatcher_id))
         self._streams = [beats, idle]
-        self._sub = await self.broker.subscribe(c.request_subject(self.model), c.consumer_name(self.model))
+        self._sub = await subscribe_priorities(self.broker, self.model, self.settings.priority_weights)
         name = self.dispatcher_id
         self._tasks = [
             asyncio.create_task(self._read_heartbeats(beats), name=f"{name}-heartbeats"),
@@ -214,7 +217,10 @@ class Dispatcher:
         if held is not None:  # the same job again (a redelivery or a duplicate publish): settle both together
             held.deliveries.append(delivery)
             return
-        assignment = Assignment(job_id, delivery.data, [delivery], attempts=delivery.delivery_count - 1)
+        priority = priority_of_subject(delivery.subject, self.model)
+        assignment = Assignment(
+            job_id, delivery.data, [delivery], attempts=delivery.delivery_count - 1, priority=priority
+        )
         self._held[job_id] = assignment
         assignment.waiter = asyncio.create_task(self._await_result(assignment), name=f"wait-{job_id}")
         await self._assign(assignment)
@@ -238,7 +244,10 @@ class Dispatcher:
         assignment.attempts += 1
         try:
             await self.broker.publish(
-                c.inbox_subject(worker), assignment.data, msg_id=assignment.inbox_msg_id(worker), headers=headers
+                c.inbox_subject(worker, assignment.priority),
+                assignment.data,
+                msg_id=assignment.inbox_msg_id(worker),
+                headers=headers,
             )
         except BrokerError as exc:
             log.warning("dispatcher %s: assignment of %s failed (%s); retrying", self.dispatcher_id, worker, exc)
@@ -347,7 +356,8 @@ class Dispatcher:
                 await self._assign(assignment, route="reassigned")
 
     async def _assign_waiting(self) -> None:
-        for assignment in list(self._unassigned.values()):
+        """Assign the requests waiting for a worker: higher priorities first, then in arrival order."""
+        for assignment in sorted(self._unassigned.values(), key=lambda a: rank(a.priority)):
             if not len(self.state.live):
                 return
             await self._assign(assignment)

@@ -35,16 +35,36 @@ HEADER_DISPATCHER = "fleet-dispatcher"  # on an inbox message: the dispatcher th
 HEADER_TOKEN = "fleet-idle-token"  # on an inbox message: the worker's idle token it used, when it used one
 
 
-def request_subject(model: str) -> str:
-    return f"{REQ_PREFIX}.{model}"
+# Priority levels, highest first. Each has its own request subject (topic on Kafka) and group, so that a worker can
+# take higher levels first (``fleet.brokers.prioritized``); "normal" keeps the plain subject and group names, so
+# producers and consumers that know nothing of priorities keep working.
+PRIORITIES = ("high", "normal", "low")
+DEFAULT_PRIORITY = "normal"
+# How often each level leads a fetch round, in that order (``fleet.priorities``): low leads 1 round in 10.
+DEFAULT_PRIORITY_WEIGHTS = (6, 3, 1)
+
+
+def request_subject(model: str, priority: str = DEFAULT_PRIORITY) -> str:
+    """``fleet.req.<model>`` for normal priority, ``fleet.req.<model>.high`` / ``.low`` for the others."""
+    return f"{REQ_PREFIX}.{model}{_level_suffix(priority, '.')}"
 
 
 def dlq_subject(model: str) -> str:
     return f"{DLQ_PREFIX}.{model}"
 
 
-def inbox_subject(worker_id: str) -> str:
-    return f"{INBOX_PREFIX}.{worker_id}"
+def _level_suffix(priority: str, sep: str) -> str:
+    if priority == DEFAULT_PRIORITY:
+        return ""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority {priority!r} is not one of {', '.join(PRIORITIES)}")
+    return f"{sep}{priority}"
+
+
+def inbox_subject(worker_id: str, priority: str = DEFAULT_PRIORITY) -> str:
+    """A worker's inbox (direct assignment), one per priority level like the request subjects:
+    ``fleet.inbox.<worker>`` for normal, ``fleet.inbox.<worker>.high`` / ``.low``."""
+    return f"{INBOX_PREFIX}.{worker_id}{_level_suffix(priority, '.')}"
 
 
 def heartbeat_subject(model: str) -> str:
@@ -66,14 +86,16 @@ def drain_subject(worker_id: str) -> str:
     return f"{DRAIN_PREFIX}.{worker_id}"
 
 
-def inbox_group(worker_id: str) -> str:
-    """The one group on a worker's inbox: the worker itself."""
-    return f"fleet-inbox-{worker_id}"
+def inbox_group(worker_id: str, priority: str = DEFAULT_PRIORITY) -> str:
+    """The one group on a worker's inbox (of one priority level): the worker itself."""
+    return f"fleet-inbox-{worker_id}{_level_suffix(priority, '-')}"
 
 
-def consumer_name(model: str) -> str:
-    """Durable consumer (NATS) or consumer group (Kafka) shared by all workers of a model."""
-    return f"fleet-{model}"
+def consumer_name(model: str, priority: str = DEFAULT_PRIORITY) -> str:
+    """Durable consumer (NATS) or consumer group (Kafka) shared by all workers of a model, one per priority level:
+    ``fleet-<model>`` for normal, ``fleet-<model>-high`` / ``-low`` (a group of its own, so that on Kafka a member
+    joining one level does not rebalance the others)."""
+    return f"fleet-{model}{_level_suffix(priority, '-')}"
 
 
 # -- Redis keys -----------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 Lag is what the group has not finished: JetStream ``num_pending + num_ack_pending`` of the durable consumer,
 Kafka ``end offset - committed offset`` summed over partitions, the in-memory broker's waiting plus in-flight.
+A model's lag is the sum over its priority levels (each level is a subject and group of its own).
 """
 
 from __future__ import annotations
@@ -24,7 +25,20 @@ QUEUE_LAG = Gauge(
 
 
 async def read_lag(broker: Broker, model: str) -> int:
-    return await broker.lag(c.request_subject(model), c.consumer_name(model))
+    """The model's lag: every priority level's, summed. Raises what the broker's ``lag`` raises."""
+    return sum((await read_lag_by_priority(broker, model)).values())
+
+
+async def read_lag_by_priority(broker: Broker, model: str) -> dict[str, int]:
+    """The lag of each priority level of ``model`` (``high``, ``normal``, ``low``).
+
+    Read one level after the other: a broker client that swallows a cancellation (nats-py's can) then still
+    finishes the read it was in, as with one subject, instead of ``gather`` turning it into a cancelled read.
+    """
+    return {
+        level: await broker.lag(c.request_subject(model, level), c.consumer_name(model, level))
+        for level in c.PRIORITIES
+    }
 
 
 class LagMonitor:

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fleet import constants as c
 from fleet.errors import ConfigError
+from fleet.priorities import check_weights
 
 BROKER_SCHEMES = ("memory", "nats", "kafka")
 STORE_SCHEMES = ("memory", "redis", "rediss")
@@ -90,6 +91,13 @@ class FleetSettings(BaseSettings):
     max_message_bytes: int = Field(c.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
     kafka_partitions: int = Field(4, ge=1, le=1024, description="partitions of a request topic Fleet creates")
     kafka_auto_create: bool = Field(True, description="create missing request topics at start-up")
+
+    # priorities (fleet.priorities)
+    priority_weights: Annotated[tuple[int, int, int], NoDecode] = Field(
+        c.DEFAULT_PRIORITY_WEIGHTS,
+        description="how many rounds of each cycle high, normal and low lead, e.g. '6,3,1' (each at least 1, so no "
+        "level starves)",
+    )
 
     # direct assignment (dispatcher)
     routing: Annotated[dict[str, Literal["pull", "dispatch"]], NoDecode] = Field(
@@ -172,6 +180,18 @@ class FleetSettings(BaseSettings):
     @classmethod
     def _parse_routing(cls, value: object) -> object:
         return parse_pairs(value, "routing", "MODEL=pull|dispatch")
+
+    @field_validator("priority_weights", mode="before")
+    @classmethod
+    def _parse_weights(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("priority_weights")
+    @classmethod
+    def _check_weights(cls, value: tuple[int, int, int]) -> tuple[int, int, int]:
+        return check_weights(value)
 
     @field_validator("max_queued_per_model", mode="before")
     @classmethod

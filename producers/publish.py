@@ -20,7 +20,7 @@ from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.errors import InvalidInput
 from schemas.models import ModelSpec
-from schemas.wire import RequestMessage
+from schemas.wire import RequestMessage, to_priority
 
 
 @dataclass(slots=True)
@@ -39,7 +39,15 @@ def _describe(exc: ValidationError, prefix: str) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in (prefix, *e['loc']) if p != '')}: {e['msg']}" for e in exc.errors())
 
 
-def prepare_line(text: str, spec: ModelSpec, *, requests: bool) -> RequestMessage:
+def check_priority(value: str) -> str:
+    """A priority name from a name or an integer's text (``"2"``); ``InvalidInput`` saying what is accepted."""
+    try:
+        return to_priority(int(value) if value.lstrip("-").isdigit() else value)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def prepare_line(text: str, spec: ModelSpec, *, requests: bool, priority: str = "normal") -> RequestMessage:
     """One JSONL line → a validated request. Raises ``InvalidInput`` with a message naming the problem."""
     try:
         body = json.loads(text)
@@ -48,7 +56,7 @@ def prepare_line(text: str, spec: ModelSpec, *, requests: bool) -> RequestMessag
     if not isinstance(body, dict):
         raise InvalidInput("each line must be a JSON object")
     if not requests:
-        body = {"job_id": uuid.uuid4().hex, "model": spec.name, "input": body}
+        body = {"job_id": uuid.uuid4().hex, "model": spec.name, "input": body, "priority": priority}
     try:
         message = RequestMessage.model_validate(body)
         spec.input_model.model_validate(message.input)
@@ -59,13 +67,13 @@ def prepare_line(text: str, spec: ModelSpec, *, requests: bool) -> RequestMessag
     return message
 
 
-def prepare(lines: Iterable[str], spec: ModelSpec, *, requests: bool = False) -> Prepared:
+def prepare(lines: Iterable[str], spec: ModelSpec, *, requests: bool = False, priority: str = "normal") -> Prepared:
     prepared = Prepared()
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            prepared.messages.append(prepare_line(text, spec, requests=requests))
+            prepared.messages.append(prepare_line(text, spec, requests=requests, priority=priority))
         except InvalidInput as exc:
             prepared.errors.append(LineError(number, exc.message))
     return prepared
@@ -82,7 +90,8 @@ async def publish_all(
     concurrency: int = 256,
     on_published: Callable[[], None] | None = None,
 ) -> list[str]:
-    """Publish every message to its model's subject with the job id as message id; return the job ids.
+    """Publish every message to its model's subject (of its priority) with the job id as message id; return the job
+    ids.
 
     ``concurrency`` publishers share the list, so that many publishes await their broker acknowledgement at once
     (a fixed pool rather than one task per message: a million-line file costs no million waiting tasks). Raises the
@@ -94,7 +103,7 @@ async def publish_all(
     async def publisher() -> None:
         for message in pending:  # the shared iterator hands each message to exactly one publisher
             await broker.publish(
-                c.request_subject(message.model),
+                c.request_subject(message.model, message.priority),
                 message.model_dump_json().encode(),
                 msg_id=message.job_id,
                 headers={c.HEADER_JOB_ID: message.job_id, c.HEADER_MODEL: message.model},

@@ -27,7 +27,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from websockets.asyncio.client import connect as ws_connect
@@ -53,6 +53,8 @@ __all__ = ["FleetClient", "GatewayError", "GatewayUnreachable", "InferTimeout", 
 
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
+# A job's priority: a name, or an integer of -9..9 mapped by sign (> 0 high, 0 normal, < 0 low); see submit.
+PriorityArg = Literal["high", "normal", "low"] | int
 SUBSCRIBE_IDS_PER_FRAME = 100  # the gateway's default ws_max_ids_per_frame
 RETRY_FIRST_S = 0.1  # first pause of wait/subscribe after a retriable failure
 RETRY_MAX_S = 2.0  # and the longest
@@ -137,7 +139,7 @@ def error_from_response(status: int, body: Any) -> FleetError:
 
 
 def _job_body(
-    model: str, input: dict[str, Any], job_id: str | None, timeout_s: float | None, priority: int
+    model: str, input: dict[str, Any], job_id: str | None, timeout_s: float | None, priority: PriorityArg
 ) -> dict[str, Any]:
     """The ``POST /v1/jobs`` (and ``/v1/infer``) body."""
     body: dict[str, Any] = {"model": model, "input": input, "priority": priority}
@@ -208,7 +210,7 @@ class FleetClient:
         *,
         job_id: str | None = None,
         timeout_s: float | None = None,
-        priority: int = 0,
+        priority: PriorityArg = "normal",
     ) -> str:
         """Submit one job and return its id once the broker acknowledged it.
 
@@ -217,10 +219,12 @@ class FleetClient:
             input: the model input; the gateway validates it against the model's input schema.
             job_id: an idempotency key; submitting the same id again creates no second job.
             timeout_s: a job not started within this many seconds ends ``expired``.
-            priority: 0 (normal) to 9.
+            priority: ``"high"``, ``"normal"`` or ``"low"``; workers take higher levels first (low never starves).
+                Integers from -9 to 9 are accepted too and map by sign (> 0 high, 0 normal, < 0 low).
 
         Raises:
-            UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong; fix it.
+            UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong (an unknown priority is an
+                InvalidInput: a 422); fix it.
             BrokerUnavailable, StoreError: retriable; the gateway's dependencies are down.
             QueueFull: retriable; the model's queue holds its bound, retry after ``exc.retry_after_s``.
             GatewayUnreachable: retriable; resubmit with the same ``job_id`` to stay idempotent.
@@ -236,7 +240,7 @@ class FleetClient:
         wait_s: float = 30.0,
         job_id: str | None = None,
         timeout_s: float | None = None,
-        priority: int = 0,
+        priority: PriorityArg = "normal",
     ) -> Any:
         """Run one job in one request (``POST /v1/infer``) and return its output.
 

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.jobs import JobState
-from schemas.wire import JOB_ID_PATTERN
+from schemas.wire import JOB_ID_PATTERN, Priority
 
 
 class SubmitRequest(BaseModel):
@@ -25,7 +25,9 @@ class SubmitRequest(BaseModel):
     timeout_s: float | None = Field(
         None, gt=0, le=7 * 86400, description="a job not started within this many seconds ends 'expired'"
     )
-    priority: int = Field(0, ge=0, le=9)
+    priority: Priority = Field(
+        "normal", description="high, normal or low (integers -9..9 map by sign: >0 high, 0 normal, <0 low)"
+    )
 
 
 class SubmitResponse(BaseModel):

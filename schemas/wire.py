@@ -8,15 +8,51 @@ the message key.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from schemas.jobs import JobError
 
 WIRE_VERSION = 1
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+PRIORITY_NAMES = ("high", "normal", "low")  # highest first; the same as fleet.constants.PRIORITIES
+PRIORITY_INT_LIMIT = 9
+PRIORITY_HELP = (
+    "priority must be 'high', 'normal' or 'low' (or an integer from -9 to 9: above 0 is high, 0 is normal, "
+    "below 0 is low)"
+)
+
+
+def to_priority(value: object) -> str:
+    """A priority name from a name or an integer (older producers sent ``0``-``9``, 0 being normal).
+
+    Integers map by sign: ``1``..``9`` -> ``high``, ``0`` -> ``normal``, ``-9``..``-1`` -> ``low``. Anything else
+    (another string, a bool, a float, an integer out of range) is a ``ValueError`` that says what is accepted.
+    """
+    if isinstance(value, str) and value in PRIORITY_NAMES:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= PRIORITY_INT_LIMIT:
+        return "high" if value > 0 else "low" if value < 0 else "normal"
+    raise ValueError(f"{PRIORITY_HELP}; got {value!r}")
+
+
+Priority = Annotated[
+    Literal["high", "normal", "low"],
+    BeforeValidator(to_priority),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"enum": list(PRIORITY_NAMES), "type": "string"},
+                {"type": "integer", "minimum": -PRIORITY_INT_LIMIT, "maximum": PRIORITY_INT_LIMIT},
+            ],
+            "description": "high, normal or low; integers map by sign (>0 high, 0 normal, <0 low)",
+        },
+        mode="validation",
+    ),
+]
 
 
 class DagContext(BaseModel):
@@ -45,7 +81,10 @@ class RequestMessage(BaseModel):
     deadline: float | None = Field(
         None, description="unix seconds; a job still waiting at this time ends 'expired' instead of running"
     )
-    priority: int = Field(0, ge=0, le=9, description="0 is normal; reserved for priority scheduling")
+    priority: Priority = Field(
+        "normal",
+        description="high, normal or low (integers -9..9 map by sign); published on fleet.req.<model>[.high|.low]",
+    )
     dag: DagContext | None = Field(None, description="set on the jobs of a DAG run's steps")
 
 

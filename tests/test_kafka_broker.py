@@ -135,8 +135,9 @@ async def test_ensure_model_creates_request_and_dead_letter_topics(
     model = f"k{unique}"
     await broker.ensure_model(model)
     await broker.ensure_model(model)  # idempotent
-    described = {t["topic"]: t for t in await admin.describe_topics([f"fleet.req.{model}", f"fleet.dlq.{model}"])}
-    assert len(described[f"fleet.req.{model}"]["partitions"]) == 3
+    levels = [f"fleet.req.{model}", f"fleet.req.{model}.high", f"fleet.req.{model}.low"]  # one per priority
+    described = {t["topic"]: t for t in await admin.describe_topics([*levels, f"fleet.dlq.{model}"])}
+    assert [len(described[topic]["partitions"]) for topic in levels] == [3, 3, 3]
     assert described[f"fleet.dlq.{model}"]["error_code"] == 0
 
     await broker.publish(c.dlq_subject(model), b'{"why": "poison"}', msg_id="dead-1")

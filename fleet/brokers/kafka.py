@@ -192,15 +192,17 @@ class KafkaBroker:
     # -- topics -----------------------------------------------------------------------------------------------
 
     async def ensure_model(self, model: str) -> None:
-        """Create the model's request topic (``kafka_partitions``) and dead-letter topic, and the events topic.
+        """Create the model's request topics (one per priority level, ``kafka_partitions`` each), its dead-letter
+        topic and the events topic.
 
         With ``kafka_auto_create`` off nothing is created: a ``ConfigError`` names every missing topic and the
         ``kafka-topics.sh`` command that creates it.
         """
         if not c.MODEL_NAME_RE.match(model):
             raise ConfigError(f"model name {model!r} must match {c.MODEL_NAME_RE.pattern}")
-        wanted = {
-            topic_for(c.request_subject(model)): self.settings.kafka_partitions,
+        partitions = self.settings.kafka_partitions
+        wanted = {topic_for(c.request_subject(model, level)): partitions for level in c.PRIORITIES}
+        wanted |= {
             topic_for(c.dlq_subject(model)): 1,
             EVENTS_TOPIC: 1,
         }

@@ -385,12 +385,13 @@ class MemoryBroker:
         self._check_open()
 
     async def ensure_model(self, model: str) -> None:
-        """Create the request queue of ``model`` and its worker group ``consumer_name(model)``."""
+        """Create the request queues of ``model``, one per priority level, each with its worker group."""
         self._check_open()
         if not c.MODEL_NAME_RE.match(model):
             raise ConfigError(f"model name {model!r} must match {c.MODEL_NAME_RE.pattern}")
-        subject = c.request_subject(model)
-        self._topic(subject).group(subject, c.consumer_name(model), self.ack_wait_s)
+        for level in c.PRIORITIES:
+            subject = c.request_subject(model, level)
+            self._topic(subject).group(subject, c.consumer_name(model, level), self.ack_wait_s)
 
     async def publish(
         self,

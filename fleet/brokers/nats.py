@@ -433,10 +433,12 @@ class NatsBroker:
     # -- the Broker protocol ----------------------------------------------------------------------------------
 
     async def ensure_model(self, model: str) -> None:
-        """Create the worker group ``consumer_name(model)`` on ``fleet.req.<model>`` (streams exist already)."""
+        """Create the worker groups ``consumer_name(model, level)`` on ``request_subject(model, level)``, one per
+        priority level (the streams exist already)."""
         if not c.MODEL_NAME_RE.match(model):
             raise ConfigError(f"model name {model!r} must match {c.MODEL_NAME_RE.pattern}")
-        await self._ensure_group(c.request_subject(model), c.consumer_name(model))
+        for level in c.PRIORITIES:
+            await self._ensure_group(c.request_subject(model, level), c.consumer_name(model, level))
 
     async def publish(
         self,
@@ -470,7 +472,8 @@ class NatsBroker:
             ) from exc
         except nats.js.errors.APIError as exc:
             if exc.err_code == _MAX_MSGS_PER_SUBJECT:
-                raise QueueFull(subject.removeprefix(c.REQ_PREFIX + "."), self.max_queued or None) from exc
+                model = subject.removeprefix(c.REQ_PREFIX + ".").split(".", 1)[0]  # echo.high -> echo
+                raise QueueFull(model, self.max_queued or None) from exc
             raise PublishFailed(f"JetStream at {self.url} rejected a publish to {subject}: {exc.description}") from exc
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"cannot publish to {subject} on NATS at {self.url}: {exc!r}") from exc

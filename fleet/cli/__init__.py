@@ -170,8 +170,11 @@ def publish(
         bool, typer.Option("--requests", help="lines are complete wire messages (RequestMessage), not inputs")
     ] = False,
     concurrency: Annotated[int, typer.Option(min=1, max=10_000, help="publishes in flight at once")] = 256,
+    priority: Annotated[
+        str, typer.Option("--priority", help="high, normal or low, for input lines (request lines carry their own)")
+    ] = "normal",
 ) -> None:
-    """Publish requests straight to a model's subject and print their job ids, one per line."""
+    """Publish requests straight to a model's subject (of their priority) and print their job ids, one per line."""
     settings = settings_from(broker_url=broker)
     if settings.broker_scheme == "memory":
         raise fail("publish needs a real broker: pass --broker nats://... or kafka://... (env FLEET_BROKER_URL)")
@@ -179,7 +182,8 @@ def publish(
 
     configure_logging("WARNING")
     try:
-        code = asyncio.run(publish_file(settings, file, model, requests=requests, concurrency=concurrency))
+        publishing = publish_file(settings, file, model, requests=requests, concurrency=concurrency, priority=priority)
+        code = asyncio.run(publishing)
     except FleetError as exc:
         raise fail(exc.message, 1) from None
     raise typer.Exit(code)

@@ -9,6 +9,7 @@ once the store is back; only a long-poll whose own deadline passes with the reco
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -19,6 +20,7 @@ from fleet.errors import BrokerUnavailable, JobNotFound, QueueFull, StoreError
 from fleet.store.base import ResultStore
 from producers.gateway.limits import GatewayLimits
 from schemas.jobs import JobRecord
+from schemas.wire import to_priority
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +116,25 @@ async def long_poll(store: ResultStore, job_id: str, wait_s: float, timeout_s: f
     return latest
 
 
+def message_priority(data: bytes) -> str:
+    """The priority level of a stored request message (``normal`` when it has none or cannot be read)."""
+    try:
+        body = json.loads(data)
+        return to_priority(body.get("priority", c.DEFAULT_PRIORITY) if isinstance(body, dict) else None)
+    except ValueError:
+        return c.DEFAULT_PRIORITY
+
+
 async def publish_request(
-    broker: Broker, model: str, job_id: str, data: bytes, limits: GatewayLimits, msg_id: str | None = None
+    broker: Broker,
+    model: str,
+    job_id: str,
+    data: bytes,
+    limits: GatewayLimits,
+    msg_id: str | None = None,
+    priority: str = c.DEFAULT_PRIORITY,
 ) -> None:
-    """Publish one request message and wait for the broker's acknowledgement.
+    """Publish one request message to the subject of its ``priority`` and wait for the broker's acknowledgement.
 
     The job id is the message id (unless ``msg_id`` is given: a redrive is a new message of the same job), so the
     broker drops a repeated publish inside its de-duplication window.
@@ -131,7 +148,8 @@ async def publish_request(
     timeout_s = limits.publish_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
-            await broker.publish(c.request_subject(model), data, msg_id=msg_id or job_id, headers=headers)
+            subject = c.request_subject(model, priority)
+            await broker.publish(subject, data, msg_id=msg_id or job_id, headers=headers)
     except QueueFull:
         raise
     except TimeoutError as exc:

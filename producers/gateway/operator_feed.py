@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.lag import read_lag
 from fleet.scaling import ScalingStore
 from fleet.settings import FleetSettings
 from fleet.store.dagstore import DagStore, RunDoc
@@ -256,9 +256,7 @@ class OperatorFeed:
             read.overrides[model] = await self._try("scaling overrides", self.scaling.get_overrides(model)) or (
                 ScalingOverrides()
             )
-            read.lags[model] = await self._try(
-                "broker lag", self.broker.lag(c.request_subject(model), c.consumer_name(model))
-            )
+            read.lags[model] = await self._try("broker lag", read_lag(self.broker, model))
         read.letters = await self._letters()
         if self.dag_store is not None:
             runs = await self._try("recent DAG runs", self.dag_store.recent_runs(RECENT_RUNS)) or []

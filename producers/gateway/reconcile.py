@@ -31,7 +31,7 @@ from fleet.brokers.base import Broker
 from fleet.errors import FleetError
 from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait, wait_event
-from producers.gateway.calls import publish_request, store_call
+from producers.gateway.calls import message_priority, publish_request, store_call
 from producers.gateway.limits import GatewayLimits
 from schemas.jobs import JobError, JobRecord, JobState
 
@@ -88,7 +88,8 @@ class Reconciler:
             await self._end(record, JobState.failed, "not_published", "its request message was lost; submit it again")
         else:
             outcome, model = "republished", record.model
-            await publish_request(self.broker, record.model, job_id, message, self.limits)
+            priority = message_priority(message)
+            await publish_request(self.broker, record.model, job_id, message, self.limits, priority=priority)
             log.info("job %s was never confirmed published (its gateway stopped); published it again", job_id)
         await store_call(store, store.published(job_id), timeout_s)
         RECONCILED.labels(model, outcome).inc()

@@ -74,7 +74,10 @@ async def requeue(state: GatewayState, request: RequestMessage) -> None:
     await store_call(store, store.create(record, data), timeout_s)
     msg_id = f"{request.job_id}.redrive.{uuid.uuid4().hex[:12]}"
     try:
-        await publish_request(state.broker, request.model, request.job_id, data, state.limits, msg_id=msg_id)
+        limits, priority = state.limits, request.priority
+        await publish_request(
+            state.broker, request.model, request.job_id, data, limits, msg_id=msg_id, priority=priority
+        )
     except BaseException:
         await store_call(store, store.delete(request.job_id), timeout_s)
         raise

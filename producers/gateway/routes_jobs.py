@@ -121,17 +121,17 @@ async def _forget(state: GatewayState, job_id: str) -> None:
         logger.exception("job %s was not published and its record could not be deleted", job_id)
 
 
-async def _publish(state: GatewayState, record: JobRecord, data: bytes) -> None:
+async def _publish(state: GatewayState, record: JobRecord, data: bytes, priority: str) -> None:
     """``publish_request``, with a broker that refused the message for its own bound answered as 429 too."""
     try:
-        await publish_request(state.broker, record.model, record.job_id, data, state.limits)
+        await publish_request(state.broker, record.model, record.job_id, data, state.limits, priority=priority)
     except QueueFull as exc:
         raise state.backlog.refused_by_broker(record.model, exc) from exc
 
 
-async def _publish_new(state: GatewayState, record: JobRecord, data: bytes) -> None:
+async def _publish_new(state: GatewayState, record: JobRecord, data: bytes, priority: str) -> None:
     try:
-        await _publish(state, record, data)
+        await _publish(state, record, data, priority)
     except BaseException:
         # Cancelled or failed: either way the client gets no 202, so the record must go. The shield lets the
         # delete finish when the request task itself is being cancelled.
@@ -169,7 +169,7 @@ def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
     )
 
 
-async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> SubmitResponse:
+async def _resubmit(state: GatewayState, record: JobRecord, data: bytes, priority: str) -> SubmitResponse:
     """The job id already has a record: answer with it (see the module docstring)."""
     store, timeout_s = state.store, state.limits.store_timeout_s
     existing = await store_call(store, store.get(record.job_id), timeout_s)
@@ -177,7 +177,7 @@ async def _resubmit(state: GatewayState, record: JobRecord, data: bytes) -> Subm
         raise ApiError(409, "job_id_conflict", f"job {record.job_id!r} changed while it was resubmitted; retry")
     _check_same_job(existing, record)
     if existing.state == JobState.queued:
-        await _publish(state, record, data)
+        await _publish(state, record, data, priority)
         await _mark_published(state, record.job_id)
     return SubmitResponse(job_id=existing.job_id, status=existing.state)
 
@@ -194,7 +194,7 @@ async def _admit(state: GatewayState, body: SubmitRequest, record: JobRecord, da
         store = state.store
         if body.job_id is None or await store_call(store, store.get(body.job_id), state.limits.store_timeout_s) is None:
             raise
-        return await _resubmit(state, record, data)
+        return await _resubmit(state, record, data, body.priority)
     return None
 
 
@@ -215,8 +215,8 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     try:
         created = await store_call(state.store, state.store.create(record, data), state.limits.store_timeout_s)
         if not created:
-            return await _resubmit(state, record, data)
-        await _publish_new(state, record, data)
+            return await _resubmit(state, record, data, body.priority)
+        await _publish_new(state, record, data, body.priority)
         published = True
     finally:
         state.backlog.published(record.model, published)
