@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.jobs import JobState
+from schemas.jobs import CacheLevel, JobState
 from schemas.wire import JOB_ID_PATTERN
 
 
@@ -26,11 +26,18 @@ class SubmitRequest(BaseModel):
         None, gt=0, le=7 * 86400, description="a job not started within this many seconds ends 'expired'"
     )
     priority: int = Field(0, ge=0, le=9)
+    cache: bool = Field(
+        True,
+        description="false: skip the result caches (no lookup, no fill), as the header 'X-Cache-Control: bypass'",
+    )
 
 
 class SubmitResponse(BaseModel):
     job_id: str
     status: JobState
+    cache: CacheLevel | None = Field(
+        None, description="the cache level that answered (status 'succeeded' at once); null when queued"
+    )
 
 
 class ErrorBody(BaseModel):

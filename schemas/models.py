@@ -27,6 +27,12 @@ class ModelSpec:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     description: str = ""
+    version: str = "1"
+    """Part of every result-cache key: a new version never serves an older version's cached outputs."""
+    cache_text: str | None = None
+    """The input field whose text the semantic cache (L3) embeds; None: the model has no L3."""
+    cache_threshold: float = 0.95
+    """The cosine similarity at or above which an earlier request's output answers this one (L3)."""
 
     def json_schemas(self) -> dict[str, Any]:
         return {
@@ -102,6 +108,8 @@ EMBED = ModelSpec(
     max_batch=64,
     max_wait_ms=5,
     description="all-MiniLM-L6-v2 sentence embeddings, mean-pooled and L2-normalised, 384 floats",
+    cache_text="text",
+    cache_threshold=0.95,
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (ECHO, SLEEP, EMBED)}

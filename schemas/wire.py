@@ -47,6 +47,9 @@ class RequestMessage(BaseModel):
     )
     priority: int = Field(0, ge=0, le=9, description="0 is normal; reserved for priority scheduling")
     dag: DagContext | None = Field(None, description="set on the jobs of a DAG run's steps")
+    cache: bool = Field(
+        True, description="false: the job's output must not be stored in the result caches (a bypassed request)"
+    )
 
 
 class Heartbeat(BaseModel):
