@@ -36,7 +36,7 @@ class SubmitResponse(BaseModel):
     job_id: str
     status: JobState
     cache: CacheLevel | None = Field(
-        None, description="the cache level that answered (status 'succeeded' at once); null when queued"
+        None, description="the cache level that answered (status 'succeeded' at once); absent when not cached"
     )
 
 

@@ -109,7 +109,7 @@ EMBED = ModelSpec(
     max_wait_ms=5,
     description="all-MiniLM-L6-v2 sentence embeddings, mean-pooled and L2-normalised, 384 floats",
     cache_text="text",
-    cache_threshold=0.95,
+    cache_threshold=0.93,  # benchmarks/bench_cache.py: paraphrases >= 0.94, antonyms <= 0.90 on its labelled pairs
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (ECHO, SLEEP, EMBED)}

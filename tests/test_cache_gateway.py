@@ -18,9 +18,12 @@ from websockets.asyncio.client import connect as ws_connect
 from fleet.brokers.base import Broker
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from fleet.store.cachestore import RedisCacheStore
+from fleet.store.redis import RedisStore
+from producers.gateway import CacheParts
 from producers.sdk import ws_url
-from tests.cache_helpers import Gateway, cache_count, gateway, worker
-from tests.gateway_helpers import urls_for
+from tests.cache_helpers import Gateway, cache_count, gateway, shared_text_model, worker
+from tests.gateway_helpers import private_server, urls_for
 from tests.infra import PAIRS, connected_pair, eventually, settings_for
 
 
@@ -155,3 +158,27 @@ async def test_l2_entries_expire_after_their_ttl(request: pytest.FixtureRequest,
             return (await env.gw.submit(env.echo, {"ttl": 1}))["status"] == "queued"
 
         await eventually(expired, 5, "the L2 entry to expire")
+
+
+async def test_a_cache_redis_outage_never_fails_a_request(request: pytest.FixtureRequest, unique: str) -> None:
+    """The result store stays up (memory); the Redis of the caches goes down: submits are misses, jobs run."""
+    settings = settings_with(request, "memory", unique, cache_timeout_ms=300)
+    echo = f"echo-{unique}"
+    with private_server("redis") as (url, proc):
+        redis = RedisStore(url, job_ttl_s=60, socket_timeout_s=0.5, connect_timeout_s=0.5)
+        await redis.connect()
+        parts = CacheParts(store=RedisCacheStore(redis.redis, redis.display_url), load_text_model=shared_text_model)
+        try:
+            async with connected_pair(settings) as (broker, store), gateway(settings, broker, store, parts) as gw:
+                async with worker(broker, store, echo):
+                    proc.terminate()
+                    proc.wait(10)
+                    errors = cache_count(echo, "l2", "error")
+                    for i in range(2):
+                        answer = await gw.submit(echo, {"redis": "down", "i": i})
+                        assert answer["status"] == "queued"
+                        assert (await gw.record(answer["job_id"]))["state"] == "succeeded"
+                    assert cache_count(echo, "l2", "error") == errors + 2
+                    assert (await gw.submit(echo, {"redis": "down", "i": 0}))["cache"] == "l1"  # L1 was filled
+        finally:
+            await redis.close()

@@ -41,7 +41,13 @@ from fleet.store.base import ResultStore
 from fleet.store.cachestore import CacheStore, VectorEntry
 from producers.gateway.cache_l3 import L3Options, SemanticLevel
 from producers.gateway.embedder import BatchingEmbedder, TextModel, load_embed_handler
-from producers.gateway.metrics import CACHE_FILLS, CACHE_L3_ENTRIES, CACHE_LOOKUP_SECONDS, CACHE_REQUESTS
+from producers.gateway.metrics import (
+    CACHE_FILLS,
+    CACHE_L3_ENTRIES,
+    CACHE_L3_READY,
+    CACHE_LOOKUP_SECONDS,
+    CACHE_REQUESTS,
+)
 from schemas.jobs import CacheLevel, JobRecord, JobState, input_digest
 from schemas.models import EMBED_DIM, ModelSpec
 
@@ -146,6 +152,7 @@ class ResultCache:
         assert self.semantic is not None
         try:
             await self.semantic.embedder.warm()
+            CACHE_L3_READY.set(1)
         except Exception as exc:
             logger.warning("the L3 embedder could not be loaded (L3 lookups will miss): %s", exc)
 

@@ -54,6 +54,9 @@ CACHE_FILLS = Counter(
     "many fills pending) or error (a level could not be written).",
     ["model", "result"],
 )
+CACHE_L3_READY = Gauge(
+    "fleet_cache_l3_ready", "1 once this gateway's L3 embedding model is loaded (until then L3 lookups miss)."
+)
 CACHE_L3_ENTRIES = Gauge("fleet_cache_l3_entries", "Entries in this gateway's L3 index, by model.", ["model"])
 WEBSOCKETS_OPEN = Gauge("fleet_gateway_websockets_open", "WebSocket connections open now.")
 SSE_STREAMS_OPEN = Gauge("fleet_gateway_sse_streams_open", "Server-sent event streams open now.")
@@ -61,6 +64,7 @@ SSE_STREAMS_OPEN = Gauge("fleet_gateway_sse_streams_open", "Server-sent event st
 __all__ = [
     "CACHE_FILLS",
     "CACHE_L3_ENTRIES",
+    "CACHE_L3_READY",
     "CACHE_LOOKUP_SECONDS",
     "CACHE_REQUESTS",
     "HTTP_LATENCY",

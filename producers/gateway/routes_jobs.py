@@ -299,6 +299,7 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     "",
     status_code=202,
     response_model=SubmitResponse,
+    response_model_exclude_none=True,  # `cache` only on a cached answer: the plain answer stays {job_id, status}
     summary="Submit a job",
     description=(
         "Validates the model and its input, records the job as `queued` and publishes it to the model's subject. "

@@ -10,12 +10,14 @@ batch, down to 95 % of the bound, so the O(n) removal is paid once per 5 % of gr
 whose L2 output expired) only forgets the entry; its vector stays in FAISS until the next batch eviction and is
 skipped by ``search``.
 
-``texts_agree`` is the guard a match must also pass: the same numbers and the same negations, which cosine
-similarity alone does not separate well ("2 tickets" and "3 tickets" embed almost alike).
+``texts_agree`` is the guard a match must also pass: the same numbers, the same negations and no swapped roles,
+which cosine similarity of mean-pooled embeddings does not separate ("2 tickets" and "3 tickets" embed almost
+alike; "from savings to checking" and "from checking to savings" at 0.99).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections import OrderedDict
@@ -28,6 +30,7 @@ import numpy as np
 SEARCH_K = 4  # neighbours read per query, so that forgotten entries and guard failures can be skipped
 EVICT_TO = 0.95  # a batch eviction leaves this share of max_entries
 NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "nowhere", "neither", "nor", "without"})
+ORDER_CHECK_WORDS = 256  # longer texts skip the word-order check (its cost grows with the square of the length)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
@@ -49,9 +52,35 @@ def _negations(text: str) -> frozenset[str]:
     return frozenset(found)
 
 
+def _one_move(a: list[str], b: list[str]) -> bool:
+    """True unless words shared by ``a`` and ``b`` changed places other than as one phrase moved to or from an end.
+
+    The edit script from ``a`` to ``b`` (``difflib``) leaves some words unmatched; those present on both sides
+    moved. A paraphrase moves one phrase between the start and the end ("Please help me..." / "Help me...,
+    please"; "Today, how..." / "How... today?"); swapped roles move a phrase inside the sentence ("from savings to
+    checking" / "from checking to savings" moves "checking to" in front of "savings").
+    """
+    ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    changed = [op for op in ops if op[0] != "equal"]
+    moved = {w for op in changed for w in a[op[1] : op[2]]} & {w for op in changed for w in b[op[3] : op[4]]}
+    if not moved:
+        return True
+    runs_a = [(i1, i2) for _, i1, i2, _, _ in changed if moved & set(a[i1:i2])]
+    runs_b = [(j1, j2) for _, _, _, j1, j2 in changed if moved & set(b[j1:j2])]
+    if len(runs_a) != 1 or len(runs_b) != 1:
+        return False
+    (i1, i2), (j1, j2) = runs_a[0], runs_b[0]
+    return (i1 == 0 or i2 == len(a)) and (j1 == 0 or j2 == len(b))
+
+
 def texts_agree(a: str, b: str) -> bool:
-    """True when ``a`` and ``b`` carry the same numbers (in order) and the same negation words."""
-    return _NUMBER.findall(a) == _NUMBER.findall(b) and _negations(a) == _negations(b)
+    """True when ``a`` and ``b`` carry the same numbers (in order), the same negation words, and the same word
+    order but for one phrase moved to or from an end (``_one_move``; checked on texts of at most
+    ``ORDER_CHECK_WORDS`` words)."""
+    if _NUMBER.findall(a) != _NUMBER.findall(b) or _negations(a) != _negations(b):
+        return False
+    wa, wb = _WORD.findall(a.lower()), _WORD.findall(b.lower())
+    return len(wa) > ORDER_CHECK_WORDS or len(wb) > ORDER_CHECK_WORDS or _one_move(wa, wb)
 
 
 def default_nlist(max_entries: int) -> int:
