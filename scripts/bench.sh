@@ -10,3 +10,4 @@ export PYTHONUNBUFFERED=1
 .venv/bin/python -m benchmarks.bench_embed_fleet
 .venv/bin/python -m benchmarks.bench_dispatch
 .venv/bin/python -m benchmarks.bench_autoscaler
+.venv/bin/python -m benchmarks.bench_cache
