@@ -32,6 +32,7 @@ HEADER_MODEL = "fleet-model"
 HEADER_ERROR = "fleet-error"
 HEADER_DELIVERIES = "fleet-deliveries"
 HEADER_DISPATCHER = "fleet-dispatcher"  # on an inbox message: the dispatcher that assigned it
+HEADER_CACHE_CONTROL = "X-Cache-Control"  # on POST /v1/jobs: 'bypass' skips the result caches
 HEADER_TOKEN = "fleet-idle-token"  # on an inbox message: the worker's idle token it used, when it used one
 
 
@@ -175,6 +176,21 @@ DEAD_LETTER_GROUP = "fleet-dlq-recorder"  # the one consumer group of every gate
 DEAD_LETTER_TTL_S = 7 * 24 * 3600  # as long as the NATS dead-letter stream keeps a letter
 
 
+def cache_entry_key(model: str, version: str, digest: str) -> str:
+    """An L2 result-cache entry: the output of a succeeded job of ``model`` at ``version`` whose key digest
+    (model, version, canonical input) is ``digest``; JSON ``{"output", "text"}`` with a TTL."""
+    return f"{KEY_PREFIX}:cache:{model}:{version}:{digest}"
+
+
+def cache_vectors_key(model: str, version: str) -> str:
+    """The L3 (semantic) entries of ``model`` at ``version``: a capped stream of ``{key, text, vector}`` that every
+    gateway tails into its FAISS index and replays after a restart."""
+    return f"{KEY_PREFIX}:cachevec:{model}:{version}"
+
+
+CACHE_LEVELS = ("l1", "l2", "l3")  # the result-cache levels, in lookup order (FLEET_CACHE)
+
+
 # A leading underscore cannot start a model name (MODEL_NAME_RE), so these never collide with ``scale_key(model)``.
 SCALE_LOCK_KEY = f"{KEY_PREFIX}:scale:_lock"  # held by the one autoscaler that acts
 SCALE_MODELS_KEY = f"{KEY_PREFIX}:scale:_models"  # set of models with scaling state
@@ -210,3 +226,7 @@ DEFAULT_AUTOSCALER_INTERVAL_S = 2.0
 DEFAULT_SCALING_DECISIONS_KEPT = 50
 DEFAULT_MAX_QUEUED = 100_000  # requests waiting or in flight per model (FLEET_MAX_QUEUED; 0: unbounded)
 DEFAULT_RECONCILE_AFTER_S = 30.0
+DEFAULT_CACHE_L1_MAX_ENTRIES = 100_000  # per gateway, every cached model together
+DEFAULT_CACHE_L1_TTL_S = 300.0
+DEFAULT_CACHE_L2_TTL_S = 3600
+DEFAULT_CACHE_L3_MAX_ENTRIES = 100_000  # per model and version, in each gateway's index and in the shared stream

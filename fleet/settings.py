@@ -47,6 +47,33 @@ def parse_pairs(value: object, name: str, form: str) -> object:
     return {key.strip(): item.strip() for key, item in pairs}
 
 
+def parse_cache(value: object) -> object:
+    """``FLEET_CACHE``: ``'embed'``, ``'embed=l1+l2+l3,echo=l1'`` or a JSON object ``{"embed": ["l1", "l2"]}``.
+
+    A model named without levels gets ``("all",)``: every level its spec supports (the gateway resolves it).
+    """
+    if isinstance(value, str) and not value.strip().startswith("{"):
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        value = ",".join(item if "=" in item else f"{item}=all" for item in items)
+    pairs = parse_pairs(value, "cache", "MODEL or MODEL=l1+l2+l3")
+    if not isinstance(pairs, dict):
+        return pairs
+    out: dict[str, object] = {}
+    for model, levels in pairs.items():
+        if isinstance(levels, str):
+            levels = [level.strip() for level in levels.split("+") if level.strip()]
+        if levels in (["all"], ("all",)):
+            out[model] = ("all",)
+            continue
+        if not isinstance(levels, list | tuple) or not levels:
+            raise ValueError(f"cache: model {model!r} needs levels like 'l1+l2+l3', got {levels!r}")
+        unknown = [level for level in levels if level not in c.CACHE_LEVELS]
+        if unknown:
+            raise ValueError(f"cache: unknown level(s) {', '.join(map(str, unknown))} for {model!r}; known: l1, l2, l3")
+        out[model] = tuple(level for level in c.CACHE_LEVELS if level in levels)
+    return out
+
+
 class FleetSettings(BaseSettings):
     """Settings shared by every Fleet process. Defaults run everything embedded in one process."""
 
@@ -145,6 +172,36 @@ class FleetSettings(BaseSettings):
         "reconcile sweep (the gateway that accepted it died in between)",
     )
 
+    # result caches (gateway)
+    cache: Annotated[dict[str, tuple[str, ...]], NoDecode] = Field(
+        default_factory=dict,
+        description="per model: the result-cache levels it uses, e.g. 'embed' (every level the model supports: "
+        "l1+l2, and l3 when its spec names a text to embed), 'embed=l1+l2+l3,echo=l1' or a JSON object",
+    )
+    cache_l1_max_entries: int = Field(
+        c.DEFAULT_CACHE_L1_MAX_ENTRIES, ge=1, description="L1 (in-process LRU) entries per gateway, all models"
+    )
+    cache_l1_ttl_s: float = Field(c.DEFAULT_CACHE_L1_TTL_S, gt=0, description="how long an L1 entry lives")
+    cache_l2_ttl_s: int = Field(c.DEFAULT_CACHE_L2_TTL_S, ge=1, description="how long an L2 (store) entry lives")
+    cache_l3_max_entries: int = Field(
+        c.DEFAULT_CACHE_L3_MAX_ENTRIES,
+        ge=16,
+        description="L3 (semantic) entries per model version; oldest go first",
+    )
+    cache_l3_threshold: float | None = Field(
+        None, gt=0, le=1, description="cosine similarity of an L3 hit for every model (default: each model's own)"
+    )
+    cache_l3_nprobe: int = Field(8, ge=1, le=1024, description="IVF lists the L3 index searches per query")
+    cache_l3_sync_interval_s: float = Field(
+        0.5, gt=0, description="how often a gateway reads the L3 entries other gateways added"
+    )
+    cache_timeout_ms: float = Field(
+        100.0, gt=0, description="longest wait for one L2 read or write; slower is a miss (counted as an error)"
+    )
+    cache_fill_wait_s: float = Field(
+        300.0, gt=0, description="how long a gateway waits for a missed job's result to fill the caches with it"
+    )
+
     # autoscaler (`fleet up` and `fleet autoscaler`)
     autoscale: bool = Field(True, description="fleet up: scale workers on lag (false: one worker per model)")
     autoscale_interval_s: float = Field(
@@ -192,6 +249,16 @@ class FleetSettings(BaseSettings):
     @classmethod
     def _check_weights(cls, value: tuple[int, int, int]) -> tuple[int, int, int]:
         return check_weights(value)
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _parse_cache(cls, value: object) -> object:
+        return parse_cache(value)
+
+    def cache_levels(self, model: str) -> tuple[str, ...]:
+        """The cache levels ``model`` uses (empty: not cached); ``("all",)`` means every level its spec supports
+        (resolved by the gateway, which knows the spec)."""
+        return self.cache.get(model, ())
 
     @field_validator("max_queued_per_model", mode="before")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.jobs import JobState
+from schemas.jobs import CacheLevel, JobState
 from schemas.wire import JOB_ID_PATTERN, Priority
 
 
@@ -28,11 +28,18 @@ class SubmitRequest(BaseModel):
     priority: Priority = Field(
         "normal", description="high, normal or low (integers -9..9 map by sign: >0 high, 0 normal, <0 low)"
     )
+    cache: bool = Field(
+        True,
+        description="false: skip the result caches (no lookup, no fill), as the header 'X-Cache-Control: bypass'",
+    )
 
 
 class SubmitResponse(BaseModel):
     job_id: str
     status: JobState
+    cache: CacheLevel | None = Field(
+        None, description="the cache level that answered (status 'succeeded' at once); absent when not cached"
+    )
 
 
 class InferResponse(BaseModel):
@@ -44,6 +51,8 @@ class InferResponse(BaseModel):
     worker_id: str | None = Field(None, description="the worker that computed it")
     started_at: float | None = None
     finished_at: float | None = None
+    cache: CacheLevel | None = Field(None, description="the result cache level that answered; null when computed")
+    cache_similarity: float | None = Field(None, description="for an L3 (semantic) hit: the cosine similarity")
 
 
 class ErrorBody(BaseModel):

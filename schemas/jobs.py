@@ -6,7 +6,7 @@ import hashlib
 import json
 import time
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,8 @@ class JobState(StrEnum):
     def terminal(self) -> bool:
         return self in TERMINAL_STATES
 
+
+CacheLevel = Literal["l1", "l2", "l3"]  # the result-cache level that answered a job
 
 TERMINAL_STATES = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.expired})
 
@@ -57,6 +59,12 @@ class JobRecord(BaseModel):
         None,
         description="sha256 (hex) of the input's canonical JSON, set by the gateway at submit: a resubmit of the "
         "job id with another input is refused; null for jobs published straight to the topic",
+    )
+    cache: CacheLevel | None = Field(
+        None, description="the result cache level that answered the job (null: a worker computed it)"
+    )
+    cache_similarity: float | None = Field(
+        None, description="for an L3 (semantic) hit: the cosine similarity of the earlier request that answered"
     )
 
     @property

@@ -35,6 +35,12 @@ class ModelSpec:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     description: str = ""
+    version: str = "1"
+    """Part of every result-cache key: a new version never serves an older version's cached outputs."""
+    cache_text: str | None = None
+    """The input field whose text the semantic cache (L3) embeds; None: the model has no L3."""
+    cache_threshold: float = 0.95
+    """The cosine similarity at or above which an earlier request's output answers this one (L3)."""
     p99_target_ms: float | None = None
     min_batch: int = 1
     max_batch_cost: int | None = None
@@ -123,6 +129,8 @@ EMBED = ModelSpec(
     max_batch=64,
     max_wait_ms=5,
     description="all-MiniLM-L6-v2 sentence embeddings, mean-pooled and L2-normalised, 384 floats",
+    cache_text="text",
+    cache_threshold=0.93,  # benchmarks/bench_cache.py: paraphrases >= 0.94, antonyms <= 0.90 on its labelled pairs
     max_batch_cost=EMBED_MAX_BATCH_TOKENS,
 )
 

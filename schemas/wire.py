@@ -86,6 +86,9 @@ class RequestMessage(BaseModel):
         description="high, normal or low (integers -9..9 map by sign); published on fleet.req.<model>[.high|.low]",
     )
     dag: DagContext | None = Field(None, description="set on the jobs of a DAG run's steps")
+    cache: bool = Field(
+        True, description="false: the job's output must not be stored in the result caches (a bypassed request)"
+    )
 
 
 class Heartbeat(BaseModel):

@@ -10,3 +10,7 @@ export PYTHONUNBUFFERED=1
 .venv/bin/python -m benchmarks.bench_embed_fleet
 .venv/bin/python -m benchmarks.bench_dispatch
 .venv/bin/python -m benchmarks.bench_autoscaler
+.venv/bin/python -m benchmarks.bench_cache
+.venv/bin/python -m benchmarks.bench_dag
+.venv/bin/python -m benchmarks.bench_adaptive
+.venv/bin/python -m benchmarks.bench_priority

@@ -50,6 +50,8 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
         "worker_id": None,
         "expires_at": None,
         "input_digest": None,
+        "cache": None,
+        "cache_similarity": None,
     }
     values.update(fields)
     return trusted(values)

@@ -4,8 +4,8 @@
 ``create_app(settings)`` builds the FastAPI application; see ``producers.gateway.app``.
 """
 
-from producers.gateway.app import create_app
+from producers.gateway.app import CacheParts, create_app
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.state import GatewayState
 
-__all__ = ["GatewayLimits", "GatewayState", "create_app"]
+__all__ = ["CacheParts", "GatewayLimits", "GatewayState", "create_app"]

@@ -11,6 +11,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 
@@ -23,6 +24,7 @@ from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
+from fleet.store.cachestore import CacheStore, make_cache_store
 from fleet.store.dagstore import DagStore, make_dag_store
 from fleet.store.deadletters import make_dead_letter_store
 from producers.gateway import (
@@ -40,8 +42,10 @@ from producers.gateway import (
     ws,
 )
 from producers.gateway.backlog import Backlog
+from producers.gateway.cache import ResultCache, build_cache
 from producers.gateway.deadletter_recorder import DeadLetterRecorder
 from producers.gateway.docs import install_docs
+from producers.gateway.embedder import TextModel
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
@@ -50,6 +54,7 @@ from producers.gateway.operator_beats import BeatListener, Beats
 from producers.gateway.operator_feed import OperatorFeed
 from producers.gateway.reconcile import Reconciler
 from producers.gateway.state import GatewayState
+from schemas.models import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +163,25 @@ async def _open_operator(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CacheParts:
+    """What ``create_app`` may be handed for the result caches (tests inject them)."""
+
+    store: CacheStore | None = None
+    load_text_model: Callable[[], TextModel] | None = None
+
+
+async def _open_cache(
+    stack: AsyncExitStack, settings: FleetSettings, specs: dict[str, ModelSpec], store: ResultStore, parts: CacheParts
+) -> ResultCache | None:
+    """The result caches, when a model opted in: started now (L3 replays its logs), stopped at shutdown."""
+    cache = build_cache(settings, specs, parts.store or make_cache_store(store), parts.load_text_model)
+    if cache is not None:
+        await cache.start()
+        stack.push_async_callback(cache.stop)
+    return cache
+
+
 def _lifespan(
     settings: FleetSettings,
     broker: Broker | None,
@@ -165,6 +189,7 @@ def _lifespan(
     limits: GatewayLimits,
     scaling: ScalingStore | None,
     workers: WorkerTracker | None,
+    cache_parts: CacheParts,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -182,7 +207,8 @@ def _lifespan(
             await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
             dag_store = make_dag_store(s)
             runner = DagRunner(b, s, dag_store, specs)
-            app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner)
+            cache = await _open_cache(stack, settings, specs, s, cache_parts)
+            app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner, cache)
             await _open_operator(app, stack, settings, b, s, dag_store, list(specs))
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
@@ -208,6 +234,7 @@ def create_app(
     scaling: ScalingStore | None = None,
     workers: WorkerTracker | None = None,
     require_ready_workers: bool = False,
+    cache_parts: CacheParts | None = None,
 ) -> FastAPI:
     """Build the gateway application.
 
@@ -223,13 +250,15 @@ def create_app(
             its own); when None, the lifespan starts one on the broker.
         require_ready_workers: ``/readyz`` answers 503 until every served model has a ready worker (``fleet
             up``); by default it is 200 whenever the broker and store answer, since submissions queue.
+        cache_parts: the result caches' store (default: beside the result store) and the loader of the L3
+            embedding model (default: the ``embed`` handler on ``settings.device``).
 
     Raises:
         ConfigError: ``settings.reconcile_after_s`` is not longer than ``limits.publish_timeout_s`` (a sweep would
             republish jobs whose first publish is still in progress).
-
     Raises (at start-up, from the lifespan):
-        UnknownModel / ConfigError: a model in ``settings.models`` does not resolve.
+        UnknownModel / ConfigError: a model in ``settings.models`` does not resolve, or ``settings.cache`` names a
+            model that is not served or asks l3 of a model without ``cache_text``.
         StartupTimeout: a client the app builds itself could not connect within ``settings.startup_timeout_s``.
     """
     limits = limits or GatewayLimits()
@@ -243,7 +272,7 @@ def create_app(
         version="1",
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
-        lifespan=_lifespan(settings, broker, store, limits, scaling, workers),
+        lifespan=_lifespan(settings, broker, store, limits, scaling, workers, cache_parts or CacheParts()),
         docs_url=None,  # served from installed assets instead of a CDN: producers.gateway.docs
         redoc_url=None,
     )

@@ -36,10 +36,37 @@ HTTP_LATENCY = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+CACHE_REQUESTS = Counter(
+    "fleet_cache_requests_total",
+    "Result-cache lookups, by model, level (l1, l2, l3) and result: hit, miss, error (the level could not answer: "
+    "counted as a miss) or bypass (the request skipped the caches; level 'all').",
+    ["model", "level", "result"],
+)
+CACHE_LOOKUP_SECONDS = Histogram(
+    "fleet_cache_lookup_seconds",
+    "Time of one result-cache level's lookup in seconds (L3 includes embedding the text), by model and level.",
+    ["model", "level"],
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+CACHE_FILLS = Counter(
+    "fleet_cache_fills_total",
+    "Outputs of missed jobs stored in the caches, by model and result: stored, skipped (not succeeded, or too "
+    "many fills pending) or error (a level could not be written).",
+    ["model", "result"],
+)
+CACHE_L3_READY = Gauge(
+    "fleet_cache_l3_ready", "1 once this gateway's L3 embedding model is loaded (until then L3 lookups miss)."
+)
+CACHE_L3_ENTRIES = Gauge("fleet_cache_l3_entries", "Entries in this gateway's L3 index, by model.", ["model"])
 WEBSOCKETS_OPEN = Gauge("fleet_gateway_websockets_open", "WebSocket connections open now.")
 SSE_STREAMS_OPEN = Gauge("fleet_gateway_sse_streams_open", "Server-sent event streams open now.")
 
 __all__ = [
+    "CACHE_FILLS",
+    "CACHE_L3_ENTRIES",
+    "CACHE_L3_READY",
+    "CACHE_LOOKUP_SECONDS",
+    "CACHE_REQUESTS",
     "HTTP_LATENCY",
     "HTTP_REQUESTS",
     "JOBS_SUBMITTED",

@@ -68,6 +68,8 @@ def answer(record: JobRecord, wait_s: float) -> InferResponse:
         worker_id=record.worker_id,
         started_at=record.started_at,
         finished_at=record.finished_at,
+        cache=record.cache,
+        cache_similarity=record.cache_similarity,
     )
 
 

@@ -12,6 +12,13 @@ nothing new is created, also when the queue is full. Another model or another in
 When that job is still ``queued`` the request is published again with the same message id; the broker's
 de-duplication drops it when the first publish got through. A failed re-publish answers ``503`` but leaves the
 existing record alone: it belongs to the first submission.
+
+Result caches (``producers.gateway.cache``): for a model that opted in, the lookup comes after the checks and
+before the queue bound. A hit is still a job: its record is created (with the request message, as any job) and
+finished ``succeeded`` at once with the cached output, ``cache`` and ``cache_similarity`` set, through the store's
+``finish``, so polling, long-polls, WebSockets and SSE see it as any computed job; the answer is ``202`` with
+status ``succeeded``. A miss is submitted as usual and filled when its result arrives. ``X-Cache-Control:
+bypass`` or ``"cache": false`` skips lookup and fill.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
+from fleet import constants as c
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
+from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
-from producers.gateway.metrics import JOBS_SUBMITTED, SUBMIT_ERRORS
+from producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
 from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import SubmitRequest, SubmitResponse
 from schemas.jobs import JobError, JobRecord, JobState, input_digest
@@ -108,6 +117,7 @@ def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
         submitted_at=now,
         deadline=expires_at,
         priority=body.priority,
+        cache=body.cache,
     )
     return record, message.model_dump_json().encode()
 
@@ -198,9 +208,67 @@ async def _admit(state: GatewayState, body: SubmitRequest, record: JobRecord, da
     return None
 
 
+# -- result caches --------------------------------------------------------------------------------------------
+def cache_bypassed(request: Request) -> bool:
+    """True for ``X-Cache-Control: bypass``. Raises 422 ``invalid_request`` for any other value of the header."""
+    value = request.headers.get(c.HEADER_CACHE_CONTROL)
+    if value is None:
+        return False
+    if value.strip().lower() == "bypass":
+        return True
+    raise ApiError(
+        422,
+        "invalid_request",
+        f"invalid request: header.{c.HEADER_CACHE_CONTROL}: the only value is 'bypass', got {value[:64]!r}",
+        [{"loc": f"header.{c.HEADER_CACHE_CONTROL}", "msg": "must be 'bypass'", "type": "value_error"}],
+    )
+
+
+async def _cache_lookup(state: GatewayState, spec: ModelSpec, body: SubmitRequest) -> Lookup | None:
+    """The lookup of a model that uses the caches, unless the request bypasses them (None then)."""
+    if state.cache is None or not state.cache.uses(spec.name):
+        return None
+    if not body.cache:
+        CACHE_REQUESTS.labels(spec.name, "all", "bypass").inc()
+        return None
+    return await state.cache.lookup(spec, body.input)
+
+
+async def _answer_from_cache(
+    state: GatewayState, record: JobRecord, data: bytes, hit: Hit, priority: str
+) -> SubmitResponse:
+    """Create the job and finish it ``succeeded`` with the cached output.
+
+    The record is created with its request message (marked unpublished, as any job) and the mark is cleared only
+    after the finish: a gateway that dies in between leaves a job that the reconcile sweep publishes, so it is
+    computed instead of staying queued. A store that fails at the finish leaves exactly that: the answer is then
+    ``202 queued``.
+    """
+    store, timeout_s = state.store, state.limits.store_timeout_s
+    record.cache, record.cache_similarity = hit.level, hit.similarity
+    if not await store_call(store, store.create(record, data), timeout_s):
+        return await _resubmit(state, record, data, priority)
+    JOBS_SUBMITTED.labels(record.model).inc()
+    try:
+        call = store.finish(record.job_id, JobState.succeeded, model=record.model, output=hit.output)
+        _, current = await store_call(store, call, timeout_s)
+    except StoreError as exc:
+        logger.warning(
+            "job %s hit the cache but could not be finished (the reconcile sweep runs it): %s",
+            record.job_id,
+            exc.message,
+        )
+        return SubmitResponse(job_id=record.job_id, status=JobState.queued)
+    await _mark_published(state, record.job_id)
+    return SubmitResponse(job_id=record.job_id, status=current.state, cache=current.cache)
+
+
 async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     settings = state.settings
+    bypass = cache_bypassed(request)
     body = parse_submit(await read_limited_body(request, settings.max_body_bytes))
+    if bypass:
+        body.cache = False
     spec = state.specs.get(body.model)
     if spec is None:
         raise UnknownModel(body.model, list(state.specs))
@@ -208,6 +276,9 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     record, data = new_job(body, time.time())
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
+    found = await _cache_lookup(state, spec, body)
+    if found is not None and found.hit is not None:
+        return await _answer_from_cache(state, record, data, found.hit, body.priority)
     answer = await _admit(state, body, record, data)
     if answer is not None:
         return answer
@@ -221,6 +292,8 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     finally:
         state.backlog.published(record.model, published)
     JOBS_SUBMITTED.labels(record.model).inc()
+    if found is not None and state.cache is not None:
+        state.cache.fill_later(found, record.job_id, state.store)
     return SubmitResponse(job_id=record.job_id, status=JobState.queued)
 
 
@@ -228,12 +301,15 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     "",
     status_code=202,
     response_model=SubmitResponse,
+    response_model_exclude_none=True,  # `cache` only on a cached answer: the plain answer stays {job_id, status}
     summary="Submit a job",
     description=(
         "Validates the model and its input, records the job as `queued` and publishes it to the model's subject. "
         "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` with the same model and "
         "input is idempotent; another model or input is `409 job_id_conflict`. A model whose queue holds its "
-        "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate."
+        "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate. For a model "
+        "with result caches (`FLEET_CACHE`), a cached answer is a job that is `succeeded` at once (`status` "
+        '`succeeded`, `cache` the level); `X-Cache-Control: bypass` or `"cache": false` skips the caches.'
     ),
     responses=error_responses(400, 404, 409, 413, 422, 429, 503),
     openapi_extra=SUBMIT_BODY,

@@ -19,12 +19,14 @@ from schemas.models import ModelSpec
 if TYPE_CHECKING:
     from dags.runner import DagRunner
     from producers.gateway.backlog import Backlog
+    from producers.gateway.cache import ResultCache
 
 
 @dataclass(slots=True)
 class GatewayState:
     """What the request handlers share: settings, the connected clients, the served models' specs and their
-    queue bounds (``backlog``), and the DAG runner (``dag_runner``: registers specs, starts and shows runs)."""
+    queue bounds (``backlog``), the DAG runner (``dag_runner``: registers specs, starts and shows runs) and the
+    result caches (``cache``; None when no model uses them)."""
 
     settings: FleetSettings
     broker: Broker
@@ -33,6 +35,7 @@ class GatewayState:
     backlog: Backlog
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     dag_runner: DagRunner | None = None
+    cache: ResultCache | None = None
 
 
 def gateway_state(request: Request) -> GatewayState:

@@ -1,0 +1,331 @@
+"""The result caches on a generated ``embed`` workload, over NATS JetStream + Redis, one run.
+
+    python -m benchmarks.bench_cache [--requests 20000] [--concurrency 32] [--rounds 10]
+
+A ``fleet gateway`` (``FLEET_CACHE=embed``: L1 + L2 + L3) and a ``fleet worker --model embed`` process, as a user
+runs them. The workload (``benchmarks.cache_workload``): ``--requests`` ``embed`` requests drawn Zipf-like from
+2,000 base texts and light paraphrases of them (case, punctuation, word order, a synonym). The gateway's L1 holds
+``--l1-entries`` entries (default 300, FLEET_CACHE_L1_MAX_ENTRIES), small on purpose so that the tail of the
+distribution falls through to L2, as it does behind several gateways.
+
+What is measured:
+
+* hit rates per level, and L3 hits that answered with another base text's output (wrong answers);
+* throughput with caches against without: the workload is cut into ``--rounds`` chunks; each chunk runs with the
+  caches, then a share (``--baseline-share``) of the same chunk runs with ``X-Cache-Control: bypass`` (computed by
+  the worker; no lookup, no fill), interleaved, so both sides see the same noise. A client submits, then reads the
+  record (``GET``; a long-poll for a queued job). Target: >= 3x;
+* the gateway p50 of an L1 hit: sequential submits of hot texts, one at a time, client-measured over loopback
+  HTTP (target < 2 ms);
+* the L3 lookup cost per query with 100,000 entries: the FAISS index (``SemanticIndex``) filled with the labelled
+  texts' real vectors plus random unit vectors, one query per call as the gateway searches (target < 1 ms);
+  embedding the query text (batched in the gateway) is reported apart;
+* the share of L3 hits whose text has another meaning on the labelled pairs (target < 1 %), at embed's threshold
+  with the guard, searched in that 100,000-entry index; with a threshold sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks.cache_workload import labelled_pairs, requests
+from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_results
+from producers.gateway.embedder import load_embed_handler
+from producers.gateway.semantic_index import SemanticIndex, texts_agree
+from schemas.models import EMBED, EMBED_DIM
+from tests.processes import ROOT, fleet_argv, fleet_env
+from tests.services import die_with_parent, free_port
+
+BYPASS = {"X-Cache-Control": "bypass"}
+
+
+class CacheFleet:
+    """A ``fleet gateway`` with the caches on and a ``fleet worker --model embed``."""
+
+    def __init__(self, urls: dict[str, str], l1_entries: int, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {"FLEET_BROKER_URL": urls["nats"], "FLEET_STORE_URL": urls["redis"], "FLEET_MODELS": "embed"}
+        env |= {"FLEET_CACHE": "embed", "FLEET_CACHE_L1_MAX_ENTRIES": str(l1_entries), "FLEET_DEVICE": "cpu"}
+        self.env, self.log_dir = fleet_env(**env), log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> CacheFleet:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name, argv in (
+            ("gateway", ["gateway", "--port", str(self.port)]),
+            ("worker", ["worker", "--model", "embed"]),
+        ):
+            with (self.log_dir / f"{name}.log").open("wb") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        fleet_argv(*argv),
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                        preexec_fn=die_with_parent,
+                    )
+                )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop_processes(self.procs, timeout_s=20)
+
+    async def ready(self, http: httpx.AsyncClient, timeout_s: float = 300) -> None:
+        """Until /readyz answers, the L3 model is loaded, and an embed job ran end to end."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a fleet process exited; see the logs in {self.log_dir}")
+            try:
+                metrics = (await http.get(f"{self.url}/metrics", timeout=2)).text
+                if "fleet_cache_l3_ready 1.0" in metrics:
+                    await one(http, self.url, "warm-up text", BYPASS)
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+        raise RuntimeError(f"the fleet was not ready within {timeout_s:g}s; see {self.log_dir}")
+
+
+async def retried(call: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """A request retried on a dropped connection (both calls are idempotent: the submit carries its job id)."""
+    for attempt in range(3):
+        try:
+            return await call()
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def one(http: httpx.AsyncClient, url: str, text: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Submit, then read the record (long-poll when queued); the record, with the submit's latency."""
+    body = {"model": "embed", "input": {"text": text}, "job_id": uuid.uuid4().hex}
+    started = time.perf_counter()
+    answer = await retried(lambda: http.post(f"{url}/v1/jobs", json=body, headers=headers))
+    submit_s = time.perf_counter() - started
+    answer.raise_for_status()
+    job = answer.json()
+    params = {} if job["status"] == "succeeded" else {"wait": 60}
+    got = await retried(lambda: http.get(f"{url}/v1/jobs/{job['job_id']}", params=params))
+    record: dict[str, Any] = got.json()
+    assert record["state"] == "succeeded", record
+    record["submit_s"] = submit_s
+    return record
+
+
+async def run_chunk(
+    http: httpx.AsyncClient, url: str, chunk: list[tuple[int, str]], concurrency: int, headers: dict[str, str] | None
+) -> tuple[float, list[tuple[int, str, dict[str, Any]]]]:
+    results: list[tuple[int, str, dict[str, Any]]] = []
+    pending = iter(chunk)
+
+    async def client() -> None:
+        for family, text in pending:
+            results.append((family, text, await one(http, url, text, headers)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return time.perf_counter() - started, results
+
+
+def fingerprint(output: dict[str, Any]) -> tuple[float, ...]:
+    return tuple(round(x, 5) for x in output["embedding"][:8])
+
+
+async def measure_fleet(urls: dict[str, str], args: argparse.Namespace, l3: asyncio.Task[Any]) -> dict[str, Any]:
+    workload = requests(args.requests, zipf_s=args.zipf_s, paraphrase_share=args.paraphrase_share)
+    size = -(-len(workload) // args.rounds)
+    # keep-alive shorter than uvicorn's 5 s, so the client never reuses a connection the server is closing
+    limits = httpx.Limits(
+        max_connections=args.concurrency + 4, max_keepalive_connections=args.concurrency + 4, keepalive_expiry=2
+    )
+    with CacheFleet(urls, args.l1_entries, RESULTS_DIR / "cache-logs") as fleet:
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            await fleet.ready(http)
+            await l3  # measured while the fleet loaded its models; the rounds run alone
+            cached_s = bypass_s = 0.0
+            bypass_n = 0
+            levels: collections.Counter[str] = collections.Counter()
+            families: dict[tuple[float, ...], int] = {}
+            wrong = 0
+            for r in range(args.rounds):
+                chunk = workload[r * size : (r + 1) * size]
+                seconds, results = await run_chunk(http, fleet.url, chunk, args.concurrency, None)
+                cached_s += seconds
+                for family, _, record in results:
+                    level = record["cache"] or "miss"
+                    levels[level] += 1
+                    if level == "miss":
+                        families.setdefault(fingerprint(record["output"]), family)
+                    elif level == "l3" and families.get(fingerprint(record["output"]), family) != family:
+                        wrong += 1
+                base = chunk[:: max(1, round(1 / args.baseline_share))]
+                seconds, _ = await run_chunk(http, fleet.url, base, args.concurrency, BYPASS)
+                bypass_s, bypass_n = bypass_s + seconds, bypass_n + len(base)
+                ratio = (sum(levels.values()) / cached_s) / (bypass_n / bypass_s)
+                print(f"round {r + 1}/{args.rounds}: {dict(levels)}, wrong L3 {wrong}, ratio {ratio:.2f}x", flush=True)
+            hot = [text for _, text in workload[:50]]
+            l1_latencies = []
+            for text in hot * 6:
+                record = await one(http, fleet.url, text)
+                if record["cache"] == "l1":
+                    l1_latencies.append(record["submit_s"])
+    total = sum(levels.values())
+    return {
+        "requests": total,
+        "hit_rates": {level: levels[level] / total for level in ("l1", "l2", "l3", "miss")},
+        "l3_wrong_answers": wrong,
+        "cached_rps": total / cached_s,
+        "bypass_rps": bypass_n / bypass_s,
+        "throughput_ratio": (total / cached_s) / (bypass_n / bypass_s),
+        "l1_hit_submit": percentiles_ms(l1_latencies) | {"samples": len(l1_latencies)},
+    }
+
+
+def meaning_groups(pairs: list[tuple[str, str, str, bool]]) -> dict[str, str]:
+    """Text -> a representative of its meaning: texts of a same-meaning pair share one (a base text appears in
+    several pairs, so a query may match a copy indexed for another pair; that is right when the meaning is)."""
+    parent: dict[str, str] = {}
+
+    def find(text: str) -> str:
+        while parent.get(text, text) != text:
+            text = parent[text]
+        return text
+
+    for _, a, b, same in pairs:
+        if same:
+            parent[find(b)] = find(a)
+    return {text: find(text) for _, a, b, _ in pairs for text in (a, b)}
+
+
+def cosine_by_kind(cos: np.ndarray, pairs: list[tuple[str, str, str, bool]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for kind in dict.fromkeys(p[0] for p in pairs):
+        values = cos[[p[0] == kind for p in pairs]]
+        out[kind] = {"min": float(values.min()), "max": float(values.max())}
+    return out
+
+
+def measure_l3(args: argparse.Namespace) -> dict[str, Any]:
+    """The labelled pairs and the lookup cost, in a 100,000-entry index (no fleet needed)."""
+    pairs = labelled_pairs()
+    model = load_embed_handler("cpu")
+    started = time.perf_counter()
+    first = np.asarray(model.embed_texts([p[1] for p in pairs]), dtype=np.float32)
+    embed_ms = 1000 * (time.perf_counter() - started) / len(pairs)
+    second = np.asarray(model.embed_texts([p[2] for p in pairs]), dtype=np.float32)
+    index = SemanticIndex(EMBED_DIM, max_entries=args.l3_entries, nprobe=8)
+    filler = np.random.default_rng(3).standard_normal((args.l3_entries - len(pairs), EMBED_DIM)).astype(np.float32)
+    filler /= np.linalg.norm(filler, axis=1, keepdims=True)
+    for start in range(0, len(filler), 20_000):
+        rows = filler[start : start + 20_000]
+        index.add(rows, [f"filler{start + i}" for i in range(len(rows))], ["filler"] * len(rows))
+    index.add(first, [f"pair{i}" for i in range(len(pairs))], [p[1] for p in pairs])
+    threshold = EMBED.cache_threshold
+    times, hits = [], []
+    for i, (_, _, query, _) in enumerate(pairs):
+        started = time.perf_counter()
+        match = index.search(second[i : i + 1], [query], threshold)[0]
+        times.append(time.perf_counter() - started)
+        hits.append(match)
+    accepted = [(pairs[i], m) for i, m in enumerate(hits) if m is not None]
+    group = meaning_groups(pairs)
+    wrong = [p for p, m in accepted if group.get(m.text, m.text) != group.get(p[2], p[2])]
+    para = [p for p in pairs if p[3]]
+    cos = (first * second).sum(axis=1)
+    sweep = {}
+    for th in (0.85, 0.88, 0.90, 0.92, 0.93, 0.94, 0.95, 0.96):
+        ok = [c >= th and texts_agree(p[2], p[1]) for c, p in zip(cos.tolist(), pairs, strict=True)]
+        hit_pairs = [p for p, o in zip(pairs, ok, strict=True) if o]
+        sweep[str(th)] = {
+            "paraphrase_recall": sum(p[3] for p in hit_pairs) / len(para),
+            "wrong_share": sum(not p[3] for p in hit_pairs) / max(1, len(hit_pairs)),
+        }
+    return {
+        "entries": len(index),
+        "trained_ivf": index.trained,
+        "search_per_query": percentiles_ms(times),
+        "embed_per_text_ms_batched": embed_ms,
+        "threshold": threshold,
+        "labelled_pairs": len(pairs),
+        "paraphrase_recall": sum(1 for p, _ in accepted if p[3]) / len(para),
+        "l3_hits": len(accepted),
+        "wrong_hits": len(wrong),
+        "wrong_share": len(wrong) / max(1, len(accepted)),
+        "wrong_by_kind": dict(collections.Counter(p[0] for p in wrong)),
+        "cosine_by_kind": {
+            kind: {
+                "min": float(cos[[p[0] == kind for p in pairs]].min()),
+                "max": float(cos[[p[0] == kind for p in pairs]].max()),
+            }
+            for kind in dict.fromkeys(p[0] for p in pairs)
+        },
+        "sweep": sweep,
+    }
+
+
+def rows(fleet: dict[str, Any], l3: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rates, l1, search = fleet["hit_rates"], fleet["l1_hit_submit"], l3["search_per_query"]
+    mix = " / ".join(f"{100 * rates[k]:.1f}%" for k in ("l1", "l2", "l3", "miss"))
+    ratio = f"{fleet['throughput_ratio']:.2f}x ({fleet['cached_rps']:.0f} vs {fleet['bypass_rps']:.0f} req/s)"
+    wrong = f"{100 * l3['wrong_share']:.2f}% ({l3['wrong_hits']}/{l3['l3_hits']})"
+    return [
+        ("hit rate L1 / L2 / L3 / miss", mix, "seeds: 35 / 28 / 12 / 25"),
+        ("L3 hits answered with another text's output", str(fleet["l3_wrong_answers"]), "0"),
+        ("throughput with caches / without", ratio, ">= 3x"),
+        ("gateway p50 of an L1 hit", f"{l1['p50_ms']:.2f} ms (p99 {l1['p99_ms']:.2f})", "< 2 ms"),
+        (f"L3 search per query, {l3['entries']:,} entries", f"p50 {search['p50_ms']:.3f} ms", "< 1 ms"),
+        ("L3 embedding per text (batched, apart)", f"{l3['embed_per_text_ms_batched']:.2f} ms", "-"),
+        (f"labelled pairs: wrong share of L3 hits (threshold {l3['threshold']})", wrong, "< 1 %"),
+        ("labelled pairs: paraphrases that hit", f"{100 * l3['paraphrase_recall']:.1f}%", "-"),
+    ]
+
+
+async def main(args: argparse.Namespace) -> None:
+    if args.l3_only:  # the labelled pairs and the index alone, merged into the last results
+        path = RESULTS_DIR / "bench_cache.json"
+        last = json.loads(path.read_text()) if path.exists() else {}
+        l3 = await asyncio.to_thread(measure_l3, args)
+        write_results("bench_cache", {"args": last.get("args"), "fleet": last.get("fleet"), "l3": l3})
+        print(json.dumps({k: v for k, v in l3.items() if k != "cosine_by_kind"}, indent=1))
+        return
+    l3_task = asyncio.create_task(asyncio.to_thread(measure_l3, args))
+    with services(nats=True, redis=True) as urls:
+        fleet = await measure_fleet(urls, args, l3_task)
+    l3 = l3_task.result()
+    path = write_results("bench_cache", {"args": vars(args), "fleet": fleet, "l3": l3})
+    show(f"Result caches: {fleet['requests']:,} embed requests, fleet gateway + worker, NATS + Redis", rows(fleet, l3))
+    print(f"results: {path}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--baseline-share", type=float, default=0.1, help="share of each chunk also run bypassed")
+    parser.add_argument("--zipf-s", type=float, default=0.9)
+    parser.add_argument("--paraphrase-share", type=float, default=0.25)
+    parser.add_argument("--l1-entries", type=int, default=300)
+    parser.add_argument("--l3-entries", type=int, default=100_000)
+    parser.add_argument("--l3-only", action="store_true", help="measure the L3 index and labelled pairs only")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

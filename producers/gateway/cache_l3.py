@@ -1,0 +1,148 @@
+"""The L3 (semantic) level: one FAISS index per model version in each gateway, kept in step through the store.
+
+Every filled L3 entry is appended to its model version's vector log in the cache store (``CacheStore
+.append_vector``: a capped Redis stream beside the L2 entry, or a list in memory) and added to the local index at
+once. A sync task reads each log from the position it reached every ``cache_l3_sync_interval_s``, so an entry one
+gateway filled answers in every gateway shortly after, and a gateway that starts (or restarts) replays the log from
+its oldest kept entry. Entries are deduplicated by their L2 key, so a gateway reading back its own entries adds
+nothing twice.
+
+A log that cannot be read is retried at the next interval (logged once per outage); the index keeps answering
+from what it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleet import constants as c
+from fleet.errors import StoreError
+from fleet.store.cachestore import CacheStore, VectorEntry
+from producers.gateway.embedder import BatchingEmbedder
+from producers.gateway.semantic_index import Match, SemanticIndex
+
+logger = logging.getLogger(__name__)
+
+SYNC_BATCH = 1000  # log entries read per call
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One model version's index, its log and how far this gateway has read it."""
+
+    index: SemanticIndex
+    log: str
+    position: str = "0"
+    lock: asyncio.Lock | None = None
+    failing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class L3Options:
+    dim: int
+    max_entries: int
+    nprobe: int
+    sync_interval_s: float
+    ttl_s: int
+    timeout_s: float
+
+
+class SemanticLevel:
+    """L3 for the models that use it: ``match`` finds an earlier request, ``remember`` adds one."""
+
+    def __init__(self, store: CacheStore, embedder: BatchingEmbedder, options: L3Options) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.options = options
+        self._slots: dict[tuple[str, str], _Slot] = {}
+        self._sync: asyncio.Task[None] | None = None
+
+    def serve(self, model: str, version: str) -> None:
+        """Keep an index for ``model`` at ``version`` (called at start-up for each model with L3 on)."""
+        key = (model, version)
+        if key not in self._slots:
+            index = SemanticIndex(self.options.dim, max_entries=self.options.max_entries, nprobe=self.options.nprobe)
+            self._slots[key] = _Slot(index, c.cache_vectors_key(model, version), lock=asyncio.Lock())
+
+    def index_of(self, model: str, version: str) -> SemanticIndex:
+        return self._slots[(model, version)].index
+
+    async def start(self) -> None:
+        """Replay the logs once, then keep tailing them in the background."""
+        await self.sync_once()
+        self._sync = asyncio.create_task(self._sync_loop(), name="l3-sync")
+
+    async def stop(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync
+        self.embedder.close()
+
+    async def vector(self, text: str) -> np.ndarray:
+        return await self.embedder.embed(text)
+
+    async def match(self, model: str, version: str, vector: np.ndarray, text: str, threshold: float) -> Match | None:
+        slot = self._slots[(model, version)]
+        assert slot.lock is not None
+        async with slot.lock:  # no await inside: the search runs on the loop, well under a millisecond
+            return slot.index.search(vector[None, :], [text], threshold)[0]
+
+    def forget(self, model: str, version: str, key: str) -> None:
+        """The entry's output is gone from L2: stop answering with it."""
+        self._slots[(model, version)].index.discard(key)
+
+    async def remember(self, model: str, version: str, entry: VectorEntry, vector: np.ndarray) -> None:
+        """Add the entry here and append it to the shared log. Raises ``StoreError`` when the log write fails
+        (the local index has it anyway)."""
+        slot = self._slots[(model, version)]
+        await self._add(slot, [entry], vector[None, :])
+        async with asyncio.timeout(self.options.timeout_s):
+            await self.store.append_vector(slot.log, entry, self.options.max_entries, self.options.ttl_s)
+
+    async def sync_once(self) -> None:
+        """Read every log from where this gateway stopped; add what is new."""
+        for (model, version), slot in self._slots.items():
+            try:
+                while await self._sync_slot(slot):
+                    pass
+            except (StoreError, TimeoutError) as exc:
+                if not slot.failing:
+                    logger.warning("L3 index of %s v%s cannot read its log: %s", model, version, exc)
+                slot.failing = True
+            else:
+                if slot.failing:
+                    logger.info("L3 index of %s v%s reads its log again", model, version)
+                slot.failing = False
+
+    async def _sync_slot(self, slot: _Slot) -> bool:
+        """One read of the log; True when there may be more."""
+        async with asyncio.timeout(max(self.options.timeout_s, 1.0)):
+            rows = await self.store.read_vectors(slot.log, slot.position, SYNC_BATCH)
+        if not rows:
+            return False
+        slot.position = rows[-1][0]
+        entries = [entry for _, entry in rows if len(entry.vector) == 4 * self.options.dim]
+        if entries:
+            vectors = np.frombuffer(b"".join(e.vector for e in entries), dtype=np.float32).reshape(len(entries), -1)
+            await self._add(slot, entries, vectors)
+        return len(rows) >= SYNC_BATCH
+
+    async def _add(self, slot: _Slot, entries: list[VectorEntry], vectors: np.ndarray) -> None:
+        assert slot.lock is not None
+        keys, texts = [e.key for e in entries], [e.text for e in entries]
+        async with slot.lock:  # adding may train or evict (hundreds of ms): off the loop
+            await asyncio.to_thread(slot.index.add, vectors, keys, texts)
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.sync_interval_s)
+            try:
+                await self.sync_once()
+            except Exception:
+                logger.exception("L3 sync failed; retrying at the next interval")
