@@ -1,6 +1,8 @@
 """Broker implementations behind the seam in ``fleet.brokers.base``; ``make_broker`` picks one by URL scheme.
 
 Implementations are imported lazily, so the in-memory default needs neither nats-py nor aiokafka at import time.
+Beside them: ``prioritized`` (one subscription over a model's priority levels, higher first, by
+``fleet.priorities``' weights) and ``events`` (typed control events and the listener that reads them).
 """
 
 from __future__ import annotations

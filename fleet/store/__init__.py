@@ -1,5 +1,6 @@
 """Result stores: the ``ResultStore`` seam (``base``), Redis (``redis``) and the embedded one (``memory``); beside
-them the DAG store (``dagstore``) and the dead-letter store (``deadletters``), in the same Redis or in memory."""
+them the DAG store (``dagstore``), the dead-letter store (``deadletters``) and the result caches' store
+(``cachestore``: L2 entries and the L3 vector logs), in the same Redis or in memory."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The REST + WebSocket gateway: submit, poll and push job results over HTTP; DAG runs; the operator dashboard
-(``/dashboard``) and operator API (live feed, scaling controls, drain, dead letters).
+"""The REST + WebSocket gateway: submit, poll and push job results over HTTP, or run a job in one request
+(``/v1/infer``); result caches (``cache``, ``cache_l3``, ``semantic_index``, ``embedder``); DAG runs; the operator
+dashboard (``/dashboard``) and operator API (live feed, scaling controls, drain, dead letters).
 
 ``create_app(settings)`` builds the FastAPI application; see ``producers.gateway.app``.
 """
