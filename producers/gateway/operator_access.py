@@ -94,14 +94,19 @@ class OperatorGate:
         return Principal("token", frozenset({OPERATOR_ROLE}))
 
 
-def operator_gate(request: Request) -> OperatorGate:
+def _gate(request: Request) -> OperatorGate:
     gate: OperatorGate = request.app.state.operator_gate
     return gate
 
 
+async def operator_gate(request: Request) -> OperatorGate:
+    """FastAPI dependency: the gate the lifespan built (async: a sync dependency would cost a thread hop)."""
+    return _gate(request)
+
+
 async def require_operator(request: Request) -> Principal:
     """FastAPI dependency of every operator route: the caller's principal, which has the ``operator`` role."""
-    principal = operator_gate(request).authenticate(request.headers.get("authorization"))
+    principal = _gate(request).authenticate(request.headers.get("authorization"))
     if OPERATOR_ROLE not in principal.roles:
         raise ApiError(403, "forbidden", f"{principal.subject} does not have the {OPERATOR_ROLE!r} role")
     return principal

@@ -16,7 +16,7 @@ from schemas.operator import DeadLetterGroup, DeadLetterList, LetterSelection, P
 router = APIRouter(prefix="/v1/deadletters", tags=["operator"])
 
 
-def dead_letter_store(request: Request) -> DeadLetterStore:
+async def dead_letter_store(request: Request) -> DeadLetterStore:
     """FastAPI dependency: the store the recorder writes (``app.state.dead_letters``)."""
     letters: DeadLetterStore = request.app.state.dead_letters
     return letters

@@ -19,7 +19,7 @@ KEEP_ALIVE_S = 15.0
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def operator_feed(request: Request) -> OperatorFeed:
+async def operator_feed(request: Request) -> OperatorFeed:
     """FastAPI dependency: this gateway's one feed (``app.state.operator_feed``)."""
     feed: OperatorFeed = request.app.state.operator_feed
     return feed

@@ -26,7 +26,7 @@ router = APIRouter(prefix="/v1/scaling", tags=["scaling"])
 DEFAULT_DECISIONS = 20
 
 
-def scaling_store(request: Request) -> ScalingStore:
+async def scaling_store(request: Request) -> ScalingStore:
     """FastAPI dependency: the scaling store the lifespan opened (``app.state.scaling``)."""
     store: ScalingStore = request.app.state.scaling
     return store

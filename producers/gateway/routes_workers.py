@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/workers", tags=["operator"])
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,199}$"  # one subject token: no dots, spaces or wildcards
 
 
-def beats_heard(request: Request) -> Beats:
+async def beats_heard(request: Request) -> Beats:
     beats: Beats = request.app.state.beats
     return beats
 

@@ -38,7 +38,10 @@ class GatewayState:
     cache: ResultCache | None = None
 
 
-def gateway_state(request: Request) -> GatewayState:
-    """FastAPI dependency: the state the lifespan built (also reachable as ``app.state.gateway``)."""
+async def gateway_state(request: Request) -> GatewayState:
+    """FastAPI dependency: the state the lifespan built (also reachable as ``app.state.gateway``).
+
+    Async, as every dependency of the gateway: FastAPI runs a sync one in its thread pool, a thread hop per request.
+    """
     state: GatewayState = request.app.state.gateway
     return state
