@@ -27,7 +27,7 @@ METRIC_MODULES = [
     "autoscaler.service",
 ]
 SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", "_count")}
-SERIES = re.compile(r"\b(fleet_[a-z_]+)(\{[^}]*\})?")
+SERIES = re.compile(r"\b(fleet_[a-z0-9_]+)(\{[^}]*\})?")
 MATCHER = re.compile(r"([a-zA-Z_]+)\s*(?:=~|!~|!=|=)")
 BY = re.compile(r"\bby\s*\(([^)]*)\)")
 

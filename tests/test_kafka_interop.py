@@ -277,19 +277,23 @@ async def test_missing_topics_with_auto_create_off_are_named_with_the_fix(
 ) -> None:
     model = f"knone-{unique}"
     env = worker_env(kafka_url, redis_url, model, FLEET_KAFKA_AUTO_CREATE="false", FLEET_KAFKA_PARTITIONS="3")
+    # Every worker also serves DAG starts: those topics exist once a fleet ran; this test is about the model's.
+    await create_topics(bootstrap, {c.DAG_START_SUBJECT: 1, c.dlq_subject("_dagrun"): 1, "fleet.ctl": 1})
     result = await asyncio.to_thread(run_fleet, "worker", "--model", WORKER, env=env, timeout_s=60)
     request_topic, dlq = c.request_subject(model), c.dlq_subject(model)
+    levels = [c.request_subject(model, level) for level in c.PRIORITIES]  # one request topic per priority level
     assert_clean_failure(
         result,
-        f"'{request_topic}', '{dlq}'",
+        ", ".join(f"'{topic}'" for topic in [*levels, dlq]),
         "kafka_auto_create is off",
-        f"kafka-topics.sh --bootstrap-server {bootstrap} --create --topic {request_topic} --partitions 3",
+        *(f"--create --topic {topic} --partitions 3" for topic in levels),
+        f"kafka-topics.sh --bootstrap-server {bootstrap} --create --topic {levels[0]} --partitions 3",
         f"--create --topic {dlq} --partitions 1",
         "or set FLEET_KAFKA_AUTO_CREATE=true",
     )
     assert not await topic_exists(kcat, bootstrap, request_topic), "nothing is created with auto-creation off"
 
-    await create_topics(bootstrap, {request_topic: 3, dlq: 1, "fleet.ctl": 1})
+    await create_topics(bootstrap, {**dict.fromkeys(levels, 3), dlq: 1, "fleet.ctl": 1})
     log = tmp_path / "worker.log"
     with fleet_process("worker", "--model", WORKER, env=env, log=log) as proc:
 
