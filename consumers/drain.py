@@ -9,15 +9,12 @@ callback runs its own ``stop``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
-from fleet.brokers.events import validated
-from fleet.tasks import cancel_and_wait
+from fleet.brokers.events import Listener, validated
 from schemas.wire import DrainRequest
 
 log = logging.getLogger(__name__)
@@ -25,26 +22,17 @@ log = logging.getLogger(__name__)
 
 class DrainListener:
     def __init__(self, broker: Broker, worker_id: str, on_drain: Callable[[], object]) -> None:
-        self.broker = broker
         self.worker_id = worker_id
         self.on_drain = on_drain
         self.requested = False
-        self._events: EventStream | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._listener = Listener(broker, c.drain_subject(worker_id), self._listen, f"{worker_id}-drain")
 
     async def start(self) -> None:
-        self._events = await self.broker.listen(c.drain_subject(self.worker_id))
-        self._task = asyncio.create_task(self._listen(self._events), name=f"{self.worker_id}-drain")
+        await self._listener.start()
 
     async def stop(self) -> None:
         """Idempotent; safe to call from ``on_drain``'s consequences (the listener has returned by then)."""
-        events, self._events = self._events, None
-        if events is not None:
-            with contextlib.suppress(Exception):
-                await events.close()
-        task, self._task = self._task, None
-        if task is not None and task is not asyncio.current_task():
-            await cancel_and_wait([task])
+        await self._listener.stop()
 
     async def _listen(self, events: EventStream) -> None:
         async for request in validated(events, DrainRequest, "drain request"):

@@ -79,7 +79,7 @@ class Listener:
     """``broker.listen(pattern)`` consumed by ``consume(events)`` in one task named ``name``.
 
     ``async with`` (or ``start`` / ``stop``) runs it; ``stop`` is idempotent: it closes the stream, which ends the
-    consumer's iteration, then cancels the task if it is still running.
+    consumer's iteration, then cancels the task if it is still running (not when ``stop`` is called from it).
     """
 
     def __init__(
@@ -112,5 +112,5 @@ class Listener:
             with contextlib.suppress(Exception):
                 await events.close()
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and task is not asyncio.current_task():  # stop() may run from the consumer itself
             await cancel_and_wait([task])
