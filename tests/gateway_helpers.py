@@ -144,6 +144,36 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     return error
 
 
+@dataclass
+class EchoSleepGateway:
+    """A gateway served by uvicorn over one broker/store pair, serving per-test ``echo`` and ``sleep`` models."""
+
+    base_url: str
+    broker: Broker
+    store: ResultStore
+    echo: str
+    sleep: str
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, timeout=15)
+
+    def worker(self) -> ObservedWorker:
+        return ObservedWorker(self.broker, self.store, self.echo)
+
+
+@contextlib.asynccontextmanager
+async def echo_sleep_gateway(request: Any, pair: str, unique: str) -> AsyncIterator[EchoSleepGateway]:
+    """``EchoSleepGateway`` on ``pair`` (``tests.infra.PAIRS``), with a 4 KB body limit and ``FAST_LIMITS``."""
+    from tests.infra import connected_pair, settings_for
+
+    refs, (echo, sleep) = model_refs(unique, "echo", "sleep")
+    settings = settings_for(pair, urls_for(request, pair), models=refs, max_body_bytes=4096)
+    async with connected_pair(settings) as (broker, store):
+        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
+        async with served(app) as base_url:
+            yield EchoSleepGateway(base_url, broker, store, echo, sleep)
+
+
 def urls_for(request: Any, pair: str) -> dict[str, str]:
     """The session service URLs a broker/store pair needs (starting only those)."""
     return {kind: request.getfixturevalue(f"{kind}_url") for kind in pair.split("+") if kind != "memory"}

@@ -4,50 +4,23 @@ gateway (uvicorn on a free port) over real brokers and stores."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-import httpx
 import pytest
 
 from consumers.handlers import with_name
 from consumers.worker import Worker
-from fleet.brokers.base import Broker
 from fleet.errors import InvalidInput, UnknownModel
 from fleet.store.base import ResultStore
-from producers.gateway import create_app
 from producers.sdk import FleetClient, InferTimeout, JobFailed
 from producers.sdk_sync import FleetSyncClient
 from schemas.jobs import JobError, JobState
-from tests.gateway_helpers import FAST_LIMITS, WORKER_SETTINGS, ObservedWorker, error_of, model_refs, served, urls_for
+from tests.gateway_helpers import WORKER_SETTINGS, EchoSleepGateway, echo_sleep_gateway, error_of
 from tests.handlers_for_tests import Items
-from tests.infra import PAIRS, connected_pair, eventually, settings_for
+from tests.infra import PAIRS, eventually
 
-
-@dataclass
-class Gateway:
-    base_url: str
-    broker: Broker
-    store: ResultStore
-    echo: str
-    sleep: str
-
-    def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, timeout=15)
-
-    def worker(self) -> ObservedWorker:
-        return ObservedWorker(self.broker, self.store, self.echo)
-
-
-@contextlib.asynccontextmanager
-async def open_gateway(request: pytest.FixtureRequest, pair: str, unique: str) -> AsyncIterator[Gateway]:
-    refs, (echo, sleep) = model_refs(unique, "echo", "sleep")
-    settings = settings_for(pair, urls_for(request, pair), models=refs, max_body_bytes=4096)
-    async with connected_pair(settings) as (broker, store):
-        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
-        async with served(app) as base_url:
-            yield Gateway(base_url, broker, store, echo, sleep)
+Gateway = EchoSleepGateway
+open_gateway = echo_sleep_gateway
 
 
 @pytest.fixture(params=PAIRS)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from fleet.brokers.base import Broker
 from fleet.errors import (
     BrokerUnavailable,
     FleetError,
@@ -22,38 +20,23 @@ from fleet.errors import (
     UnknownModel,
 )
 from fleet.settings import FleetSettings
-from fleet.store.base import ResultStore
 from producers.gateway import create_app
 from producers.sdk import FleetClient, GatewayError, GatewayUnreachable, JobFailed, error_from_response
 from schemas.jobs import JobState
 from tests import services
-from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
-from tests.infra import PAIRS, connected_pair, settings_for
+from tests.gateway_helpers import EchoSleepGateway, echo_sleep_gateway, model_refs
+from tests.infra import PAIRS
 
 
-@dataclass
-class Gateway:
-    base_url: str
-    broker: Broker
-    store: ResultStore
-    echo: str
-    sleep: str
-
+class Gateway(EchoSleepGateway):
     def client(self, **kwargs: Any) -> FleetClient:
         return FleetClient(self.base_url, timeout_s=10, **kwargs)
-
-    def worker(self) -> ObservedWorker:
-        return ObservedWorker(self.broker, self.store, self.echo)
 
 
 @contextlib.asynccontextmanager
 async def open_gateway(request: pytest.FixtureRequest, pair: str, unique: str) -> AsyncIterator[Gateway]:
-    refs, (echo, sleep) = model_refs(unique, "echo", "sleep")
-    settings = settings_for(pair, urls_for(request, pair), models=refs, max_body_bytes=4096)
-    async with connected_pair(settings) as (broker, store):
-        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
-        async with served(app) as base_url:
-            yield Gateway(base_url, broker, store, echo, sleep)
+    async with echo_sleep_gateway(request, pair, unique) as g:
+        yield Gateway(g.base_url, g.broker, g.store, g.echo, g.sleep)
 
 
 @pytest.fixture(params=PAIRS)
