@@ -42,8 +42,10 @@ def parse_pairs(value: object, name: str, form: str) -> object:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name} {value!r} is not a JSON object: {exc}") from None
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
-    if any(len(pair) != 2 for pair in pairs):
-        raise ValueError(f"{name} {value!r}: write {form} pairs separated by commas, or a JSON object")
+    if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+        raise ValueError(
+            f"{name} {value!r}: write {form} pairs separated by commas (each with its model), or a JSON object"
+        )
     return {key.strip(): item.strip() for key, item in pairs}
 
 
