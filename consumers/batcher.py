@@ -1,6 +1,11 @@
 """Micro-batch collection: wait for the first message, then let the batch fill for at most ``max_wait_ms``,
 bounded by a count (``max_batch``) and, when the model declares item costs, by a cost budget (``max_cost``).
 
+The wait to fill is skipped when it would most likely wait for nothing: the collector keeps a decaying count of
+the messages it fetched (time constant ``ARRIVAL_TAU_S``), and when fewer than ``FILL_WORTH_ARRIVALS`` are expected
+within ``max_wait_ms`` at that rate, a batch closes with what has come. A lone request (a DAG step, an idle
+service) then pays no ``max_wait_ms``, while under load, when batching pays, batches fill as before.
+
 A message cannot be un-fetched from NATS or Kafka, so one that was fetched but does not fit the budget is held
 over (``BatchCollector.carry``) and starts the next batch, ahead of anything fetched later. The worker counts the
 held-over messages among the deliveries it holds, so their ack deadlines are extended like the rest and a drain
@@ -16,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleet.brokers.base import Delivery, Subscription
+
+ARRIVAL_TAU_S = 1.0  # the arrival rate is a count of fetched messages decaying with this time constant
+FILL_WORTH_ARRIVALS = 1.0  # wait for a batch to fill only when at least this many more messages are expected
 
 CostOf = Callable[[Delivery], int]
 """The cost of one fetched message (tokens, pixels...); ``BatchCollector`` never lets a batch's sum exceed the
@@ -54,6 +62,8 @@ class BatchCollector:
         self.carry: deque[tuple[Delivery, int]] = deque()  # fetched, not yet in a batch, with its cost
         self.closed_full = False  # the last batch closed on its count or its budget (more work was there)
         self._mean_cost = 1.0
+        self._arrivals = 0.0  # fetched messages, decaying with ARRIVAL_TAU_S
+        self._arrivals_at = 0.0  # loop time of the last update of _arrivals
 
     def carried(self) -> list[Delivery]:
         """Messages fetched but held over for the next batch."""
@@ -77,16 +87,29 @@ class BatchCollector:
             if self.carry or len(batch) >= bounds.max_batch:  # the budget or the count is spent
                 self.closed_full = bool(batch)
                 return batch
-            remaining = deadline - loop.time()
-            if not batch or remaining <= 0:
+            now = loop.time()
+            remaining = deadline - now
+            if not batch or remaining <= 0 or self.expected_arrivals(remaining, now) < FILL_WORTH_ARRIVALS:
                 return batch
             fetched = await self.sub.fetch(self._fetch_size(batch, cost, bounds), remaining)
             if not fetched:
                 return batch
             self._hold(fetched, bounds)
 
+    def expected_arrivals(self, within_s: float, now: float) -> float:
+        """How many messages are expected within ``within_s`` at the recent arrival rate."""
+        rate = self._arrivals * math.exp((self._arrivals_at - now) / ARRIVAL_TAU_S) / ARRIVAL_TAU_S
+        return rate * within_s
+
+    def _count_arrivals(self, n: int, now: float) -> None:
+        self._arrivals = self._arrivals * math.exp((self._arrivals_at - now) / ARRIVAL_TAU_S) + n
+        self._arrivals_at = now
+
     def _hold(self, fetched: list[Delivery], bounds: BatchBounds) -> None:
-        if self.on_fetch is not None and fetched:
+        if not fetched:
+            return
+        self._count_arrivals(len(fetched), asyncio.get_running_loop().time())
+        if self.on_fetch is not None:
             self.on_fetch(fetched)
         for delivery in fetched:
             item_cost = self.cost_of(delivery) if bounds.max_cost is not None and self.cost_of else 1

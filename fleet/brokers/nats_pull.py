@@ -9,7 +9,9 @@ a fresh reply subject per request (so a late status from an old request is never
 2. if nothing came, one long-poll request for a single message with ``expires`` = the time left: it completes
    when a message arrives (or with a 408 at expiry), so no request outlives the fetch and "reserves" messages
    for a worker that is not asking;
-3. after a long-poll hit, one more ``no_wait`` request tops the batch up with whatever else is available.
+3. after a long-poll hit, one more ``no_wait`` request tops the batch up with whatever else is available, unless
+   the message said the consumer had nothing more pending (its ``num_pending``): a lone message costs no extra
+   round trip.
 
 Messages that arrive outside a request (a late delivery racing a timeout) are kept and returned by the next fetch,
 unless they waited so long that their ack wait is (nearly) over: no worker extends the ack wait of a buffered
@@ -47,7 +49,7 @@ log = logging.getLogger(__name__)
 API_PREFIX = "$JS.API"
 ACCOUNT_INFO_SUBJECT = f"{API_PREFIX}.INFO"  # answered by JetStream itself: the round trip of ping and listen
 REPLY_GRACE_S = 0.25  # how long past a request's expiry we wait for the server's answer
-MIN_LONG_POLL_S = 0.005  # below this, a long-poll is not worth a round trip
+MIN_LONG_POLL_S = 0.001  # below this, a long-poll is not worth a round trip (and the server's least expiry)
 # A buffered message is handed out only within this share of its ack wait, leaving the worker time to extend it.
 BUFFERED_SHARE_OF_ACK_WAIT = 0.5
 _NO_MORE = ("404", "408")  # "no messages" (no_wait) and "request timeout" (expires) end a pull normally
@@ -211,7 +213,7 @@ class NatsSubscription:
                 remaining = deadline - loop.time()
                 if not self._ready and remaining > MIN_LONG_POLL_S and not self._closed:
                     await self._request(1, remaining, remaining + REPLY_GRACE_S)
-                    if 0 < len(self._ready) < max_messages and not self._closed:
+                    if 0 < len(self._ready) < max_messages and not self._closed and self._more_pending():
                         await self._request(max_messages - len(self._ready), None, REPLY_GRACE_S)
             return self._take(max_messages)
 
@@ -231,6 +233,13 @@ class NatsSubscription:
                 await self._nc.publish(msg.reply, b"-NAK")
         except NatsError as exc:
             log.debug("closing subscription %s/%s: %r", self.subject, self.group, exc)
+
+    def _more_pending(self) -> bool:
+        """Whether the consumer had more messages when the server sent the latest one (its ``num_pending``)."""
+        try:
+            return bool(self._ready[-1][0].metadata.num_pending)
+        except (IndexError, ValueError, AttributeError):  # not a JetStream delivery we can read: ask
+            return True
 
     def _take(self, max_messages: int) -> list[Delivery]:
         out: list[Delivery] = []

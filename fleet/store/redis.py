@@ -168,7 +168,7 @@ class RedisStore:
         self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
         self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
         self._claim_pending = self.redis.register_script(CLAIM_PENDING_LUA)
-        self._known: OrderedDict[str, tuple[bytes, JobRecord]] = OrderedDict()
+        self._known: OrderedDict[str, tuple[bytes, JobRecord | None]] = OrderedDict()
         self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
         self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s)
         self._closed = False
@@ -240,10 +240,16 @@ class RedisStore:
         with self._errors(f"read {len(job_ids)} jobs"):
             raws = await self.redis.mget(keys)
         records: list[JobRecord | None] = []
+        known = self._known
         for job_id, raw in zip(job_ids, raws, strict=True):
             data, record = self._state_of(job_id, raw)
             if record is not None:
                 self._remember(job_id, data, record)
+            else:  # absent (published straight to the broker, a DAG step): the start writes without a read
+                known[job_id] = (ABSENT, None)
+                known.move_to_end(job_id)
+                if len(known) > KNOWN_RECORDS:
+                    known.popitem(last=False)
             records.append(record)
         return records
 
