@@ -31,6 +31,7 @@ class Job:
     body: dict[str, Any] | None = None
     attempt: int = 1  # this run's number: one more than the runs the job's record counts (set at admission)
     deadline: float | None = None  # unix seconds: the request's deadline, else its record's expiry
+    unread: bool = False  # admission did not read its record (a DAG step's first delivery: it has none yet)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

@@ -39,6 +39,9 @@ class Start:
     model: str
     worker_id: str
     deliveries: int
+    unread: bool = False
+    """The worker did not read the record before (a DAG step's first delivery: the runner publishes it without
+    one). The store then expects none; where one exists, ``deliveries`` counts on from its runs."""
 
 
 @dataclass(frozen=True, slots=True)

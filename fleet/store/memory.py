@@ -110,9 +110,13 @@ class MemoryStore:
         return True, record
 
     async def start_many(self, items: list[Start]) -> list[JobRecord]:
-        return [
-            await self.start(i.job_id, model=i.model, worker_id=i.worker_id, deliveries=i.deliveries) for i in items
-        ]
+        records = []
+        for it in items:
+            deliveries = it.deliveries
+            if it.unread and (current := await self.get(it.job_id)) is not None:
+                deliveries = max(deliveries, current.deliveries + 1)
+            records.append(await self.start(it.job_id, model=it.model, worker_id=it.worker_id, deliveries=deliveries))
+        return records
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
         return [

@@ -305,11 +305,13 @@ class RedisStore:
         def step(it: Start, current: JobRecord | None) -> JobRecord | None:
             if current is not None and current.state in TERMINAL_STATES:
                 return None
-            return started(
-                current, it.job_id, model=it.model, worker_id=it.worker_id, deliveries=it.deliveries, now=now
-            )
+            deliveries = it.deliveries
+            if it.unread and current is not None:  # it had a record after all: count on from its runs
+                deliveries = max(deliveries, current.deliveries + 1)
+            return started(current, it.job_id, model=it.model, worker_id=it.worker_id, deliveries=deliveries, now=now)
 
-        results = await self._cas_many(items, step, publish=False)
+        unread = {it.job_id for it in items if it.unread}
+        results = await self._cas_many(items, step, publish=False, assume_absent=unread)
         return [record for _, record in results]
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
@@ -339,17 +341,19 @@ class RedisStore:
         next_record: Callable[[_Item, JobRecord | None], JobRecord | None],
         *,
         publish: bool,
+        assume_absent: set[str] | frozenset[str] = frozenset(),
     ) -> list[tuple[bool, JobRecord]]:
         """Apply ``next_record`` (None: leave as is) to each job with compare-and-set, retrying lost races.
 
-        The current records come from what this store last wrote (``_known``) or else one MGET; a stale guess only
-        costs a retry, because the script compares with what Redis really holds.
+        The current records come from what this store last wrote (``_known``), else are guessed absent for the jobs
+        in ``assume_absent``, else one MGET; a wrong guess only costs a retry, because the script compares with what
+        Redis really holds.
         """
         if not items:
             return []
         job_ids = [it.job_id for it in items]
         keys = [JOB_KEY_PREFIX + job_id.encode() for job_id in job_ids]  # bytes: the client encodes them faster
-        state = await self._current(job_ids, keys)
+        state = await self._current(job_ids, keys, assume_absent)
         results: list[tuple[bool, JobRecord] | None] = [None] * len(keys)
         pending: Iterable[int] = range(len(keys))
         for _ in range(MAX_CAS_ATTEMPTS):
@@ -367,10 +371,15 @@ class RedisStore:
                 return results  # type: ignore[return-value]  # every item has its result now
         raise self._contention(job_ids[next(iter(pending))])
 
-    async def _current(self, job_ids: list[str], keys: list[bytes]) -> list[tuple[bytes, JobRecord | None]]:
-        """(stored value, record) per job: remembered when this store wrote it last, else read with one MGET."""
+    async def _current(
+        self, job_ids: list[str], keys: list[bytes], assume_absent: set[str] | frozenset[str] = frozenset()
+    ) -> list[tuple[bytes, JobRecord | None]]:
+        """(stored value, record) per job: remembered when this store wrote it last, else guessed absent (the jobs
+        in ``assume_absent``), else read with one MGET."""
         known = self._known
-        state: list[tuple[bytes, JobRecord | None]] = [known.get(job_id, UNKNOWN) for job_id in job_ids]
+        state: list[tuple[bytes, JobRecord | None]] = [
+            known.get(job_id, (ABSENT, None) if job_id in assume_absent else UNKNOWN) for job_id in job_ids
+        ]
         unknown = [i for i, entry in enumerate(state) if entry is UNKNOWN]
         if unknown:
             with self._errors(f"read {len(unknown)} jobs"):

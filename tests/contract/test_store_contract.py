@@ -206,6 +206,26 @@ async def test_start_many_handles_absent_queued_and_terminal_jobs_in_order(store
     assert (await store.get(waiting)) == records[1]
 
 
+async def test_an_unread_start_finds_a_record_that_exists_after_all(store_factory: StoreFactory) -> None:
+    """A DAG step's first delivery starts without a read: the start itself must see what is there, also when
+    another process wrote it (so nothing this store remembers helps)."""
+    store = await store_factory()
+    absent, started_elsewhere, cancelled = new_id(), new_id(), new_id()
+    await store.start(started_elsewhere, model="echo", worker_id="w1", deliveries=3)
+    await store.finish(cancelled, JobState.cancelled, model="echo")
+    other = await store_factory()
+    if await other.get(cancelled) is not None:  # a second client of the same server (Redis): the real case
+        store = other
+    records = await store.start_many(
+        [Start(job_id, "echo", "w2", deliveries=1, unread=True) for job_id in (absent, started_elsewhere, cancelled)]
+    )
+    assert [r.state for r in records] == [JobState.running, JobState.running, JobState.cancelled]
+    assert records[0].deliveries == 1
+    assert records[1].deliveries == 4, "the runs the record counted go on counting"
+    assert (await store.get(started_elsewhere)) == records[1]
+    assert (await store.get(cancelled)).state == JobState.cancelled, "a cancelled job is not started"
+
+
 async def test_finish_many_lets_each_item_win_or_lose_its_own_race(store: ResultStore) -> None:
     ids = [new_id() for _ in range(20)]
     for job_id in ids[::2]:
