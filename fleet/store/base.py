@@ -66,7 +66,10 @@ class ResultStore(Protocol):
 
     async def ping(self) -> None: ...
 
-    async def create(self, record: JobRecord, message: bytes | None = None) -> bool: ...
+    async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
+        """Write ``record`` if its job id is new (True), else nothing (False). With ``message`` (the request as
+        published) the job is also marked unpublished until ``published``. A terminal ``record`` (an answer known
+        at once) is announced to the job's waiters like a finish, and ``message`` is not kept."""
 
     async def get(self, job_id: str) -> JobRecord | None: ...
 

@@ -49,7 +49,11 @@ class MemoryStore:
     async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
         if self._read(record.job_id) is not None:
             return False
-        self._write(record.job_id, record.model_dump_json())
+        raw = record.model_dump_json()
+        self._write(record.job_id, raw)
+        if record.terminal:  # an answer known at once (a cache hit): announced like a finish
+            self._notify(record.job_id, raw)
+            return True
         if message is not None:
             self._unpublished[record.job_id] = (time.time(), bytes(message))
         return True

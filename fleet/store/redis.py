@@ -92,6 +92,13 @@ redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[2])
 redis.call('ZADD', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1000000, ARGV[3])
 return 1
 """
+# KEYS[1] job key; ARGV: record, ttl_s, completion channel. A terminal record only when absent, announced to the job's
+# waiters as a finish is. Returns 1 if created.
+CREATE_TERMINAL_LUA = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+redis.call('PUBLISH', ARGV[3], ARGV[1])
+return 1
+"""
 # KEYS[1] pending set; ARGV: older_than_s, limit, message key prefix. Returns id1, message1, id2, ... of the jobs
 # marked longer ago than older_than_s, each re-scored to now so that no other sweep claims it meanwhile.
 CLAIM_PENDING_LUA = """
@@ -168,6 +175,7 @@ class RedisStore:
         self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
         self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
         self._claim_pending = self.redis.register_script(CLAIM_PENDING_LUA)
+        self._create_terminal = self.redis.register_script(CREATE_TERMINAL_LUA)
         self._known: OrderedDict[str, tuple[bytes, JobRecord | None]] = OrderedDict()
         self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
         self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s)
@@ -208,6 +216,9 @@ class RedisStore:
     async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
         raw, job_id = record.model_dump_json(), record.job_id
         with self._errors(f"create job {job_id!r}"):
+            if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
+                args: list[str | int] = [raw, self.job_ttl_s, c.done_channel(job_id)]
+                return bool(await self._create_terminal(keys=[c.job_key(job_id)], args=args))
             if message is None:
                 return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
             keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id)]

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from fleet import constants as c
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
+from fleet.store import transitions
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
@@ -237,30 +238,28 @@ async def _cache_lookup(state: GatewayState, spec: ModelSpec, body: SubmitReques
 async def _answer_from_cache(
     state: GatewayState, record: JobRecord, data: bytes, hit: Hit, priority: str
 ) -> SubmitResponse:
-    """Create the job and finish it ``succeeded`` with the cached output.
+    """Create the job ``succeeded`` with the cached output, in one store call.
 
-    The record is created with its request message (marked unpublished, as any job) and the mark is cleared only
-    after the finish: a gateway that dies in between leaves a job that the reconcile sweep publishes, so it is
-    computed instead of staying queued. A store that fails at the finish leaves exactly that: the answer is then
-    ``202 queued``.
+    The record is written terminal at once (if the job id is new) and announced to the job's waiters like a
+    finish, so there is no moment at which a gateway that dies leaves a job half made. A job id that exists
+    already is a resubmit and gets its usual answer.
     """
     store, timeout_s = state.store, state.limits.store_timeout_s
     record.cache, record.cache_similarity = hit.level, hit.similarity
-    if not await store_call(store, store.create(record, data), timeout_s):
+    answered = transitions.finished(
+        record,
+        record.job_id,
+        JobState.succeeded,
+        model=record.model,
+        output=hit.output,
+        error=None,
+        worker_id=None,
+        now=time.time(),
+    )
+    if not await store_call(store, store.create(answered), timeout_s):
         return await _resubmit(state, record, data, priority)
     JOBS_SUBMITTED.labels(record.model).inc()
-    try:
-        call = store.finish(record.job_id, JobState.succeeded, model=record.model, output=hit.output)
-        _, current = await store_call(store, call, timeout_s)
-    except StoreError as exc:
-        logger.warning(
-            "job %s hit the cache but could not be finished (the reconcile sweep runs it): %s",
-            record.job_id,
-            exc.message,
-        )
-        return SubmitResponse(job_id=record.job_id, status=JobState.queued)
-    await _mark_published(state, record.job_id)
-    return SubmitResponse(job_id=record.job_id, status=current.state, cache=current.cache)
+    return SubmitResponse(job_id=record.job_id, status=answered.state, cache=answered.cache)
 
 
 async def _submit(request: Request, state: GatewayState) -> SubmitResponse:

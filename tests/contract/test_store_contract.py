@@ -17,7 +17,7 @@ import pytest
 from fleet import constants as c
 from fleet.errors import ConfigError, StoreError
 from fleet.settings import FleetSettings
-from fleet.store import make_store
+from fleet.store import make_store, transitions
 from fleet.store.base import Finish, ResultStore, Start
 from fleet.store.memory import MemoryStore
 from fleet.store.redis import RedisStore
@@ -63,6 +63,22 @@ async def test_create_is_idempotent_and_does_not_overwrite(store: ResultStore) -
     assert record is not None
     assert record.output == "first"
     assert record.state is JobState.queued
+
+
+async def test_a_terminal_record_created_at_once_wakes_its_waiters_and_is_created_once(store: ResultStore) -> None:
+    """A cache hit is a job that is created finished: one write, announced like a finish."""
+    job_id = new_id()
+    waiter = asyncio.create_task(store.wait(job_id, 5))
+    await asyncio.sleep(0.1)  # the waiter is waiting for a job that does not exist yet
+    answered = transitions.finished(
+        queued(job_id), job_id, JobState.succeeded, model="echo", output="cached", error=None, worker_id=None, now=1.0
+    )
+    assert await store.create(answered) is True
+    woken = await waiter
+    assert woken is not None and woken.state == JobState.succeeded and woken.output == "cached"
+    assert await store.create(answered) is False, "a job id is created once"
+    assert (await store.get(job_id)) == woken
+    assert job_id not in dict(await store.claim_unpublished(0.0, 100)), "nothing to publish: it is answered"
 
 
 async def test_get_unknown_job_returns_none(store: ResultStore) -> None:
