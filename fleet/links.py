@@ -214,12 +214,13 @@ def link_error(service: str, target: str, exc: BaseException, setting: str) -> L
                 )
                 return LinkRefused(service, target, "the server refused the TLS client", reason, hint)
             return LinkRefused(service, target, "the TLS handshake failed", reason, _tls_hint(service))
-    text = " ".join(f"{type(cause).__name__} {cause}" for cause in _chain(exc))
-    lowered = text.lower()
-    if "certificate_verify_failed" in lowered or "wrong version number" in lowered:
-        return LinkRefused(service, target, "the TLS handshake failed", _short(text), _tls_hint(service))
-    if any(marker in lowered for marker in _AUTH_MARKERS):
-        return LinkRefused(service, target, "the server refused the credentials", _short(text), f"check {setting}")
+    for cause in _chain(exc):
+        text = f"{type(cause).__name__}: {cause}"
+        lowered = text.lower()
+        if "certificate_verify_failed" in lowered or "wrong version number" in lowered:
+            return LinkRefused(service, target, "the TLS handshake failed", _short(text), _tls_hint(service))
+        if any(marker in lowered for marker in _AUTH_MARKERS):
+            return LinkRefused(service, target, "the server refused the credentials", _short(text), f"check {setting}")
     return None
 
 

@@ -23,6 +23,7 @@ from tests.services import _server, free_port, require_binary, start_server, sto
 USER = "fleet"
 PASSWORD = "s3cret-Planted-7f3a9c"  # the planted secret the leak tests look for
 HOSTS = ("127.0.0.1", "localhost")
+SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,10 @@ def secure_kafka() -> Iterator[SecureServer]:
             "listener.security.protocol.map": "INTERNAL:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "INTERNAL",
             "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+            **{
+                f"listener.name.sasl_ssl.{m}.sasl.jaas.config": f"{SCRAM_LOGIN} required;"
+                for m in ("scram-sha-256", "scram-sha-512")
+            },
             "ssl.keystore.type": "PEM",
             "ssl.keystore.location": str(keystore),
             "ssl.truststore.type": "PEM",

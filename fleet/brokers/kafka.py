@@ -43,6 +43,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
@@ -52,7 +53,7 @@ from fleet.brokers.kafka_names import bootstrap_servers, start_client, stop_clie
 from fleet.brokers.kafka_subscription import KafkaSubscription
 from fleet.brokers.recent import RecentKeys
 from fleet.brokers.subjects import check_group, check_subject
-from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
+from fleet.errors import BrokerUnavailable, ConfigError, LinkRefused, PayloadTooLarge, PublishFailed
 from fleet.links import kafka_options, link_error, redact
 from fleet.settings import FleetSettings
 
@@ -133,7 +134,7 @@ class KafkaBroker:
         try:
             self._admin, self._producer = await self._start_clients()
         except (KafkaError, OSError, TimeoutError) as exc:
-            refused = link_error("Kafka", self.url, exc, KAFKA_AUTH_SETTINGS)
+            refused = link_error("Kafka", self.url, exc, KAFKA_AUTH_SETTINGS) or await self._refused_link()
             if refused is not None:
                 raise refused from None
             reason = f"no answer within {self._connect_timeout_s}s" if isinstance(exc, TimeoutError) else str(exc)
@@ -141,6 +142,25 @@ class KafkaBroker:
                 f"cannot reach Kafka at {self.url} ({reason}): is the broker running and is the URL right?"
             ) from exc
         log.info("connected to Kafka at %s", self.url)
+
+    async def _refused_link(self) -> LinkRefused | None:
+        """Why a secured bootstrap failed, when the server refused the login or the TLS handshake.
+
+        aiokafka's bootstrap only logs the cause and raises "Unable to bootstrap", so one connection is opened
+        directly to the first server with the same options to read the real error.
+        """
+        if not self._link_options:
+            return None
+        host, _, port = self._bootstrap[0].rpartition(":")
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                conn = await create_conn(
+                    host.strip("[]"), int(port), request_timeout_ms=self._request_timeout_ms, **self._link_options
+                )
+            conn.close()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return link_error("Kafka", self.url, exc, KAFKA_AUTH_SETTINGS)
+        return None
 
     async def _start_clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaProducer]:
         admin = AIOKafkaAdminClient(**self._client_options("admin"))
