@@ -17,19 +17,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.errors
 import nkeys
 import pytest
 from pydantic import ValidationError
 
 from fleet import constants as c
 from fleet.errors import ConfigError, LinkRefused
-from fleet.links import redact, redis_options, url_has_secret
+from fleet.links import redact, redis_options, tls_context, url_has_secret
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from tests.gateway_helpers import ObservedWorker, asgi_gateway, model_refs
 from tests.infra import TEST_SETTINGS, connected_pair
 from tests.processes import run_fleet
-from tests.secure_services import PASSWORD, USER, SecureServer, secure_nats, secure_redis
+from tests.secure_services import (
+    PASSWORD,
+    PRODUCER,
+    PRODUCER_SUBJECTS,
+    USER,
+    SecureServer,
+    secure_nats,
+    secure_redis,
+)
 
 SEED = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
 
@@ -220,6 +230,31 @@ async def test_a_refused_redis_link_fails_at_once_naming_what_failed(
     await store.close()
     assert caught.value.message.startswith(f"Redis at {tls_redis.url}: {expected}")
     assert "FLEET_REDIS" in caught.value.message and PASSWORD not in caught.value.message
+
+
+async def test_nats_permissions_keep_a_producer_to_its_own_subjects(tls_nats: SecureServer) -> None:
+    """The README's permissions block: ``producer-embed`` gets a PubAck on embed's subject, and the server refuses
+    its publish on another model's subject (no PubAck, a permissions violation)."""
+    async with connected_pair(FleetSettings(**nats_settings(tls_nats))) as (_broker, _store):
+        pass  # a Fleet process created the streams (a producer may not)
+    refused: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        refused.append(exc)
+
+    tls = tls_context(tls_nats.pki.ca_file, tls_nats.pki.client_cert, tls_nats.pki.client_key, "NATS")
+    nc = await nats.connect(
+        tls_nats.url, user=PRODUCER, password=PASSWORD, tls=tls, error_cb=on_error, allow_reconnect=False
+    )
+    try:
+        js = nc.jetstream(timeout=3)
+        ack = await js.publish(PRODUCER_SUBJECTS[0], b"{}", headers={"Nats-Msg-Id": f"p-{os.urandom(4).hex()}"})
+        assert ack.stream == c.REQ_STREAM
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.publish(c.request_subject("echo"), b"{}", timeout=1.5)
+    finally:
+        await nc.close()
+    assert any("permissions violation" in str(exc).lower() for exc in refused), refused
 
 
 def test_fleet_worker_and_gateway_say_in_one_line_which_link_was_refused(
