@@ -18,6 +18,8 @@ FleetError
  +-- ServiceUnavailable(service, hint)  a test or start-up dependency that is not running
  +-- ScalerError(backend, target)  a scaler backend could not read or set replicas; retriable unless it says otherwise
  +-- StartupTimeout(what, attempts, waited_s)  a broker or store still unreachable at the start-up deadline
+ +-- LinkRefused(service, target, what, reason, hint)  NATS, Kafka or Redis refused the credentials or the TLS
+                                 handshake failed: not retriable (fleet.links)
 """
 
 from __future__ import annotations
@@ -168,3 +170,16 @@ class StartupTimeout(FleetError):
         self.attempts = attempts
         self.waited_s = waited_s
         self.last = last
+
+
+class LinkRefused(FleetError):
+    """A broker or store answered but refused the link: wrong credentials, or a TLS handshake that failed (an
+    untrusted CA, a wrong host name). Retrying cannot help, so start-up fails at once with this message."""
+
+    def __init__(self, service: str, target: str, what: str, reason: str, hint: str) -> None:
+        super().__init__(f"{service} at {target}: {what} ({reason}); {hint}")
+        self.service = service
+        self.target = target
+        self.what = what
+        self.reason = reason
+        self.hint = hint

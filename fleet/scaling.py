@@ -22,13 +22,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
 
 from fleet import constants as c
 from fleet.errors import ConfigError, StoreError
+from fleet.links import link_error, redact, redis_options
 from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 
 if TYPE_CHECKING:
@@ -148,18 +149,28 @@ class RedisScalingStore:
         url: ``redis://[user:password@]host:port/db``.
         lock_key: the lock's key; fleets sharing one Redis database need distinct ones.
         socket_timeout_s: bound on one command, so an outage surfaces as ``StoreError`` instead of a hang.
+        link_options: redis-py keywords for the ACL user and TLS (``fleet.links.redis_options``).
     """
 
     scheme = "redis"
 
-    def __init__(self, url: str, *, lock_key: str = c.SCALE_LOCK_KEY, socket_timeout_s: float = 5.0) -> None:
-        from fleet.store.redis import redact
-
+    def __init__(
+        self,
+        url: str,
+        *,
+        lock_key: str = c.SCALE_LOCK_KEY,
+        socket_timeout_s: float = 5.0,
+        link_options: dict[str, Any] | None = None,
+    ) -> None:
         self.url = url
         self.display_url = redact(url)
         self.lock_key = lock_key
         self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, decode_responses=True
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            decode_responses=True,
+            **(link_options or {}),
         )
         self._renew = self.redis.register_script(RENEW_LUA)
         self._release = self.redis.register_script(RELEASE_LUA)
@@ -251,6 +262,9 @@ class RedisScalingStore:
         try:
             yield
         except (TimeoutError, RedisError, OSError) as exc:
+            refused = link_error("Redis", self.display_url, exc, "FLEET_REDIS_USER and FLEET_REDIS_PASSWORD_FILE")
+            if refused is not None:
+                raise refused from None
             raise StoreError(f"scaling store at {self.display_url} could not {action}: {exc}; {HINT}") from exc
 
 
@@ -281,5 +295,7 @@ def make_scaling_store(settings: FleetSettings) -> ScalingStore:
     if scheme == "memory":
         return MemoryScalingStore()
     if scheme in ("redis", "rediss"):
-        return RedisScalingStore(settings.store_url)
-    raise ConfigError(f"store URL {settings.store_url!r}: unsupported scheme {scheme!r}; use memory:// or redis://")
+        return RedisScalingStore(settings.store_url, link_options=redis_options(settings))
+    raise ConfigError(
+        f"store URL {redact(settings.store_url)!r}: unsupported scheme {scheme!r}; use memory:// or redis://"
+    )

@@ -7,6 +7,7 @@ Every field can be set by an environment variable with the ``FLEET_`` prefix (``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -17,15 +18,17 @@ from fleet import constants as c
 from fleet.errors import ConfigError
 from fleet.priorities import check_weights
 
-BROKER_SCHEMES = ("memory", "nats", "kafka")
+BROKER_SCHEMES = ("memory", "nats", "tls", "kafka")  # tls:// is NATS over TLS
 STORE_SCHEMES = ("memory", "redis", "rediss")
 
 
 def url_scheme(url: str, allowed: tuple[str, ...], what: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in allowed:
+        from fleet.links import redact
+
         raise ConfigError(
-            f"{what} URL {url!r} has scheme {scheme or '(none)'!r}; expected one of "
+            f"{what} URL {redact(url)!r} has scheme {scheme or '(none)'!r}; expected one of "
             + ", ".join(f"{s}://" for s in allowed)
         )
     return scheme
@@ -226,6 +229,29 @@ class FleetSettings(BaseSettings):
         "(0: try once)",
     )
 
+    # authenticated, encrypted links (fleet.links): paths to files, never a secret itself
+    nats_creds_file: Path | None = Field(None, description="NATS: a .creds file (user JWT + NKey seed)")
+    nats_nkey_seed_file: Path | None = Field(None, description="NATS: a file holding a user NKey seed (SU...)")
+    nats_user: str | None = Field(None, description="NATS: user name (with nats_password_file)")
+    nats_password_file: Path | None = Field(None, description="NATS: a file holding nats_user's password")
+    nats_tls_ca_file: Path | None = Field(None, description="NATS (tls://): CA file that verifies the server")
+    nats_tls_cert_file: Path | None = Field(None, description="NATS (tls://): client certificate (mutual TLS)")
+    nats_tls_key_file: Path | None = Field(None, description="NATS (tls://): the client certificate's key")
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] | None = Field(
+        None, description="Kafka SASL mechanism (with kafka_user and kafka_password_file)"
+    )
+    kafka_user: str | None = Field(None, description="Kafka SASL user")
+    kafka_password_file: Path | None = Field(None, description="Kafka: a file holding kafka_user's password")
+    kafka_tls: bool = Field(False, description="Kafka over SSL (implied by kafka_tls_ca_file)")
+    kafka_tls_ca_file: Path | None = Field(None, description="Kafka SSL: CA file that verifies the brokers")
+    kafka_tls_cert_file: Path | None = Field(None, description="Kafka SSL: client certificate (mutual TLS)")
+    kafka_tls_key_file: Path | None = Field(None, description="Kafka SSL: the client certificate's key")
+    redis_user: str | None = Field(None, description="Redis ACL user (default: the default user)")
+    redis_password_file: Path | None = Field(None, description="Redis: a file holding the (ACL user's) password")
+    redis_tls_ca_file: Path | None = Field(None, description="Redis (rediss://): CA file that verifies the server")
+    redis_tls_cert_file: Path | None = Field(None, description="Redis (rediss://): client certificate (mutual TLS)")
+    redis_tls_key_file: Path | None = Field(None, description="Redis (rediss://): the client certificate's key")
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("models", mode="before")
@@ -338,6 +364,9 @@ class FleetSettings(BaseSettings):
                 f"max_wait_ms ({self.max_wait_ms}) must be well below ack_wait_s ({self.ack_wait_s}s), "
                 "or messages are redelivered while a batch is still filling"
             )
+        from fleet.links import check_link_settings
+
+        check_link_settings(self)
         return self
 
     @property

@@ -22,14 +22,15 @@ def make_broker(settings: FleetSettings) -> Broker:
     """The broker for ``settings.broker_url`` (not yet connected: ``await broker.connect()``).
 
     ``memory://`` gives the in-process ``MemoryBroker``, ``nats://host:4222`` the ``NatsBroker`` and
-    ``kafka://host:9092`` the ``KafkaBroker``. Raises ``ConfigError`` for any other scheme.
+    ``kafka://host:9092`` the ``KafkaBroker`` (``tls://host:4222``: NATS over TLS). Credentials and TLS come
+    from the ``nats_*`` / ``kafka_*`` settings through ``fleet.links``. Raises ``ConfigError`` for any other scheme.
     """
     scheme = url_scheme(settings.broker_url, BROKER_SCHEMES, "broker")
     if scheme == "memory":
         from fleet.brokers.memory import MemoryBroker
 
         return MemoryBroker.from_settings(settings)
-    if scheme == "nats":
+    if scheme in ("nats", "tls"):
         from fleet.brokers.nats import NatsBroker
 
         return NatsBroker.from_settings(settings)

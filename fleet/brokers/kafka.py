@@ -43,6 +43,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
@@ -52,7 +53,8 @@ from fleet.brokers.kafka_names import bootstrap_servers, start_client, stop_clie
 from fleet.brokers.kafka_subscription import KafkaSubscription
 from fleet.brokers.recent import RecentKeys
 from fleet.brokers.subjects import check_group, check_subject
-from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed
+from fleet.errors import BrokerUnavailable, ConfigError, LinkRefused, PayloadTooLarge, PublishFailed
+from fleet.links import kafka_options, link_error, redact
 from fleet.settings import FleetSettings
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ EVENTS_RETENTION_MS = 3_600_000
 RETRY_BACKOFF_S = 0.1
 RECENT_IDS = 200_000  # message ids this process published that it remembers for de-duplication
 PARTITIONS_TTL_S = 5.0  # how long lag() trusts a topic's partition count
+KAFKA_AUTH_SETTINGS = "FLEET_KAFKA_SASL_MECHANISM, FLEET_KAFKA_USER and FLEET_KAFKA_PASSWORD_FILE"
 MAX_TOPIC_NAMES = 4096  # subjects whose topic name is remembered (inbox subjects come and go with workers)
 
 
@@ -71,7 +74,8 @@ class KafkaBroker:
 
     Args:
         url: ``kafka://host:port[,host:port...]``.
-        settings: partitions, auto-creation, ack wait, de-duplication window and message size limit.
+        settings: SASL and SSL (``kafka_*``, through ``fleet.links``), partitions, auto-creation, ack wait,
+            de-duplication window and message size limit.
         session_timeout_ms, heartbeat_interval_ms: consumer-group liveness; a dead member's partitions move after
             the session timeout, a live member learns of a rebalance within a heartbeat.
         request_timeout_ms: for every Kafka request; ``connect_timeout_s`` bounds ``connect`` and ``ping``.
@@ -94,9 +98,10 @@ class KafkaBroker:
         replication_factor: int | None = None,
         count_commit_wait_ms: int = 1_000,
     ) -> None:
-        self.url = url
+        self.url = redact(url)  # what messages and logs name
         self.settings = settings
         self._bootstrap = bootstrap_servers(url)
+        self._link_options = kafka_options(settings)  # SASL and SSL (fleet.links): every client gets them
         self._session_timeout_ms = session_timeout_ms
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._request_timeout_ms = request_timeout_ms
@@ -129,11 +134,33 @@ class KafkaBroker:
         try:
             self._admin, self._producer = await self._start_clients()
         except (KafkaError, OSError, TimeoutError) as exc:
+            refused = link_error("Kafka", self.url, exc, KAFKA_AUTH_SETTINGS) or await self._refused_link()
+            if refused is not None:
+                raise refused from None
             reason = f"no answer within {self._connect_timeout_s}s" if isinstance(exc, TimeoutError) else str(exc)
             raise BrokerUnavailable(
                 f"cannot reach Kafka at {self.url} ({reason}): is the broker running and is the URL right?"
             ) from exc
         log.info("connected to Kafka at %s", self.url)
+
+    async def _refused_link(self) -> LinkRefused | None:
+        """Why a secured bootstrap failed, when the server refused the login or the TLS handshake.
+
+        aiokafka's bootstrap only logs the cause and raises "Unable to bootstrap", so one connection is opened
+        directly to the first server with the same options to read the real error.
+        """
+        if not self._link_options:
+            return None
+        host, _, port = self._bootstrap[0].rpartition(":")
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                conn = await create_conn(
+                    host.strip("[]"), int(port), request_timeout_ms=self._request_timeout_ms, **self._link_options
+                )
+            conn.close()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return link_error("Kafka", self.url, exc, KAFKA_AUTH_SETTINGS)
+        return None
 
     async def _start_clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaProducer]:
         admin = AIOKafkaAdminClient(**self._client_options("admin"))
@@ -182,6 +209,7 @@ class KafkaBroker:
             "bootstrap_servers": self._bootstrap,
             "client_id": f"fleet-{role}",
             "request_timeout_ms": self._request_timeout_ms,
+            **self._link_options,
         }
 
     def _require_admin(self) -> AIOKafkaAdminClient:

@@ -65,6 +65,7 @@ from fleet.brokers.nats_client import FleetNatsClient
 from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed, QueueFull
+from fleet.links import link_error, nats_options, redact
 
 if TYPE_CHECKING:
     from fleet.settings import FleetSettings
@@ -79,6 +80,7 @@ RECONNECT_WAIT_S = 1.0
 # whose read loop died while nobody calls the broker (its default, 2 x 120 s, takes minutes).
 PING_INTERVAL_S = 20
 MAX_OUTSTANDING_PINGS = 3
+NATS_AUTH_SETTINGS = "FLEET_NATS_CREDS_FILE, FLEET_NATS_NKEY_SEED_FILE or FLEET_NATS_USER / FLEET_NATS_PASSWORD_FILE"
 MAX_ACK_PENDING = 20_000  # per group: messages out to workers but not yet settled
 HEADER_ALLOWANCE_BYTES = 16 * 1024  # stream max_msg_size = max_message_bytes + this, for headers
 DLQ_MAX_AGE_S = 7 * 24 * 3600.0
@@ -116,13 +118,16 @@ class NatsBroker:
         request_max_age_s: float = float(c.DEFAULT_JOB_TTL_S),
         ping_timeout_s: float = PING_TIMEOUT_S,
         max_queued: int = 0,
+        link_options: Mapping[str, Any] | None = None,
     ) -> None:
-        """``url`` is ``nats://host:port`` (comma-separate several servers of one cluster).
+        """``url`` is ``nats://host:port`` or ``tls://host:port`` (comma-separate several servers of one cluster).
+
+        ``link_options`` are nats-py ``connect`` keywords for credentials and TLS (``fleet.links.nats_options``).
 
         ``request_max_age_s`` is the ``max_age`` of the request and inbox streams (the job TTL); ``ping_timeout_s``
         bounds one ``ping``; ``max_queued`` bounds the messages of each request subject (0: unbounded).
         """
-        self.url = url
+        self.url = redact(url)  # what messages and logs name: never a password written in the URL
         self.ack_wait_s = ack_wait_s
         self.dedup_window_s = dedup_window_s
         self.max_message_bytes = max_message_bytes
@@ -132,6 +137,7 @@ class NatsBroker:
         self.ping_timeout_s = ping_timeout_s
         self.max_queued = max_queued
         self._servers = [s.strip() for s in url.split(",") if s.strip()]
+        self._link_options = dict(link_options or {})
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self._closed = False
@@ -148,6 +154,7 @@ class NatsBroker:
             "max_message_bytes": settings.max_message_bytes,
             "request_max_age_s": float(settings.job_ttl_s),
             "max_queued": settings.broker_max_queued,
+            "link_options": nats_options(settings),
         }
         kwargs.update(overrides)
         return cls(settings.broker_url, **kwargs)
@@ -231,6 +238,10 @@ class NatsBroker:
         await asyncio.gather(nc.close(), return_exceptions=True)
         if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
             failures.append(outcome)
+        for failure in failures:
+            refused = link_error("NATS", self.url, failure, NATS_AUTH_SETTINGS)
+            if refused is not None:
+                raise refused from None
         reason = repr(failures[-1]) if failures else f"no answer within {self.connect_timeout_s}s"
         raise BrokerUnavailable(f"cannot connect to NATS at {self.url}: {reason}. Is nats-server running there?")
 
@@ -247,6 +258,7 @@ class NatsBroker:
             "allow_reconnect": True,
             "ping_interval": PING_INTERVAL_S,
             "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+            **self._link_options,
         }
 
     async def _on_disconnected(self) -> None:

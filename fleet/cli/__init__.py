@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from fleet.errors import FleetError
+from fleet.links import redact, url_has_secret
 from fleet.settings import FleetSettings
 from fleet.telemetry import configure_logging
 
@@ -44,6 +45,13 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def settings_from(**flags: Any) -> FleetSettings:
     """Environment first, flags on top; a bad value exits with a message naming the setting."""
     overrides = {k: v for k, v in flags.items() if v is not None}
+    for name, flag in (("broker_url", "--broker"), ("store_url", "--store")):
+        if isinstance(overrides.get(name), str) and url_has_secret(overrides[name]):
+            raise fail(
+                f"{flag} {redact(overrides[name])}: a password or token on the command line is refused (process "
+                "listings and shell history keep it); put it in a file named by FLEET_REDIS_PASSWORD_FILE, "
+                "FLEET_NATS_PASSWORD_FILE, FLEET_NATS_CREDS_FILE or FLEET_KAFKA_PASSWORD_FILE (see the README)"
+            )
     try:
         return FleetSettings(**overrides)
     except ValidationError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleet.errors import ConfigError
+from fleet.links import redact
 from fleet.store.base import ResultStore
 
 if TYPE_CHECKING:
@@ -18,8 +19,9 @@ __all__ = ["ResultStore", "make_store"]
 def make_store(settings: FleetSettings) -> ResultStore:
     """Build (not connect) the store that ``settings.store_url`` names: ``memory://``, ``redis://`` or ``rediss://``.
 
-    Each call builds a new store; for ``memory://`` the gateway and the workers of one process must share the
-    one instance the composition root built. Raises ``ConfigError`` for any other scheme.
+    The ACL user and TLS come from the ``redis_*`` settings (``fleet.links``). Each call builds a new store; for
+    ``memory://`` the gateway and the workers of one process must share the one instance the composition root
+    built. Raises ``ConfigError`` for any other scheme.
     """
     scheme = settings.store_scheme
     if scheme == "memory":
@@ -27,9 +29,10 @@ def make_store(settings: FleetSettings) -> ResultStore:
 
         return MemoryStore(job_ttl_s=settings.job_ttl_s)
     if scheme in ("redis", "rediss"):
+        from fleet.links import redis_options
         from fleet.store.redis import RedisStore
 
-        return RedisStore(settings.store_url, job_ttl_s=settings.job_ttl_s)
+        return RedisStore(settings.store_url, job_ttl_s=settings.job_ttl_s, link_options=redis_options(settings))
     raise ConfigError(
-        f"store URL {settings.store_url!r}: unsupported scheme {scheme!r}; use memory://, redis:// or rediss://"
+        f"store URL {redact(settings.store_url)!r}: unsupported scheme {scheme!r}; use memory://, redis:// or rediss://"
     )

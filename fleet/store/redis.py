@@ -22,7 +22,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 from redis import asyncio as aioredis
@@ -34,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import constants as c
 from fleet.errors import StoreError
+from fleet.links import link_error, redact
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.pubsub import PubSubMux
@@ -116,19 +116,11 @@ return out
 KNOWN_RECORDS = 65_536  # records this store wrote last, by job id: a batch finish then needs no read first
 MAX_CAS_ATTEMPTS = 50  # each conflict means another writer made progress; this many in a row is a bug or a storm
 HINT = "is redis-server running and reachable?"
+REDIS_AUTH_SETTINGS = "FLEET_REDIS_USER and FLEET_REDIS_PASSWORD_FILE (and the user's ACL)"
 WAIT_BACKOFF_S = (0.05, 2.0)  # first and longest pause of a waiter between reads that failed
 ABSENT = b""  # the expected value of a key that does not exist (a record is never empty)
 UNKNOWN: tuple[bytes, JobRecord | None] = (b"", None)  # not remembered: read it first (compared by identity)
 JOB_KEY_PREFIX = c.job_key("").encode()  # job_key(id) is this prefix + id (the script cuts it off again)
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class RedisStore:
@@ -146,6 +138,8 @@ class RedisStore:
             ``socket_timeout_s``) for a free connection. ``wait`` adds one pub/sub connection outside the pool.
         recheck_interval_s: how often the records of all waiters are re-read in batches, so a waiter whose
             completion notice was lost still gets its terminal record (``fleet.store.recheck``).
+        link_options: redis-py keywords for the ACL user and TLS (``fleet.links.redis_options``); they win over
+            the URL's.
 
     The client is available as ``redis`` for components that keep their own state in the same Redis.
     """
@@ -162,6 +156,7 @@ class RedisStore:
         connect_timeout_s: float = 3.0,
         max_connections: int = 64,
         recheck_interval_s: float = RECHECK_INTERVAL_S,
+        link_options: dict[str, Any] | None = None,
     ) -> None:
         if job_ttl_s < 1:
             raise ValueError(f"job_ttl_s must be at least 1, got {job_ttl_s}")
@@ -170,7 +165,9 @@ class RedisStore:
         self.job_ttl_s = job_ttl_s
         self._connect_timeout_s = connect_timeout_s
         self._owns_client = client is None
-        self.redis: aioredis.Redis = client or _client(url, socket_timeout_s, connect_timeout_s, max_connections)
+        self.redis: aioredis.Redis = client or _client(
+            url, socket_timeout_s, connect_timeout_s, max_connections, link_options or {}
+        )
         self._cas = self.redis.register_script(CAS_LUA)
         self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
         self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
@@ -196,6 +193,9 @@ class RedisStore:
             await self.redis.script_load(CREATE_PENDING_LUA)
             await self.redis.script_load(CLAIM_PENDING_LUA)
         except (RedisError, OSError) as exc:
+            refused = link_error("Redis", self.display_url, exc, REDIS_AUTH_SETTINGS)
+            if refused is not None:
+                raise refused from None
             raise StoreError(f"cannot reach the result store at {self.display_url} ({exc}); {HINT}") from exc
         log.debug("result store connected: %s", self.display_url)
 
@@ -546,7 +546,9 @@ class RedisStore:
             raise StoreError(f"result store at {self.display_url} could not {action}: {exc}") from exc
 
 
-def _client(url: str, socket_timeout_s: float, connect_timeout_s: float, max_connections: int) -> aioredis.Redis:
+def _client(
+    url: str, socket_timeout_s: float, connect_timeout_s: float, max_connections: int, link_options: dict[str, Any]
+) -> aioredis.Redis:
     # A blocking pool: a burst of waiters queues for a connection instead of failing with "Too many connections".
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
@@ -557,6 +559,7 @@ def _client(url: str, socket_timeout_s: float, connect_timeout_s: float, max_con
         socket_keepalive=True,
         health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1),
+        **link_options,
     )
     return aioredis.Redis.from_pool(pool)
 
