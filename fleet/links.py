@@ -197,6 +197,9 @@ def _tls_needs_scheme(settings: FleetSettings) -> None:
         raise ValueError("redis_tls_* files are set but store_url is redis://...: write rediss://host:6379/0")
 
 
+_TLS_SCHEMES = frozenset({"tls", "rediss"})
+
+
 def link_error(service: str, target: str, exc: BaseException, setting: str) -> LinkRefused | None:
     """A ``LinkRefused`` when ``exc`` (or what caused it) is a rejected login or a failed TLS handshake, else None.
 
@@ -214,7 +217,14 @@ def link_error(service: str, target: str, exc: BaseException, setting: str) -> L
                 )
                 return LinkRefused(service, target, "the server refused the TLS client", reason, hint)
             return LinkRefused(service, target, "the TLS handshake failed", reason, _tls_hint(service))
+    secured = target.split("://", 1)[0].lower() in _TLS_SCHEMES
     for cause in _chain(exc):
+        if secured and isinstance(cause, ConnectionResetError):
+            # TLS 1.3: a server that refuses the client's (missing) certificate may reset the link instead of
+            # sending an alert the client gets to read, depending on timing
+            hint = f"check FLEET_{service.upper()}_TLS_CERT_FILE and _KEY_FILE (the server may want a client cert)"
+            reason = "the connection was reset during the TLS handshake"
+            return LinkRefused(service, target, "the server refused the TLS client", reason, hint)
         text = f"{type(cause).__name__}: {cause}"
         lowered = text.lower()
         if "certificate_verify_failed" in lowered or "wrong version number" in lowered:
