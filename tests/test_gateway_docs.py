@@ -48,3 +48,27 @@ async def test_swagger_ui_oauth2_redirect_page_is_served(env: Env) -> None:
 async def test_docs_pages_stay_out_of_the_openapi_document(env: Env) -> None:
     paths = (await env.client.get("/openapi.json")).json()["paths"]
     assert not {"/docs", "/redoc", "/docs/oauth2-redirect"} & set(paths)
+
+
+async def test_every_route_with_a_json_body_answers_malformed_json_with_400_as_the_schema_says(env: Env) -> None:
+    schema = (await env.client.get("/openapi.json")).json()
+    tried = []
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if "application/json" not in operation.get("requestBody", {}).get("content", {}):
+                continue
+            assert "400" in operation["responses"], f"{method.upper()} {path} does not document 400"
+            url = re.sub(r"\{model\}", "echo", path)
+            url = re.sub(r"\{[^}]+\}", "no-such-id", url)
+            response = await env.client.request(
+                method.upper(),
+                url,
+                content=b'{"model": "echo", "input": ',
+                headers={"content-type": "application/json"},
+            )
+            assert response.status_code == 400, (method, path, response.status_code, response.text)
+            # a DAG spec may be YAML or JSON: text that parses as neither is malformed_spec, with its line and column
+            expected = "malformed_spec" if path == "/v1/dags" else "malformed_json"
+            assert response.json()["error"]["type"] == expected, (method, path, response.text)
+            tried.append(f"{method.upper()} {path}")
+    assert {"POST /v1/jobs", "POST /v1/infer", "PUT /v1/scaling/{model}"} <= set(tried), tried

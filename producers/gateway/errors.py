@@ -171,6 +171,9 @@ async def _on_fleet_error(request: Request, exc: Exception) -> JSONResponse:
 async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = validation_errors(exc)
+    broken = next((e for e in errors if e["type"] == "json_invalid"), None)
+    if broken is not None:  # a body that is not JSON is malformed on every route, not a field error
+        return error_response(400, "malformed_json", f"the request body is not valid JSON: {broken['msg']}")
     return error_response(422, "invalid_request", validation_message(errors, "invalid request"), errors)
 
 
