@@ -401,7 +401,8 @@ async def test_openapi_documents_the_endpoints(menv: Env) -> None:
     spec = (await menv.client.get("/openapi.json")).json()
     submit = spec["paths"]["/v1/jobs"]["post"]
     assert submit["tags"] == ["jobs"] and "202" in submit["responses"] and "413" in submit["responses"]
-    assert "model" in submit["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    body = submit["requestBody"]["content"]["application/json"]["schema"]
+    assert body["discriminator"]["propertyName"] == "model", "one body per served model"
     assert {
         "/v1/jobs/{job_id}",
         "/v1/jobs/{job_id}/cancel",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 
@@ -72,3 +73,26 @@ async def test_every_route_with_a_json_body_answers_malformed_json_with_400_as_t
             assert response.json()["error"]["type"] == expected, (method, path, response.text)
             tried.append(f"{method.upper()} {path}")
     assert {"POST /v1/jobs", "POST /v1/infer", "PUT /v1/scaling/{model}"} <= set(tried), tried
+
+
+async def test_the_submit_body_is_one_schema_per_served_model_and_wait_says_its_bounds(env: Env) -> None:
+    schema = (await env.client.get("/openapi.json")).json()
+    components = schema["components"]["schemas"]
+    for path in ("/v1/jobs", "/v1/infer"):
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        mapping = body["discriminator"]["mapping"]
+        assert set(mapping) == {env.echo, env.sleep, env.embed}, mapping
+        assert len(body["oneOf"]) == 3
+    sleep = components[mapping[env.sleep].rsplit("/", 1)[1]]
+    assert sleep["properties"]["model"]["const"] == env.sleep
+    sleep_input = components[sleep["properties"]["input"]["$ref"].rsplit("/", 1)[1]]
+    assert sleep_input["properties"]["mean_ms"]["maximum"] > 0 and sleep_input["additionalProperties"] is False
+    embed = components[mapping[env.embed].rsplit("/", 1)[1]]
+    embed_input = components[embed["properties"]["input"]["$ref"].rsplit("/", 1)[1]]
+    assert {"text", "texts"} <= set(embed_input["properties"]), "the model's own input, not an untyped object"
+    refs = re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(schema))
+    assert set(refs) <= set(components), f"dangling references: {set(refs) - set(components)}"
+    for path in ("/v1/jobs/{job_id}", "/v1/runs/{run_id}"):
+        (wait,) = [p for p in schema["paths"][path]["get"]["parameters"] if p["name"] == "wait"]
+        bounded = wait["schema"]["anyOf"][0]
+        assert bounded["exclusiveMinimum"] == 0 and bounded["maximum"] == env.settings.max_long_poll_s, wait

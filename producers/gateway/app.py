@@ -44,11 +44,12 @@ from producers.gateway import (
 from producers.gateway.backlog import Backlog
 from producers.gateway.cache import ResultCache, build_cache
 from producers.gateway.deadletter_recorder import DeadLetterRecorder
-from producers.gateway.docs import document_malformed_json, install_docs
+from producers.gateway.docs import install_docs
 from producers.gateway.embedder import TextModel
 from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
+from producers.gateway.openapi_doc import install_openapi
 from producers.gateway.operator_access import OperatorGate, log_access
 from producers.gateway.operator_beats import BeatListener, Beats
 from producers.gateway.operator_feed import OperatorFeed
@@ -294,5 +295,5 @@ def create_app(
     app.include_router(routes_operator.router)
     app.include_router(routes_deadletters.router)
     app.include_router(routes_workers.router)
-    document_malformed_json(app)
+    install_openapi(app, settings.max_long_poll_s)
     return app

@@ -4,15 +4,11 @@ FastAPI's own pages load their JavaScript, CSS and favicon from a CDN and ReDoc 
 without internet access they render blank. The ``fastapi-offline`` package ships Swagger UI
 (``swagger-ui-bundle.js``, ``swagger-ui.css``), ReDoc (``redoc.standalone.js``) and a favicon; the gateway serves
 that folder under ``DOCS_ASSETS_PATH`` and points both pages at it.
-
-``document_malformed_json`` makes the schema say what every route with a JSON body answers to a body that is not
-JSON: ``400 malformed_json`` (``producers.gateway.errors``), not FastAPI's default 422.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import fastapi_offline
 from fastapi import FastAPI, Request
@@ -61,27 +57,3 @@ def install_docs(app: FastAPI) -> None:
     app.add_api_route("/docs", swagger_ui, methods=["GET"], include_in_schema=False)
     app.add_api_route(OAUTH2_REDIRECT_PATH, oauth2_redirect, methods=["GET"], include_in_schema=False)
     app.add_api_route("/redoc", redoc, methods=["GET"], include_in_schema=False)
-
-
-def document_malformed_json(app: FastAPI) -> None:
-    """Wrap ``app.openapi`` so each operation with a request body documents ``400`` (``ErrorResponse``)."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = build()
-        for operations in schema.get("paths", {}).values():
-            for operation in operations.values():
-                if isinstance(operation, dict) and "requestBody" in operation:
-                    operation.setdefault("responses", {}).setdefault("400", MALFORMED_JSON_RESPONSE)
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the schema
-
-
-MALFORMED_JSON_RESPONSE = {
-    "description": "malformed_json: the request body is not valid JSON",
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
-}
