@@ -1,12 +1,12 @@
 """The Redis result store.
 
-Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), holding exactly
-``JobRecord.model_dump_json()`` with a TTL of ``job_ttl_s`` refreshed by every write. Transitions are computed in
-Python (``fleet.store.transitions``) and written by one Lua script, a compare-and-set on the whole stored value:
-the write happens only when the key still holds what the caller read, so nothing written in between is lost and
-no JSON is decoded or re-encoded inside Redis. ``finish`` publishes the terminal record on
-``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens there through one pub/sub
-connection shared by all waiters (``fleet.store.pubsub``).
+Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), holding the record's JSON
+(``transitions.record_json``: the document ``JobRecord.model_dump_json()`` writes, by orjson) with a TTL of
+``job_ttl_s`` refreshed by every write. Transitions are computed in Python (``fleet.store.transitions``) and written
+by one Lua script, a compare-and-set on the whole stored value: the write happens only when the key still holds what
+the caller read, so nothing written in between is lost and no JSON is decoded or re-encoded inside Redis. ``finish``
+publishes the terminal record on ``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens
+there through one pub/sub connection shared by all waiters (``fleet.store.pubsub``).
 
 Unpublished jobs (``create`` with a message): the sorted set ``fleet.constants.PENDING_KEY`` of job ids scored by
 Redis's clock, and each message under ``pending_message_key(job_id)`` with the record's TTL. Creating the record
@@ -206,7 +206,7 @@ class RedisStore:
             await self.redis.ping()
 
     async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
-        raw, job_id = record.model_dump_json(), record.job_id
+        raw, job_id = transitions.record_json(record), record.job_id
         with self._errors(f"create job {job_id!r}"):
             if message is None:
                 return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
