@@ -1,7 +1,7 @@
 """The Redis result store.
 
 Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), holding the record's JSON
-(``transitions.record_json``: the document ``JobRecord.model_dump_json()`` writes, by orjson) with a TTL of
+(``transitions.record_json``: ``JobRecord.model_dump_json()`` less its null fields, by orjson) with a TTL of
 ``job_ttl_s`` refreshed by every write. Transitions are computed in Python (``fleet.store.transitions``) and written
 by one Lua script, a compare-and-set on the whole stored value: the write happens only when the key still holds what
 the caller read, so nothing written in between is lost and no JSON is decoded or re-encoded inside Redis. ``finish``

@@ -9,10 +9,12 @@ was read, or from this module (times, states), or from the caller's typed argume
 produced ourselves is a large share of the store's cost.
 
 ``record_json`` serialises with orjson: the record's values as they are (numpy arrays passed through, nested
-pydantic models dumped), no validation and no Python wrapper per float. It writes the same JSON document as
-``model_dump_json()`` (same fields, same order, same types; only the spelling of a number may differ), so every
-reader (``JobRecord.model_validate_json``) reads records written before and after. What orjson cannot write (an
-integer beyond 64 bits in an output) falls back to pydantic's serializer.
+pydantic models dumped), no validation and no Python wrapper per float. It writes the document
+``model_dump_json()`` writes (same fields, order and types; only the spelling of a number may differ) less the
+top-level fields that are null, which the parser fills in again (every one of them defaults to null): about 100
+bytes less per record. So every reader (``JobRecord.model_validate_json``) reads records written before and after,
+and what it gives back (``model_dump``, the REST answers) has every field. What orjson cannot write (an integer
+beyond 64 bits in an output) falls back to pydantic's serializer.
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ def _orjson_default(value: Any) -> Any:
 
 
 def record_json(record: JobRecord) -> bytes:
-    """The record as UTF-8 JSON bytes, the document ``record.model_dump_json()`` writes, at orjson's speed."""
+    """The record as UTF-8 JSON bytes: ``record.model_dump_json()`` without its null fields, at orjson's speed."""
     try:
-        return orjson.dumps(record.__dict__, default=_orjson_default, option=_ORJSON_OPTIONS)
+        values = {name: value for name, value in record.__dict__.items() if value is not None}
+        return orjson.dumps(values, default=_orjson_default, option=_ORJSON_OPTIONS)
     except (orjson.JSONEncodeError, TypeError):
         return _SERIALIZER.to_json(record)  # e.g. an integer past 64 bits: pydantic writes it, or says why not
 
