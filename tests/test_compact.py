@@ -38,10 +38,12 @@ from fleet.store.redis import RedisStore
 from producers.gateway import create_app
 from producers.publish import prepare_line
 from producers.sdk import FleetClient
+from producers.sdk_sync import FleetSyncClient
 from schemas.jobs import JobError, JobRecord, JobState
 from schemas.models import ECHO, EMBED, EMBED_DIM, EmbedInput, EmbedOutput, ModelSpec
 from tests.gateway_helpers import FAST_LIMITS, WORKER_SETTINGS, served, urls_for
 from tests.infra import PAIRS, connected_pair, drain_subject, request_bytes, settings_for, wait_terminal
+from tests.processes import run_fleet
 
 FIELDS = EMBED.vector_fields
 
@@ -277,6 +279,12 @@ async def test_the_sdk_asks_for_base64_and_gives_floats_back(fleet: Served) -> N
         kept = (await raw_client.get(job_id)).output["embedding"]
     assert isinstance(kept, str) and decode_vector(kept) == vector_of("sdk")
 
+    def blocking() -> Any:
+        with FleetSyncClient(fleet.base_url, timeout_s=10) as sync:
+            return sync.infer(fleet.vec, {"text": "sync"}, encoding_format="base64")
+
+    assert (await asyncio.to_thread(blocking))["embedding"] == vector_of("sync")
+
 
 HOSTILE: list[Any] = [5, None, "BASE64", "b" * 200_000, ["base64"], {"x": 1}]
 
@@ -375,3 +383,11 @@ async def test_a_cached_answer_comes_back_in_the_encoding_asked_for(
             assert vector == vector_of(text), (text, encoding)
     assert l2.status_code == 200 and l2.json()["cache"] == "l2", l2.text
     assert openai_decode(l2.json()["output"]["embedding"]) == vector_of("one")
+
+
+@pytest.mark.parametrize(("model", "value", "named"), [("echo", "base64", "has none"), ("embed", "b" * 5000, "float")])
+def test_fleet_publish_refuses_a_bad_encoding_format_in_one_line(model: str, value: str, named: str) -> None:
+    argv = ["publish", "-", "--model", model, "--broker", "nats://127.0.0.1:1", "--encoding-format", value]
+    result = run_fleet(*argv, stdin='{"text": "x"}\n', timeout_s=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and named in result.stderr and len(result.stderr) < 2000, result.stderr
