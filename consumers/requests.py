@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from fleet.brokers.base import Delivery
+from fleet.encoding import no_vectors_message
 from schemas.jobs import JobError
 from schemas.models import ModelSpec
 from schemas.wire import JOB_ID_PATTERN, RequestMessage
@@ -77,6 +78,8 @@ def _parse(delivery: Delivery, spec: ModelSpec) -> Job:
     if request.model != spec.name:
         message = f"message names model {request.model!r} but was sent to {spec.name!r}"
         return _invalid(delivery, request.job_id, message, request.model_dump(mode="json"))
+    if request.encoding_format != "float" and not spec.vector_fields:
+        return _invalid(delivery, request.job_id, no_vectors_message(spec.name), request.model_dump(mode="json"))
     try:
         model_input = spec.input_model.__pydantic_validator__.validate_python(request.input)
     except ValidationError as exc:

@@ -46,6 +46,7 @@ from consumers.stats import WorkerStats
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.brokers.prioritized import subscribe_inbox, subscribe_priorities
+from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, FleetError
 from fleet.keepalive import keep_alive
 from fleet.settings import FleetSettings
@@ -522,13 +523,13 @@ class Worker:
             mid = len(jobs) // 2
             log.info("worker %s: batch of %d raised %r; splitting to isolate it", self.worker_id, len(jobs), exc)
             return await self._predict(jobs[:mid]) + await self._predict(jobs[mid:])
-        return [self._to_json(out) for out in outputs]
+        return [self._to_json(out, _encoding(job)) for job, out in zip(jobs, outputs, strict=True)]
 
-    def _to_json(self, output: BaseModel | Exception) -> Any:
+    def _to_json(self, output: BaseModel | Exception, encoding: str) -> Any:
         if isinstance(output, Exception):
             return self._error_from(output)
         try:
-            return output.model_dump(mode="json")
+            return self.handler.output_json(output, encoding)
         except Exception as exc:  # e.g. a value JSON cannot hold: the job fails, the worker goes on
             return JobError(type="invalid_output", message=f"the model's output does not serialise: {exc}")
 
@@ -536,3 +537,7 @@ class Worker:
     def _error_from(exc: BaseException) -> JobError:
         retriable = exc.retriable if isinstance(exc, FleetError) else True
         return JobError(type="model_error", message=f"{type(exc).__name__}: {exc}", retriable=retriable)
+
+
+def _encoding(job: Job) -> str:
+    return job.request.encoding_format if job.request is not None else DEFAULT_ENCODING

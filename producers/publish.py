@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.encoding import ENCODING_FORMATS, no_vectors_message
 from fleet.errors import InvalidInput
 from schemas.models import ModelSpec
 from schemas.wire import RequestMessage, to_priority
@@ -47,7 +48,18 @@ def check_priority(value: str) -> str:
         raise InvalidInput(str(exc)) from None
 
 
-def prepare_line(text: str, spec: ModelSpec, *, requests: bool, priority: str = "normal") -> RequestMessage:
+def check_encoding(value: str, spec: ModelSpec) -> str:
+    """``float`` or ``base64`` (base64 only for a model with vector outputs); ``InvalidInput`` saying why not."""
+    if value not in ENCODING_FORMATS:
+        raise InvalidInput(f"encoding_format must be 'float' or 'base64', got {value[:64]!r}")
+    if value != "float" and not spec.vector_fields:
+        raise InvalidInput(no_vectors_message(spec.name))
+    return value
+
+
+def prepare_line(
+    text: str, spec: ModelSpec, *, requests: bool, priority: str = "normal", encoding_format: str = "float"
+) -> RequestMessage:
     """One JSONL line → a validated request. Raises ``InvalidInput`` with a message naming the problem."""
     try:
         body = json.loads(text)
@@ -57,6 +69,8 @@ def prepare_line(text: str, spec: ModelSpec, *, requests: bool, priority: str = 
         raise InvalidInput("each line must be a JSON object")
     if not requests:
         body = {"job_id": uuid.uuid4().hex, "model": spec.name, "input": body, "priority": priority}
+        if encoding_format != "float":
+            body["encoding_format"] = encoding_format
     try:
         message = RequestMessage.model_validate(body)
         spec.input_model.model_validate(message.input)
@@ -64,16 +78,26 @@ def prepare_line(text: str, spec: ModelSpec, *, requests: bool, priority: str = 
         raise InvalidInput(_describe(exc, "" if requests else "input")) from None
     if message.model != spec.name:
         raise InvalidInput(f"request names model {message.model!r}, not {spec.name!r}")
+    if message.encoding_format != "float" and not spec.vector_fields:
+        raise InvalidInput(no_vectors_message(spec.name))
     return message
 
 
-def prepare(lines: Iterable[str], spec: ModelSpec, *, requests: bool = False, priority: str = "normal") -> Prepared:
+def prepare(
+    lines: Iterable[str],
+    spec: ModelSpec,
+    *,
+    requests: bool = False,
+    priority: str = "normal",
+    encoding_format: str = "float",
+) -> Prepared:
     prepared = Prepared()
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            prepared.messages.append(prepare_line(text, spec, requests=requests, priority=priority))
+            line = prepare_line(text, spec, requests=requests, priority=priority, encoding_format=encoding_format)
+            prepared.messages.append(line)
         except InvalidInput as exc:
             prepared.errors.append(LineError(number, exc.message))
     return prepared

@@ -33,6 +33,7 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from fleet.encoding import EncodingFormat, decode_array, decode_output, decode_vector
 from fleet.errors import (
     BrokerUnavailable,
     DagInvalid,
@@ -49,7 +50,17 @@ from fleet.errors import (
 from producers.sdk_http import GatewayUnreachable, make_http
 from schemas.jobs import JobRecord, JobState
 
-__all__ = ["FleetClient", "GatewayError", "GatewayUnreachable", "InferTimeout", "JobFailed", "error_from_response"]
+__all__ = [
+    "FleetClient",
+    "GatewayError",
+    "GatewayUnreachable",
+    "InferTimeout",
+    "JobFailed",
+    "decode_array",
+    "decode_output",
+    "decode_vector",
+    "error_from_response",
+]
 
 DEFAULT_LONG_POLL_S = 20.0  # each long-poll of wait(); must not exceed the gateway's max_long_poll_s (60 s)
 
@@ -58,6 +69,8 @@ PriorityArg = Literal["high", "normal", "low"] | int
 SUBSCRIBE_IDS_PER_FRAME = 100  # the gateway's default ws_max_ids_per_frame
 RETRY_FIRST_S = 0.1  # first pause of wait/subscribe after a retriable failure
 RETRY_MAX_S = 2.0  # and the longest
+# The output fields the client decodes from base64 (embed's); a model of your own with other names: vector_fields=
+DEFAULT_VECTOR_FIELDS = ("embedding", "embeddings")
 
 
 class GatewayError(FleetError):
@@ -139,10 +152,17 @@ def error_from_response(status: int, body: Any) -> FleetError:
 
 
 def _job_body(
-    model: str, input: dict[str, Any], job_id: str | None, timeout_s: float | None, priority: PriorityArg
+    model: str,
+    input: dict[str, Any],
+    job_id: str | None,
+    timeout_s: float | None,
+    priority: PriorityArg,
+    encoding_format: EncodingFormat = "float",
 ) -> dict[str, Any]:
     """The ``POST /v1/jobs`` (and ``/v1/infer``) body."""
     body: dict[str, Any] = {"model": model, "input": input, "priority": priority}
+    if encoding_format != "float":  # the default is left out: a gateway older than the field still accepts it
+        body["encoding_format"] = encoding_format
     if job_id is not None:
         body["job_id"] = job_id
     if timeout_s is not None:
@@ -166,6 +186,10 @@ class FleetClient:
             ``httpx.ASGITransport`` to call an app in-process);
             ``subscribe`` always opens a real WebSocket to ``base_url``.
         long_poll_s: the longest single long-poll ``wait`` makes; at most the gateway's ``max_long_poll_s``.
+        decode_vectors: True (the default): outputs whose vectors came as base64 (``encoding_format="base64"``)
+            are decoded, so every record and output this client returns holds floats, whatever the encoding on
+            the wire; False keeps the base64 strings (decode them with ``decode_vector`` / ``decode_array``).
+        vector_fields: the output fields decoded (embed's ``embedding`` and ``embeddings``).
     """
 
     def __init__(
@@ -175,10 +199,13 @@ class FleetClient:
         timeout_s: float = 30,
         transport: httpx.AsyncBaseTransport | None = None,
         long_poll_s: float = DEFAULT_LONG_POLL_S,
+        decode_vectors: bool = True,
+        vector_fields: tuple[str, ...] = DEFAULT_VECTOR_FIELDS,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.long_poll_s = long_poll_s
+        self.vector_fields = vector_fields if decode_vectors else ()
         self._http = make_http(self.base_url, transport)
 
     async def __aenter__(self) -> FleetClient:
@@ -211,6 +238,7 @@ class FleetClient:
         job_id: str | None = None,
         timeout_s: float | None = None,
         priority: PriorityArg = "normal",
+        encoding_format: EncodingFormat = "float",
     ) -> str:
         """Submit one job and return its id once the broker acknowledged it.
 
@@ -221,6 +249,9 @@ class FleetClient:
             timeout_s: a job not started within this many seconds ends ``expired``.
             priority: ``"high"``, ``"normal"`` or ``"low"``; workers take higher levels first (low never starves).
                 Integers from -9 to 9 are accepted too and map by sign (> 0 high, 0 normal, < 0 low).
+            encoding_format: ``"base64"`` carries and stores each vector of the output as base64 of little-endian
+                float32 (4x smaller than printed floats); this client decodes it back to floats (``decode_vectors``).
+                A model without vector outputs refuses it (InvalidInput).
 
         Raises:
             UnknownModel, InvalidInput, PayloadTooLarge: the request is wrong (an unknown priority is an
@@ -229,7 +260,8 @@ class FleetClient:
             QueueFull: retriable; the model's queue holds its bound, retry after ``exc.retry_after_s``.
             GatewayUnreachable: retriable; resubmit with the same ``job_id`` to stay idempotent.
         """
-        answer = await self._request("POST", "/v1/jobs", json=_job_body(model, input, job_id, timeout_s, priority))
+        body = _job_body(model, input, job_id, timeout_s, priority, encoding_format)
+        answer = await self._request("POST", "/v1/jobs", json=body)
         return str(answer["job_id"])
 
     async def infer(
@@ -241,12 +273,13 @@ class FleetClient:
         job_id: str | None = None,
         timeout_s: float | None = None,
         priority: PriorityArg = "normal",
+        encoding_format: EncodingFormat = "float",
     ) -> Any:
         """Run one job in one request (``POST /v1/infer``) and return its output.
 
         Args:
             wait_s: how long the gateway holds the request for the output (at most its ``max_long_poll_s``).
-            job_id, timeout_s, priority: as ``submit``.
+            job_id, timeout_s, priority, encoding_format: as ``submit``.
 
         Raises:
             InferTimeout: the job had not ended within ``wait_s``; it goes on (``exc.job_id``).
@@ -257,15 +290,25 @@ class FleetClient:
         answer = await self._request(
             "POST",
             "/v1/infer",
-            json=_job_body(model, input, job_id, timeout_s, priority),
+            json=_job_body(model, input, job_id, timeout_s, priority, encoding_format),
             params={"wait": f"{wait_s:g}"},
             timeout_s=wait_s + self.timeout_s,
         )
-        return answer["output"]
+        return self._decoded(answer["output"])
+
+    def _decoded(self, output: Any) -> Any:
+        return decode_output(output, self.vector_fields) if self.vector_fields else output
+
+    def _record(self, data: Any) -> JobRecord:
+        """A record from the gateway, its base64 vectors decoded (see ``decode_vectors``)."""
+        record = JobRecord.model_validate(data)
+        if self.vector_fields and record.output is not None:
+            record.output = self._decoded(record.output)
+        return record
 
     async def get(self, job_id: str) -> JobRecord:
         """The job's current record. Raises JobNotFound for an unknown (or expired) id."""
-        return JobRecord.model_validate(await self._request("GET", f"/v1/jobs/{job_id}"))
+        return self._record(await self._request("GET", f"/v1/jobs/{job_id}"))
 
     async def wait(self, job_id: str, timeout_s: float = 60.0) -> JobRecord:
         """Long-poll until the job is terminal and return its record (whatever the terminal state).
@@ -320,7 +363,7 @@ class FleetClient:
         answer = await self._request(
             "GET", f"/v1/jobs/{job_id}", params={"wait": f"{step_s:.3f}"}, timeout_s=step_s + self.timeout_s
         )
-        return JobRecord.model_validate(answer)
+        return self._record(answer)
 
     async def result(self, job_id: str, *, timeout_s: float = 60.0) -> Any:
         """Wait for the job and return its output.
@@ -341,7 +384,7 @@ class FleetClient:
 
     async def cancel(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job. Raises JobNotFound, or GatewayError (409) when it already ended."""
-        return JobRecord.model_validate(await self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+        return self._record(await self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 
     async def models(self) -> list[dict[str, Any]]:
         """The served models: name, description, batch limits, ``input_schema`` and ``output_schema``."""
@@ -485,10 +528,9 @@ class FleetClient:
             raise GatewayUnreachable(f"websocket {url}: {exc}") from exc
         raise GatewayUnreachable(f"websocket {url} closed before the run's result")
 
-    @staticmethod
-    def _frame_record(frame: dict[str, Any]) -> JobRecord | None:
+    def _frame_record(self, frame: dict[str, Any]) -> JobRecord | None:
         if frame.get("type") == "result":
-            return JobRecord.model_validate(frame["job"])
+            return self._record(frame["job"])
         if frame.get("type") == "error":
             error = frame.get("error") or {}
             raise error_from_response(404 if error.get("type") == "job_not_found" else 400, {"error": error})

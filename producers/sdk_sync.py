@@ -4,7 +4,7 @@ Example::
 
     with FleetSyncClient("http://127.0.0.1:8000") as fleet:
         vector = fleet.infer("embed", {"text": "hello"})["embedding"]  # one request: POST /v1/infer
-        job_id = fleet.submit("embed", {"text": "later"})
+        job_id = fleet.submit("embed", {"text": "later"}, encoding_format="base64")  # compact; floats come back
         record = fleet.wait(job_id, timeout_s=30)
         for record in fleet.subscribe([id1, id2]):
             ...
@@ -36,7 +36,8 @@ class FleetSyncClient:
 
     Args:
         base_url: the gateway, e.g. ``http://127.0.0.1:8000``.
-        **options: ``FleetClient``'s keyword options (``timeout_s``, ``long_poll_s``).
+        **options: ``FleetClient``'s keyword options (``timeout_s``, ``long_poll_s``, ``decode_vectors``,
+            ``vector_fields``).
     """
 
     def __init__(self, base_url: str, **options: Any) -> None:

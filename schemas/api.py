@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.jobs import CacheLevel, JobState
-from schemas.wire import JOB_ID_PATTERN, Priority
+from schemas.wire import ENCODING_HELP, JOB_ID_PATTERN, EncodingFormat, Priority
 
 
 class SubmitRequest(BaseModel):
@@ -32,6 +32,7 @@ class SubmitRequest(BaseModel):
         True,
         description="false: skip the result caches (no lookup, no fill), as the header 'X-Cache-Control: bypass'",
     )
+    encoding_format: EncodingFormat = Field("float", description=ENCODING_HELP)
 
 
 class SubmitResponse(BaseModel):

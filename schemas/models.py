@@ -44,6 +44,9 @@ class ModelSpec:
     p99_target_ms: float | None = None
     min_batch: int = 1
     max_batch_cost: int | None = None
+    vector_fields: tuple[str, ...] = ()
+    """The output fields that hold vectors (one, or a list of them): what ``encoding_format: base64`` encodes.
+    Empty: the model has no vector output and refuses base64."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -114,8 +117,12 @@ class EmbedOutput(BaseModel):
     """``embedding`` for a ``text`` input, ``embeddings`` for ``texts``; vectors are L2-normalised."""
 
     dim: int = EMBED_DIM
-    embedding: list[float] | None = None
-    embeddings: list[list[float]] | None = None
+    embedding: list[float] | str | None = Field(
+        None, description="the vector; with encoding_format base64, base64 of its little-endian float32 bytes"
+    )
+    embeddings: list[list[float]] | list[str] | None = Field(
+        None, description="one vector per text; with encoding_format base64, each one a base64 string"
+    )
 
 
 ECHO = ModelSpec("echo", EchoInput, EchoOutput, max_batch=64, max_wait_ms=2, description="returns its input")
@@ -132,6 +139,7 @@ EMBED = ModelSpec(
     cache_text="text",
     cache_threshold=0.93,  # benchmarks/bench_cache.py: paraphrases >= 0.94, antonyms <= 0.90 on its labelled pairs
     max_batch_cost=EMBED_MAX_BATCH_TOKENS,
+    vector_fields=("embedding", "embeddings"),
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (ECHO, SLEEP, EMBED)}

@@ -18,6 +18,13 @@ WIRE_VERSION = 1
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
+EncodingFormat = Literal["float", "base64"]  # the same as fleet.encoding.EncodingFormat
+ENCODING_HELP = (
+    "float (the default): vector outputs (embed's embedding/embeddings) are JSON arrays of numbers; base64: each "
+    "vector is one string, base64 of its little-endian float32 bytes (as the OpenAI embeddings API); a model "
+    "without vector outputs refuses base64"
+)
+
 PRIORITY_NAMES = ("high", "normal", "low")  # highest first; the same as fleet.constants.PRIORITIES
 PRIORITY_INT_LIMIT = 9
 PRIORITY_HELP = (
@@ -89,6 +96,7 @@ class RequestMessage(BaseModel):
     cache: bool = Field(
         True, description="false: the job's output must not be stored in the result caches (a bypassed request)"
     )
+    encoding_format: EncodingFormat = Field("float", description=ENCODING_HELP)
 
 
 class Heartbeat(BaseModel):

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from fleet.encoding import convert_output
 from fleet.errors import ConfigError, InvalidInput, ModelError
 from schemas.models import ModelSpec
 
@@ -135,6 +136,20 @@ class ModelHandler(ABC, Generic[InT, OutT]):
 
     def close(self) -> None:
         """Release what ``load`` acquired. Called once at shutdown; the default does nothing."""
+
+    def output_json(self, output: OutT, encoding: str = "float") -> Any:
+        """One output as JSON-ready data in the request's ``encoding_format``; the worker calls it per job.
+
+        The default dumps the output (``model_dump(mode="json")``) and, for ``"base64"``, encodes the fields named
+        in ``spec.vector_fields`` (``fleet.encoding``). Override it where a faster path exists.
+
+        Raises:
+            Exception: the output does not serialise; that job ends ``failed`` (``invalid_output``).
+        """
+        data = output.model_dump(mode="json")
+        if encoding != "float" and self.spec.vector_fields:
+            data = convert_output(data, self.spec.vector_fields, encoding)
+        return data
 
     @classmethod
     def parse_input(cls, raw: Any) -> InT:

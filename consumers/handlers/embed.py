@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from consumers.device import is_cuda, resolve_device, torch_dtype_for
 from consumers.handlers.base import ModelHandler
+from fleet.encoding import encode_vector
 from fleet.errors import ConfigError
 from schemas.models import EMBED, EMBED_DIM, EmbedInput, EmbedOutput
 
@@ -269,6 +270,15 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
             else:
                 outputs.append(EmbedOutput.model_construct(dim=self._dim, embeddings=vecs))
         return outputs
+
+    def output_json(self, output: EmbedOutput, encoding: str = "float") -> Any:
+        """The output as a plain dict, without dumping it through pydantic: ``predict`` built it from the floats it
+        just computed. With ``"base64"`` each vector becomes base64 of its little-endian float32 bytes."""
+        one, many = output.embedding, output.embeddings
+        if encoding == "base64":
+            one = None if one is None else encode_vector(one)
+            many = None if many is None else [encode_vector(v) for v in many]
+        return {"dim": output.dim, "embedding": one, "embeddings": many}
 
     def cost(self, item: EmbedInput) -> int:
         """Estimated tokens, without running the tokenizer (``predict`` runs it once, on the whole batch): per

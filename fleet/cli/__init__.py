@@ -181,6 +181,12 @@ def publish(
     priority: Annotated[
         str, typer.Option("--priority", help="high, normal or low, for input lines (request lines carry their own)")
     ] = "normal",
+    encoding_format: Annotated[
+        str,
+        typer.Option(
+            "--encoding-format", help="float or base64 (vectors as base64 float32), for input lines (as --priority)"
+        ),
+    ] = "float",
 ) -> None:
     """Publish requests straight to a model's subject (of their priority) and print their job ids, one per line."""
     settings = settings_from(broker_url=broker)
@@ -190,7 +196,15 @@ def publish(
 
     configure_logging("WARNING")
     try:
-        publishing = publish_file(settings, file, model, requests=requests, concurrency=concurrency, priority=priority)
+        publishing = publish_file(
+            settings,
+            file,
+            model,
+            requests=requests,
+            concurrency=concurrency,
+            priority=priority,
+            encoding_format=encoding_format,
+        )
         code = asyncio.run(publishing)
     except FleetError as exc:
         raise fail(exc.message, 1) from None

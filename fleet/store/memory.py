@@ -29,8 +29,8 @@ class MemoryStore:
         self.job_ttl_s = job_ttl_s
         # job id -> (monotonic expiry, record JSON). Every write uses the same TTL and moves the entry to the end,
         # so the dict is ordered by expiry and the sweep only ever looks at its head.
-        self._records: OrderedDict[str, tuple[float, str]] = OrderedDict()
-        self._waiters: dict[str, set[asyncio.Future[str]]] = {}
+        self._records: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._waiters: dict[str, set[asyncio.Future[bytes]]] = {}
         self._unpublished: dict[str, tuple[float, bytes]] = {}  # job id -> (marked or claimed at, message)
 
     async def connect(self) -> None:
@@ -49,7 +49,7 @@ class MemoryStore:
     async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
         if self._read(record.job_id) is not None:
             return False
-        raw = record.model_dump_json()
+        raw = transitions.record_json(record)
         self._write(record.job_id, raw)
         if record.terminal:  # an answer known at once (a cache hit): announced like a finish
             self._notify(record.job_id, raw)
@@ -89,7 +89,7 @@ class MemoryStore:
             current, job_id, model=model, worker_id=worker_id, deliveries=deliveries, now=time.time()
         )
         if record is not current:
-            self._write(job_id, record.model_dump_json())
+            self._write(job_id, transitions.record_json(record))
         return record
 
     async def finish(
@@ -108,7 +108,7 @@ class MemoryStore:
         record = transitions.finished(
             current, job_id, state, model=model, output=output, error=error, worker_id=worker_id, now=time.time()
         )
-        raw = record.model_dump_json()
+        raw = transitions.record_json(record)
         self._write(job_id, raw)
         self._notify(job_id, raw)
         return True, record
@@ -133,7 +133,7 @@ class MemoryStore:
         if (current is not None and current.terminal) or timeout_s <= 0:
             return current
         # No await between the read above and the registration below, so a finish cannot slip in between.
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         waiters = self._waiters.setdefault(job_id, set())
         waiters.add(future)
         try:
@@ -147,7 +147,7 @@ class MemoryStore:
                 del self._waiters[job_id]
         return JobRecord.model_validate_json(raw)
 
-    def _read(self, job_id: str) -> str | None:
+    def _read(self, job_id: str) -> bytes | None:
         entry = self._records.get(job_id)
         if entry is None:
             return None
@@ -157,7 +157,7 @@ class MemoryStore:
             return None
         return raw
 
-    def _write(self, job_id: str, raw: str) -> None:
+    def _write(self, job_id: str, raw: bytes) -> None:
         self._records[job_id] = (time.monotonic() + self.job_ttl_s, raw)
         self._records.move_to_end(job_id)
         self._sweep()
@@ -170,7 +170,7 @@ class MemoryStore:
                 return
             del self._records[job_id]
 
-    def _notify(self, job_id: str, raw: str) -> None:
+    def _notify(self, job_id: str, raw: bytes) -> None:
         for future in self._waiters.get(job_id, ()):
             if not future.done():
                 future.set_result(raw)

@@ -1,12 +1,12 @@
 """The Redis result store.
 
-Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), holding exactly
-``JobRecord.model_dump_json()`` with a TTL of ``job_ttl_s`` refreshed by every write. Transitions are computed in
-Python (``fleet.store.transitions``) and written by one Lua script, a compare-and-set on the whole stored value:
-the write happens only when the key still holds what the caller read, so nothing written in between is lost and
-no JSON is decoded or re-encoded inside Redis. ``finish`` publishes the terminal record on
-``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens there through one pub/sub
-connection shared by all waiters (``fleet.store.pubsub``).
+Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), holding the record's JSON
+(``transitions.record_json``: ``JobRecord.model_dump_json()`` less its null fields, by orjson) with a TTL of
+``job_ttl_s`` refreshed by every write. Transitions are computed in Python (``fleet.store.transitions``) and written
+by one Lua script, a compare-and-set on the whole stored value: the write happens only when the key still holds what
+the caller read, so nothing written in between is lost and no JSON is decoded or re-encoded inside Redis. ``finish``
+publishes the terminal record on ``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens
+there through one pub/sub connection shared by all waiters (``fleet.store.pubsub``).
 
 Unpublished jobs (``create`` with a message): the sorted set ``fleet.constants.PENDING_KEY`` of job ids scored by
 Redis's clock, and each message under ``pending_message_key(job_id)`` with the record's TTL. Creating the record
@@ -214,10 +214,10 @@ class RedisStore:
             await self.redis.ping()
 
     async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
-        raw, job_id = record.model_dump_json(), record.job_id
+        raw, job_id = transitions.record_json(record), record.job_id
         with self._errors(f"create job {job_id!r}"):
             if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
-                args: list[str | int] = [raw, self.job_ttl_s, c.done_channel(job_id)]
+                args: list[bytes | str | int] = [raw, self.job_ttl_s, c.done_channel(job_id)]
                 return bool(await self._create_terminal(keys=[c.job_key(job_id)], args=args))
             if message is None:
                 return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))

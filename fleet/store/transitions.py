@@ -6,12 +6,23 @@ compare-and-set; keeping the rules here means the in-memory store and Redis cann
 The records built here are not validated again: every value comes either from a record that was validated when it
 was read, or from this module (times, states), or from the caller's typed arguments (``error`` is checked to be a
 ``JobError``). A worker moves every job through two transitions, so skipping a second validation of values we
-produced ourselves is a large share of the store's cost. ``record_json`` writes exactly ``model_dump_json()``.
+produced ourselves is a large share of the store's cost.
+
+``record_json`` serialises with orjson: the record's values as they are (numpy arrays passed through, nested
+pydantic models dumped), no validation and no Python wrapper per float. It writes the document
+``model_dump_json()`` writes (same fields, order and types; only the spelling of a number may differ) less the
+top-level fields that are null, which the parser fills in again (every one of them defaults to null): about 100
+bytes less per record. So every reader (``JobRecord.model_validate_json``) reads records written before and after,
+and what it gives back (``model_dump``, the REST answers) has every field. What orjson cannot write (an integer
+beyond 64 bits in an output) falls back to pydantic's serializer.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
+from pydantic import BaseModel
 
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
@@ -57,9 +68,22 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
     return trusted(values)
 
 
+_ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def _orjson_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):  # a JobError, or a model object left in an output
+        return value.model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def record_json(record: JobRecord) -> bytes:
-    """``record.model_dump_json()`` as UTF-8 bytes, without the Python wrapper around the serializer."""
-    return _SERIALIZER.to_json(record)
+    """The record as UTF-8 JSON bytes: ``record.model_dump_json()`` without its null fields, at orjson's speed."""
+    try:
+        values = {name: value for name, value in record.__dict__.items() if value is not None}
+        return orjson.dumps(values, default=_orjson_default, option=_ORJSON_OPTIONS)
+    except (orjson.JSONEncodeError, TypeError):
+        return _SERIALIZER.to_json(record)  # e.g. an integer past 64 bits: pydantic writes it, or says why not
 
 
 def started(

@@ -15,7 +15,10 @@ first hit:
 A level that fails (the store is down or slow, the embedder cannot load) is a miss, counted
 ``result="error"``; a lookup never raises. Fills: after a miss the gateway waits (in the background, at most
 ``cache_fill_wait_s``) for the job's terminal record and stores a ``succeeded`` output in every level the model
-uses, reusing the vector the L3 lookup computed. Filling in the gateway, not in the worker's settle path, keeps the
+uses, reusing the vector the L3 lookup computed. An entry keeps the output in the encoding of the request
+that filled it; a hit is converted to the encoding its request asks for (``fleet.encoding``): one entry per
+input, not per encoding, so float and base64 requests of one text share it (and its hit rate).
+Filling in the gateway, not in the worker's settle path, keeps the
 cache out of the ack path entirely (a cache that cannot be written never delays or fails a job) and puts the entry
 in this gateway's L1 at once; a gateway that dies before the result leaves that one entry unfilled.
 """
@@ -35,6 +38,7 @@ import numpy as np
 from cachetools import TTLCache
 
 from fleet import constants as c
+from fleet.encoding import DEFAULT_ENCODING, convert_output
 from fleet.errors import ConfigError, StoreError
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
@@ -157,8 +161,25 @@ class ResultCache:
             logger.warning("the L3 embedder could not be loaded (L3 lookups will miss): %s", exc)
 
     # -- lookup ---------------------------------------------------------------------------------------------
-    async def lookup(self, spec: ModelSpec, value: dict[str, Any]) -> Lookup:
-        """Try each level of the model in order. Never raises: a failing level is a miss."""
+    async def lookup(self, spec: ModelSpec, value: dict[str, Any], encoding: str = DEFAULT_ENCODING) -> Lookup:
+        """Try each level of the model in order. Never raises: a failing level is a miss.
+
+        One entry serves both encodings: a hit's vector fields are converted to ``encoding`` (exact both ways:
+        the floats are float32 values), whichever encoding the request that filled it asked for.
+        """
+        found = await self._lookup(spec, value)
+        if found.hit is not None and spec.vector_fields:
+            hit = found.hit
+            try:
+                output = convert_output(hit.output, spec.vector_fields, encoding)
+            except ValueError as exc:  # an entry that does not decode is a miss, as a failing level
+                logger.warning("a cached output of %s does not convert to %s: %s", spec.name, encoding, exc)
+                found.hit = None
+                return found
+            found.hit = Hit(hit.level, output, hit.similarity)
+        return found
+
+    async def _lookup(self, spec: ModelSpec, value: dict[str, Any]) -> Lookup:
         levels = self.levels[spec.name]
         found = Lookup(spec, cache_key(spec, value), levels)
         for level in levels:

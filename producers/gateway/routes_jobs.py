@@ -34,6 +34,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
 from fleet import constants as c
+from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from fleet.store import transitions
 from producers.gateway.cache import Hit, Lookup
@@ -90,6 +91,13 @@ def validate_input(spec: ModelSpec, value: dict[str, Any]) -> None:
         raise InvalidInput(validation_message(errors, f"invalid input for model {spec.name!r}"), errors) from None
 
 
+def check_encoding(spec: ModelSpec, encoding: str) -> None:
+    """Raises InvalidInput (422) for ``encoding_format: base64`` on a model without vector outputs."""
+    if encoding != "float" and not spec.vector_fields:
+        error = {"loc": "body.encoding_format", "msg": "the model has no vector output", "type": "value_error"}
+        raise InvalidInput(no_vectors_message(spec.name), [error])
+
+
 def _digest(value: dict[str, Any]) -> str:
     try:
         return input_digest(value)
@@ -119,6 +127,7 @@ def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
         deadline=expires_at,
         priority=body.priority,
         cache=body.cache,
+        encoding_format=body.encoding_format,
     )
     return record, message.model_dump_json().encode()
 
@@ -232,7 +241,7 @@ async def _cache_lookup(state: GatewayState, spec: ModelSpec, body: SubmitReques
     if not body.cache:
         CACHE_REQUESTS.labels(spec.name, "all", "bypass").inc()
         return None
-    return await state.cache.lookup(spec, body.input)
+    return await state.cache.lookup(spec, body.input, body.encoding_format)
 
 
 async def _answer_from_cache(
@@ -272,6 +281,7 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     if spec is None:
         raise UnknownModel(body.model, list(state.specs))
     validate_input(spec, body.input)
+    check_encoding(spec, body.encoding_format)
     record, data = new_job(body, time.time())
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")

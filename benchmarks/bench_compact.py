@@ -1,0 +1,204 @@
+"""Compact results: a zero-cost ``embed`` worker over NATS + Redis, float against base64 outputs, side by side.
+
+    python -m benchmarks.bench_compact [--jobs 20000] [--batch 64] [--repeats 2]
+
+The model costs nothing (``FixedEmbed``: the same 384 float32 values for every text, no weights), so what is
+measured is Fleet's own work per job: admission, the two store writes, the ack. Four configurations run
+interleaved in one process against the same servers, ``--repeats`` times each (the best run is kept):
+
+* ``legacy``: float outputs serialised as before compact results (the output dumped by pydantic, the record by
+  pydantic's serializer): the "before" of the jobs/s figure;
+* ``float``: float outputs, records by orjson (today's default);
+* ``base64``: ``encoding_format: base64``, records by orjson;
+* ``base64 (memory store)``: the same worker on the in-memory store, the ceiling the Redis store is held to.
+
+Each run publishes ``--jobs`` requests to a fresh subject first (no worker running), then starts one in-process
+worker and times the drain until the last record is terminal. Redis CPU per result is the growth of
+``used_cpu_sys + used_cpu_user`` (``INFO cpu``) over the drain divided by the jobs; bytes per result is the
+``STRLEN`` and ``MEMORY USAGE`` of a finished record's key. Services come from FLEET_BENCH_{NATS,REDIS}_URL or
+are started as in the tests. Writes ``benchmarks/results/compact.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from benchmarks.common import best_of, services, show, write_results
+from consumers.handlers import with_name
+from consumers.handlers.base import ModelHandler
+from consumers.handlers.embed import EmbedHandler
+from consumers.worker import Worker
+from fleet import constants as c
+from fleet.brokers import make_broker
+from fleet.settings import FleetSettings
+from fleet.store import make_store, transitions
+from producers.publish import publish_all
+from schemas.models import EMBED_DIM, EmbedInput, EmbedOutput
+from schemas.wire import RequestMessage
+
+MODES = ("legacy", "float", "base64", "base64-memory")
+TITLES = {
+    "legacy": "float, before (pydantic)",
+    "float": "float (orjson)",
+    "base64": "base64 (orjson)",
+    "base64-memory": "base64, in-memory store",
+}
+_VECTOR: list[float] = (np.random.default_rng(7).standard_normal(EMBED_DIM).astype(np.float32) / 20).tolist()
+
+
+class FixedEmbed(EmbedHandler):
+    """``embed`` at zero cost: no weights, the same unit-scale vector for every text."""
+
+    def load(self) -> None:
+        """Nothing to load."""
+
+    def predict(self, batch: list[EmbedInput]) -> list[EmbedOutput | Exception]:
+        outputs: list[EmbedOutput | Exception] = []
+        for item in batch:
+            if item.text is not None:
+                outputs.append(EmbedOutput.model_construct(dim=EMBED_DIM, embedding=_VECTOR))
+            else:
+                outputs.append(EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[_VECTOR] * len(item.items())))
+        return outputs
+
+    def sample_input(self) -> None:  # type: ignore[override]
+        return None
+
+
+class LegacyFixedEmbed(FixedEmbed):
+    """``FixedEmbed`` with the output path of before: the output dumped by pydantic."""
+
+    def output_json(self, output: EmbedOutput, encoding: str = "float") -> Any:
+        return ModelHandler.output_json(self, output, encoding)
+
+
+@contextlib.contextmanager
+def legacy_records(enabled: bool) -> Iterator[None]:
+    """While ``enabled``: records serialised by pydantic's serializer, as before orjson."""
+    saved = transitions.record_json
+    if enabled:
+        transitions.record_json = transitions._SERIALIZER.to_json  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        transitions.record_json = saved  # type: ignore[assignment]
+
+
+async def redis_cpu_s(redis: aioredis.Redis) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+async def one_run(mode: str, urls: dict[str, str], args: argparse.Namespace, redis: aioredis.Redis) -> dict[str, Any]:
+    """Prefill ``args.jobs`` requests, then drain them with one worker; jobs/s, Redis CPU and bytes per result."""
+    memory = mode.endswith("memory")
+    settings = FleetSettings(
+        broker_url=urls["nats"],
+        store_url="memory://" if memory else urls["redis"],
+        max_batch=args.batch,
+        max_wait_ms=args.max_wait_ms,
+    )
+    encoding = "float" if mode in ("legacy", "float") else "base64"
+    model = f"embed-{uuid.uuid4().hex[:8]}"
+    handler = with_name(LegacyFixedEmbed if mode == "legacy" else FixedEmbed, model)()
+    broker, store = make_broker(settings), make_store(settings)
+    await broker.connect()
+    await store.connect()
+    try:
+        await broker.ensure_model(model)
+        messages = [
+            RequestMessage(job_id=uuid.uuid4().hex, model=model, input={"text": f"t{i}"}, encoding_format=encoding)
+            for i in range(args.jobs)
+        ]
+        await publish_all(broker, messages, concurrency=256)
+        with legacy_records(mode == "legacy"):
+            cpu0 = await redis_cpu_s(redis)
+            started = time.perf_counter()
+            async with Worker(handler, broker, store, settings=settings):
+                await drained(store, messages[-1].job_id, broker, model)
+                seconds = time.perf_counter() - started
+            cpu_s = await redis_cpu_s(redis) - cpu0
+        last = messages[-1].job_id
+        record = await store.get(last)
+        assert record is not None and record.state == "succeeded", record
+        strlen = 0 if memory else int(await redis.strlen(c.job_key(last)))
+        usage = 0 if memory else int(await redis.memory_usage(c.job_key(last)) or 0)
+    finally:
+        await store.close()
+        await broker.close()
+    return {"jobs_per_s": args.jobs / seconds, "redis_cpu_us": 1e6 * cpu_s / args.jobs, "strlen": strlen, "mem": usage}
+
+
+async def drained(store: Any, last_job: str, broker: Any, model: str) -> None:
+    """Until the backlog is consumed and the last job's record is terminal."""
+    while await broker.lag(c.request_subject(model), c.consumer_name(model)) > 0:  # noqa: ASYNC110 - polled
+        await asyncio.sleep(0.02)
+    record = await store.wait(last_job, 60)
+    assert record is not None and record.terminal, record
+
+
+async def main(args: argparse.Namespace) -> None:
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    with services(nats=True, redis=True) as urls:
+        redis = aioredis.Redis.from_url(urls["redis"])
+        try:
+            await one_run("float", urls, argparse.Namespace(**{**vars(args), "jobs": 2000}), redis)  # warm up
+            for _ in range(args.repeats):
+                for mode in MODES:
+                    runs[mode].append(await one_run(mode, urls, args, redis))
+        finally:
+            await redis.aclose()
+    best = {mode: max(rs, key=lambda r: r["jobs_per_s"]) for mode, rs in runs.items()}
+    rate = {mode: best_of([r["jobs_per_s"] for r in rs]) for mode, rs in runs.items()}
+    cpu = {mode: min(r["redis_cpu_us"] for r in rs) for mode, rs in runs.items()}
+    ratios = {
+        "float_over_legacy_jobs_per_s": rate["float"] / rate["legacy"],
+        "base64_over_legacy_jobs_per_s": rate["base64"] / rate["legacy"],
+        "base64_redis_over_memory_jobs_per_s": rate["base64"] / rate["base64-memory"],
+        "base64_over_float_redis_cpu": cpu["base64"] / cpu["float"],
+        "base64_over_legacy_redis_cpu": cpu["base64"] / cpu["legacy"],
+        "base64_over_float_bytes": best["base64"]["strlen"] / best["float"]["strlen"],
+    }
+    rows = [(f"{TITLES[m]}: jobs/s", f"{rate[m]:,.0f}", "") for m in MODES]
+    rows += [(f"{TITLES[m]}: Redis CPU µs / result", f"{cpu[m]:.1f}", "") for m in MODES if m != "base64-memory"]
+    rows += [
+        (f"{TITLES[m]}: bytes / result (STRLEN, MEMORY USAGE)", f"{best[m]['strlen']:,} / {best[m]['mem']:,}", "")
+        for m in MODES
+        if m != "base64-memory"
+    ]
+    rows += [
+        ("ratio jobs/s float / before", f"{ratios['float_over_legacy_jobs_per_s']:.2f}", ">= 2 (issue 14)"),
+        ("ratio jobs/s base64 / before", f"{ratios['base64_over_legacy_jobs_per_s']:.2f}", ">= 2 (issue 14)"),
+        ("ratio jobs/s Redis / memory (base64)", f"{ratios['base64_redis_over_memory_jobs_per_s']:.2f}", ">= 0.8"),
+        ("ratio Redis CPU base64 / float", f"{ratios['base64_over_float_redis_cpu']:.2f}", "<= 0.5"),
+        ("ratio Redis CPU base64 / before", f"{ratios['base64_over_legacy_redis_cpu']:.2f}", "<= 0.5"),
+        ("ratio bytes base64 / float", f"{ratios['base64_over_float_bytes']:.2f}", "base64 <= 2.2 KB"),
+    ]
+    show(f"Compact results: zero-cost embed worker over NATS + Redis ({args.jobs:,} jobs, batch {args.batch})", rows)
+    results = {"runs": runs, "jobs_per_s": rate, "redis_cpu_us": cpu, "best": best, "ratios": ratios}
+    results["params"] = vars(args)
+    print(json.dumps({"jobs_per_s": rate, "redis_cpu_us": cpu, "ratios": ratios}))
+    print(f"wrote {write_results('compact', results)}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved runs of each configuration; best kept")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

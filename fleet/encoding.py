@@ -1,0 +1,111 @@
+"""Compact results: vector outputs as base64 of little-endian float32, as the OpenAI embeddings API returns them.
+
+A request's ``encoding_format`` is ``"float"`` (the default: vectors are JSON arrays of numbers) or ``"base64"``
+(each vector is one string, ``base64(numpy.asarray(v, '<f4').tobytes())``: 384 floats take 2,048 characters
+instead of about 8,000). Which output fields are vectors is the model's to say (``ModelSpec.vector_fields``); a
+field holds either one vector (``embedding``) or a list of them (``embeddings``), and this module converts both
+ways between the two forms. Converting is exact: the floats are float32 values to begin with.
+
+Pure functions, used by the worker (encode), the gateway's caches (convert a cached answer to the encoding asked
+for) and the SDK (decode, so its users get floats back whatever the encoding on the wire).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import numpy as np
+
+EncodingFormat = Literal["float", "base64"]
+ENCODING_FORMATS: tuple[str, ...] = ("float", "base64")
+DEFAULT_ENCODING: EncodingFormat = "float"
+_LE_F4 = np.dtype("<f4")
+
+
+def no_vectors_message(model: str) -> str:
+    """Why a model without vector outputs refuses ``encoding_format: base64`` (gateway and worker say the same)."""
+    return (
+        f"encoding_format 'base64' applies to vector outputs, and model {model!r} has none; "
+        "send encoding_format 'float' (the default) or leave it out"
+    )
+
+
+def encode_vector(vector: Any) -> str:
+    """One vector (a sequence of numbers or a 1-D array) as base64 of its little-endian float32 bytes."""
+    return base64.b64encode(np.asarray(vector, dtype=_LE_F4).tobytes()).decode("ascii")
+
+
+def decode_vector(text: str) -> list[float]:
+    """The floats of a base64 vector (the inverse of ``encode_vector``).
+
+    Raises:
+        ValueError: ``text`` is not base64, or its length is not a whole number of float32 values.
+    """
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not a base64 vector: {exc}") from None
+    if len(raw) % 4:
+        raise ValueError(f"a base64 vector holds whole float32 values (4 bytes each), got {len(raw)} bytes")
+    values: list[float] = np.frombuffer(raw, dtype=_LE_F4).tolist()
+    return values
+
+
+def decode_array(text: str) -> np.ndarray:
+    """A base64 vector as a read-only float32 numpy array (no copy); raises ``ValueError`` as ``decode_vector``."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not a base64 vector: {exc}") from None
+    if len(raw) % 4:
+        raise ValueError(f"a base64 vector holds whole float32 values (4 bytes each), got {len(raw)} bytes")
+    return np.frombuffer(raw, dtype=_LE_F4)
+
+
+def _to_base64(value: Any) -> Any:
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, np.ndarray):
+        return encode_vector(value) if value.ndim == 1 else [encode_vector(row) for row in value]
+    if value and not isinstance(value[0], (int, float)):  # a list of vectors
+        return [v if isinstance(v, str) else encode_vector(v) for v in value]
+    return encode_vector(value)
+
+
+def _to_float(value: Any) -> Any:
+    if isinstance(value, str):
+        return decode_vector(value)
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        return [decode_vector(v) if isinstance(v, str) else v for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def convert_output(output: Any, fields: Iterable[str], encoding: str) -> Any:
+    """``output`` (a model's JSON output) with its vector ``fields`` in ``encoding``; anything else unchanged.
+
+    A field may already be in either form (a cached answer filled by a request of the other encoding): it is
+    converted when it must be, left as it is when it is already right. The input is not modified.
+
+    Raises:
+        ValueError: a field said to be base64 does not decode.
+    """
+    if not isinstance(output, dict):
+        return output
+    convert = _to_base64 if encoding == "base64" else _to_float
+    changed = None
+    for name in fields:
+        if name in output and output[name] is not None:
+            if changed is None:
+                changed = dict(output)
+            changed[name] = convert(output[name])
+    return output if changed is None else changed
+
+
+def decode_output(output: Any, fields: Iterable[str]) -> Any:
+    """``output`` with every base64 vector in ``fields`` decoded to floats (``convert_output(..., "float")``)."""
+    return convert_output(output, fields, "float")
