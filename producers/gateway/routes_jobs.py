@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from fleet import constants as c
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
@@ -48,7 +49,7 @@ from schemas.wire import RequestMessage
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 
 SUBMIT_BODY = {
     "requestBody": {
