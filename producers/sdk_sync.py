@@ -36,7 +36,7 @@ class FleetSyncClient:
 
     Args:
         base_url: the gateway, e.g. ``http://127.0.0.1:8000``.
-        **options: ``FleetClient``'s keyword options (``timeout_s``, ``long_poll_s``).
+        **options: ``FleetClient``'s keyword options (``timeout_s``, ``long_poll_s``, ``api_key``).
     """
 
     def __init__(self, base_url: str, **options: Any) -> None:

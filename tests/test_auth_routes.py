@@ -299,3 +299,16 @@ def test_non_loopback_gateway_needs_an_explicit_auth_setting() -> None:
     assert result.exit_code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "FLEET_AUTH" in lines[0], result.stderr
+
+
+async def test_the_sdk_sends_its_key(request: Any, unique: str) -> None:
+    from producers.sdk import FleetClient, GatewayError
+
+    async with keyed_gateway(request, "memory", unique) as gw:
+        async with FleetClient(gw.base_url, api_key=gw.keys.submitter) as fleet:
+            job_id = await fleet.submit(gw.model, {"n": 1})
+            assert job_id
+        async with FleetClient(gw.base_url) as anonymous:
+            with pytest.raises(GatewayError) as refused:
+                await anonymous.submit(gw.model, {"n": 1})
+            assert refused.value.status == 401 and refused.value.type == "unauthorized"

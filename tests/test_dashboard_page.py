@@ -64,7 +64,7 @@ async def test_with_a_token_the_page_loads_and_asks_for_it(unique: str) -> None:
         assert page.status_code == 200
         assert 'id="login-form"' in page.text
         access = (await client.get("/v1/operator/access")).json()
-        assert access == {"token_required": True, "enabled": True, "reason": None}
+        assert access == {"token_required": True, "enabled": True, "reason": None, "auth": "off"}
 
 
 def test_every_static_file_ships_in_the_wheel() -> None:
