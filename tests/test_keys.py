@@ -155,3 +155,15 @@ def test_cli_errors_are_one_line(redis_url: str) -> None:
     one_error_line(cli("keys", "revoke", "0" * 12, "--store", redis_url), 1, "no API key")
     one_error_line(cli("keys", "list", "--store", "memory://"), 2, "fleet up")
     one_error_line(cli("keys", "list", "--store", "redis://127.0.0.1:1/0"), 1, "127.0.0.1:1")
+
+
+async def test_fleet_up_bootstraps_one_admin_key_on_the_embedded_store(capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet.cli.compose import bootstrap_admin_key
+
+    async with opened("memory", None) as store:
+        await bootstrap_admin_key(store)
+        printed = capsys.readouterr()
+        key = printed.err.strip().rsplit(" ", 1)[-1]
+        info = await make_key_store(store).check(key)
+        assert info is not None and info.role == "admin" and info.status(time.time()) == "active"
+        assert key not in printed.out
