@@ -312,3 +312,16 @@ async def test_the_sdk_sends_its_key(request: Any, unique: str) -> None:
             with pytest.raises(GatewayError) as refused:
                 await anonymous.submit(gw.model, {"n": 1})
             assert refused.value.status == 401 and refused.value.type == "unauthorized"
+
+
+async def test_the_dag_cli_sends_fleet_api_key(request: Any, unique: str) -> None:
+    async with keyed_gateway(request, "memory", unique) as gw:
+
+        def show(env: dict[str, str]) -> Any:
+            args = ["dag", "show", f"nodag{unique}", "--url", gw.base_url]
+            return CliRunner().invoke(cli_app, args, prog_name="fleet", env=env)
+
+        anonymous = await asyncio.to_thread(show, {"FLEET_API_KEY": ""})
+        keyed = await asyncio.to_thread(show, {"FLEET_API_KEY": gw.keys.submitter})
+    assert anonymous.exit_code == 1 and "Authorization" in anonymous.stderr, anonymous.stderr
+    assert keyed.exit_code == 1 and f"nodag{unique}" in keyed.stderr and "Authorization" not in keyed.stderr
