@@ -129,8 +129,7 @@ def _record(key: str, tenant: str, role: Role, expires_at: float | None) -> dict
         "role": check_role(role),
         "created_at": repr(time.time()),
         "expires_at": "" if expires_at is None else repr(expires_at),
-        "revoked_at": "",
-    }
+    }  # no revoked_at until a revocation sets it (HSETNX: the first one wins)
 
 
 class MemoryKeyStore:
@@ -158,7 +157,7 @@ class MemoryKeyStore:
         fields = self._keys.get(key_id)
         if fields is None:
             return None
-        fields["revoked_at"] = fields["revoked_at"] or repr(time.time())
+        fields.setdefault("revoked_at", repr(time.time()))
         return _info(key_id, fields)
 
 
@@ -205,9 +204,7 @@ class RedisKeyStore:
         async with self._errors("revoke an API key"):
             if not await self.redis.exists(name):
                 return None
-            current = text(await self.redis.hget(name, "revoked_at") or "")
-            if not current:
-                await self.redis.hset(name, "revoked_at", repr(time.time()))
+            await self.redis.hsetnx(name, "revoked_at", repr(time.time()))
             fields = await self.redis.hgetall(name)
         return _info(key_id, {text(k): text(v) for k, v in fields.items()})
 
