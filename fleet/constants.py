@@ -200,6 +200,8 @@ AUDIT_STREAM_KEY = f"{KEY_PREFIX}:audit"  # the audit log of operator actions: a
 AUDIT_MAX_ENTRIES = 10_000  # the audit stream keeps about this many of the newest entries
 ROLES = ("submitter", "operator", "admin")  # each role holds the ones before it
 DEFAULT_TENANT = "default"  # the tenant of every request when FLEET_AUTH=off
+KEY_CACHE_TTL_S = 1.0  # a gateway trusts a key it read this long: a revocation elsewhere takes effect within it
+KEY_CACHE_MAX_ENTRIES = 10_000
 
 
 def api_key_key(key_id: str) -> str:

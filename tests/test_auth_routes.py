@@ -30,7 +30,7 @@ from fleet.store.keys import make_key_store
 from producers.gateway import create_app
 from schemas.wire import Heartbeat
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs, served, urls_for
-from tests.infra import connected_pair, settings_for
+from tests.infra import connected_pair, eventually, settings_for
 
 PAIRS = ["memory", "nats+redis"]  # Kafka adds nothing here: auth sits in front of the broker
 TOKEN = "operator-token-for-tests"
@@ -109,6 +109,7 @@ class Served:
     base_url: str
     keys: Keys
     model: str
+    store: Any
 
 
 @contextlib.asynccontextmanager
@@ -134,7 +135,7 @@ async def keyed_gateway(request: Any, pair: str, unique: str) -> AsyncIterator[S
         )
         app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
         async with served(app) as base_url:
-            yield Served(app, base_url, keys, model)
+            yield Served(app, base_url, keys, model, store)
 
 
 REFUSED = {"none": "unauthorized", "unknown": "invalid_key", "garbage": "invalid_key", "basic": "unauthorized"}
@@ -325,3 +326,18 @@ async def test_the_dag_cli_sends_fleet_api_key(request: Any, unique: str) -> Non
         keyed = await asyncio.to_thread(show, {"FLEET_API_KEY": gw.keys.submitter})
     assert anonymous.exit_code == 1 and "Authorization" in anonymous.stderr, anonymous.stderr
     assert keyed.exit_code == 1 and f"nodag{unique}" in keyed.stderr and "Authorization" not in keyed.stderr
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+async def test_a_key_revoked_elsewhere_is_refused_within_the_cache_ttl(request: Any, pair: str, unique: str) -> None:
+    """Another gateway or ``fleet keys revoke`` revoked it: this gateway's one-second cache lets it go quickly."""
+    async with keyed_gateway(request, pair, unique) as gw, httpx.AsyncClient(base_url=gw.base_url) as client:
+        key, info = await make_key_store(gw.store).create(unique, "submitter", None)
+        headers = {"Authorization": f"Bearer {key}"}
+        assert (await client.get("/v1/models", headers=headers)).status_code == 200
+        await make_key_store(gw.store).revoke(info.key_id)
+
+        async def refused() -> bool:
+            return (await client.get("/v1/models", headers=headers)).status_code == 401
+
+        await eventually(refused, timeout_s=10, what="the revoked key is refused")

@@ -33,7 +33,7 @@ from starlette.requests import HTTPConnection
 from fleet import constants as c
 from fleet.errors import FleetError
 from fleet.store.audit import AuditLog
-from fleet.store.keys import KeyStore
+from fleet.store.keys import KeyStore, digest
 from producers.gateway.errors import ApiError, describe_fleet_error, error_json, error_responses
 from schemas.keys import AuditEntry, KeyInfo
 
@@ -92,6 +92,9 @@ class Authenticator:
     gate: OperatorGate
     keys: KeyStore | None = None
     clock: Any = field(default=time.time)
+    cache_ttl_s: float = c.KEY_CACHE_TTL_S
+    # sha256 of a key -> (monotonic time read, its record): one store read per key and second, not per request.
+    _cache: dict[str, tuple[float, KeyInfo]] = field(default_factory=dict)
 
     async def authenticate(self, authorization: str | None, role: str) -> Principal:
         """The caller's principal holding ``role``; raises ``ApiError`` 401/403 as the module docstring says."""
@@ -112,13 +115,32 @@ class Authenticator:
         return Principal("operator-token", frozenset({SUBMITTER, OPERATOR}))
 
     async def _key(self, presented: str) -> Principal:
-        info = await self.keys.check(presented) if self.keys is not None else None
+        info = await self._read(presented)
         if info is None:
             raise unauthorized("invalid_key", "the API key is not valid (malformed, unknown or wrong)")
         status = info.status(self.clock())
         if status != "active":
             raise unauthorized(f"key_{status}", f"the API key {info.key_id} is {status}; ask an admin for a new one")
         return principal_of(info)
+
+    async def _read(self, presented: str) -> KeyInfo | None:
+        """The key's record, from the cache when it was read less than ``cache_ttl_s`` ago (unknown keys are not
+        cached, so a key is usable as soon as it is created)."""
+        name, now = digest(presented), time.monotonic()
+        cached = self._cache.get(name)
+        if cached is not None and now - cached[0] < self.cache_ttl_s:
+            return cached[1]
+        info = await self.keys.check(presented) if self.keys is not None else None
+        if info is not None:
+            if len(self._cache) >= c.KEY_CACHE_MAX_ENTRIES:
+                self._cache.clear()
+            self._cache[name] = (now, info)
+        return info
+
+    def forget(self, key_id: str) -> None:
+        """Drop a key from the cache (this gateway revoked it: effective here at once)."""
+        for name in [n for n, (_, info) in self._cache.items() if info.key_id == key_id]:
+            del self._cache[name]
 
 
 def principal_of(info: KeyInfo) -> Principal:

@@ -105,6 +105,7 @@ async def revoke_key(
     info = await keys.revoke(key_id)
     if info is None:
         raise ApiError(404, "key_not_found", f"no API key with id {key_id!r}", {"key_id": key_id})
+    request.app.state.authenticator.forget(key_id)
     await record_action(request, admin, "key.revoke", key_id, {"tenant": info.tenant, "role": info.role})
     return info
 
