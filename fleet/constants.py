@@ -191,6 +191,24 @@ def cache_vectors_key(model: str, version: str) -> str:
 CACHE_LEVELS = ("l1", "l2", "l3")  # the result-cache levels, in lookup order (FLEET_CACHE)
 
 
+# -- API keys and the audit log (``fleet.store.keys``, ``fleet.store.audit``) ---------------------------------
+API_KEY_PREFIX = "fleet"  # a key reads ``fleet_<key id>_<secret>``: the id finds its record, the secret proves it
+API_KEY_ID_BYTES = 6  # 12 hex digits
+API_KEY_SECRET_BYTES = 32  # 256 random bits from ``secrets``, URL-safe base64
+API_KEYS_KEY = f"{KEY_PREFIX}:apikeys"  # set of every key id, for ``fleet keys list``
+AUDIT_STREAM_KEY = f"{KEY_PREFIX}:audit"  # the audit log of operator actions: a capped stream
+AUDIT_MAX_ENTRIES = 10_000  # the audit stream keeps about this many of the newest entries
+ROLES = ("submitter", "operator", "admin")  # each role holds the ones before it
+DEFAULT_TENANT = "default"  # the tenant of every request when FLEET_AUTH=off
+KEY_CACHE_TTL_S = 1.0  # a gateway trusts a key it read this long: a revocation elsewhere takes effect within it
+KEY_CACHE_MAX_ENTRIES = 10_000
+
+
+def api_key_key(key_id: str) -> str:
+    """One API key: a hash of its sha256 digest, tenant, role, created/expires/revoked times (never the key)."""
+    return f"{KEY_PREFIX}:apikey:{key_id}"
+
+
 # A leading underscore cannot start a model name (MODEL_NAME_RE), so these never collide with ``scale_key(model)``.
 SCALE_LOCK_KEY = f"{KEY_PREFIX}:scale:_lock"  # held by the one autoscaler that acts
 SCALE_MODELS_KEY = f"{KEY_PREFIX}:scale:_models"  # set of models with scaling state

@@ -167,6 +167,12 @@ class FleetSettings(BaseSettings):
         None,
         description="bearer token the operator dashboard and API require; unset: open on a loopback host only",
     )
+    auth: Literal["off", "keys"] | None = Field(
+        None,
+        description="off: no API keys; keys: every request but health, readiness, metrics and docs needs "
+        "'Authorization: Bearer <API key>'. Unset: off on a loopback host, and a gateway bound to any other "
+        "address refuses to start until it is set",
+    )
     operator_interval_s: float = Field(
         1.0, gt=0, le=60, description="how often the operator feed samples (one point per model in its 15-minute ring)"
     )

@@ -190,6 +190,7 @@ class FleetClient:
             are decoded, so every record and output this client returns holds floats, whatever the encoding on
             the wire; False keeps the base64 strings (decode them with ``decode_vector`` / ``decode_array``).
         vector_fields: the output fields decoded (embed's ``embedding`` and ``embeddings``).
+        api_key: sent as ``Authorization: Bearer <api_key>`` on every call and WebSocket (``FLEET_AUTH=keys``).
     """
 
     def __init__(
@@ -201,8 +202,10 @@ class FleetClient:
         long_poll_s: float = DEFAULT_LONG_POLL_S,
         decode_vectors: bool = True,
         vector_fields: tuple[str, ...] = DEFAULT_VECTOR_FIELDS,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
         self.long_poll_s = long_poll_s
         self.vector_fields = vector_fields if decode_vectors else ()
@@ -221,6 +224,8 @@ class FleetClient:
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        if self._auth:
+            kwargs["headers"] = {**self._auth, **(kwargs.get("headers") or {})}
         status, raw = await self._http.request(method, path, timeout_s=timeout_s or self.timeout_s, **kwargs)
         try:
             body = json.loads(raw)
@@ -411,7 +416,7 @@ class FleetClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         url = ws_url(self.base_url, "/v1/ws")
         try:
-            async with ws_connect(url, open_timeout=self.timeout_s) as websocket:
+            async with ws_connect(url, open_timeout=self.timeout_s, additional_headers=self._auth) as websocket:
                 ids = sorted(pending)
                 for start in range(0, len(ids), SUBSCRIBE_IDS_PER_FRAME):
                     await websocket.send(json.dumps({"subscribe": ids[start : start + SUBSCRIBE_IDS_PER_FRAME]}))
@@ -515,7 +520,7 @@ class FleetClient:
         """
         url = ws_url(self.base_url, f"/v1/runs/{run_id}/ws")
         try:
-            async with ws_connect(url, open_timeout=self.timeout_s) as websocket:
+            async with ws_connect(url, open_timeout=self.timeout_s, additional_headers=self._auth) as websocket:
                 async for text in websocket:
                     event = json.loads(text)
                     if event.get("type") == "error":

@@ -36,8 +36,8 @@ class FleetSyncClient:
 
     Args:
         base_url: the gateway, e.g. ``http://127.0.0.1:8000``.
-        **options: ``FleetClient``'s keyword options (``timeout_s``, ``long_poll_s``, ``decode_vectors``,
-            ``vector_fields``).
+        **options: ``FleetClient``'s keyword options (``timeout_s``, ``long_poll_s``, ``api_key``,
+            ``decode_vectors``, ``vector_fields``).
     """
 
     def __init__(self, base_url: str, **options: Any) -> None:

@@ -23,6 +23,7 @@ class OperatorAccess(BaseModel):
     token_required: bool = Field(description="true: operator calls need 'Authorization: Bearer <token>'")
     enabled: bool = Field(description="false: the operator surface is off here (see reason)")
     reason: str | None = Field(None, description="why it is off, and what to do; null when enabled")
+    auth: str = Field("off", description="FLEET_AUTH: 'keys' (an API key or the operator token) or 'off'")
 
 
 class ModelPanel(BaseModel):

@@ -91,6 +91,21 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("dag-run-missing-file", ("dag", "run", "/nonexistent.yaml"), "cannot read /nonexistent.yaml"),
     ("dag-run-unreachable", ("dag", "run", "dags/examples/chain.yaml", "--url", "http://127.0.0.1:1"), "127.0.0.1:1"),
     ("dag-unknown-subcommand", ("dag", "draw"), "No such command 'draw'"),
+    # keys
+    ("keys-bad-role", ("keys", "create", "--tenant", "t", "--role", "root"), "role 'root'"),
+    ("keys-missing-tenant", ("keys", "create", "--role", "admin"), "Missing option '--tenant'"),
+    ("keys-bad-expiry", ("keys", "create", "--tenant", "t", "--role", "admin", "--expires", "soon"), "expires 'soon'"),
+    ("keys-memory-store", ("keys", "list", "--store", "memory://"), "fleet up"),
+    ("keys-unreachable", ("keys", "list", "--store", "redis://127.0.0.1:1/0"), "127.0.0.1:1"),
+    ("keys-revoke-missing-id", ("keys", "revoke"), "Missing argument"),
+    ("keys-unknown-subcommand", ("keys", "rotate"), "No such command 'rotate'"),
+    # gateway on an open address without FLEET_AUTH
+    (
+        "gateway-open-bind-without-auth",
+        ("gateway", "--host", "0.0.0.0", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1/0"),
+        "FLEET_AUTH",
+    ),
+    ("gateway-bad-auth", ("gateway", "--auth", "maybe", *DOWN), "auth"),
     # schemas
     ("schemas-export-unwritable", ("schemas", "export", "/proc/nope"), "/proc/nope"),
     ("schemas-export-under-a-file", ("schemas", "export", "/dev/null/schemas"), "/dev/null/schemas"),

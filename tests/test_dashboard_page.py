@@ -52,19 +52,19 @@ async def test_the_page_and_every_asset_it_names_are_served_from_this_origin(uni
 
 
 async def test_a_gateway_bound_elsewhere_without_a_token_refuses_the_page_and_says_why(unique: str) -> None:
-    async with gateway(unique, host="0.0.0.0") as client:
+    async with gateway(unique, host="0.0.0.0", auth="off") as client:
         page = await client.get("/dashboard")
         assert page.status_code == 403
         assert "FLEET_OPERATOR_TOKEN" in page.text and "0.0.0.0" in page.text
 
 
 async def test_with_a_token_the_page_loads_and_asks_for_it(unique: str) -> None:
-    async with gateway(unique, host="0.0.0.0", operator_token="t0ken") as client:
+    async with gateway(unique, host="0.0.0.0", operator_token="t0ken", auth="off") as client:
         page = await client.get("/dashboard")
         assert page.status_code == 200
         assert 'id="login-form"' in page.text
         access = (await client.get("/v1/operator/access")).json()
-        assert access == {"token_required": True, "enabled": True, "reason": None}
+        assert access == {"token_required": True, "enabled": True, "reason": None, "auth": "off"}
 
 
 def test_every_static_file_ships_in_the_wheel() -> None:

@@ -59,14 +59,14 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
 async def test_loopback_without_token_is_open(unique: str) -> None:
     async with gateway(unique, host="127.0.0.1") as client:
         access = (await client.get("/v1/operator/access")).json()
-        assert access == {"token_required": False, "enabled": True, "reason": None}
+        assert access == {"token_required": False, "enabled": True, "reason": None, "auth": "off"}
         response = await scale_put(client, unique)
         assert response.status_code == 200, response.text
         assert response.json()["paused"] is True
 
 
 async def test_other_bind_without_token_refuses_and_says_why(unique: str) -> None:
-    async with gateway(unique, host="0.0.0.0") as client:
+    async with gateway(unique, host="0.0.0.0", auth="off") as client:
         access = (await client.get("/v1/operator/access")).json()
         assert access["enabled"] is False and access["token_required"] is False
         assert "FLEET_OPERATOR_TOKEN" in access["reason"]
@@ -74,15 +74,15 @@ async def test_other_bind_without_token_refuses_and_says_why(unique: str) -> Non
         assert response.status_code == 403
         error = error_of(response)
         assert error["type"] == "operator_disabled" and "FLEET_OPERATOR_TOKEN" in error["message"]
-        # reading the scaling state stays open: only controls are gated
-        assert (await client.get("/v1/scaling")).status_code == 200
+        # reading the scaling state is an operator call too (submitters must not see it)
+        assert (await client.get("/v1/scaling")).status_code == 403
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 async def test_token_is_required_on_any_bind(unique: str, host: str) -> None:
-    async with gateway(unique, host=host, operator_token=TOKEN) as client:
+    async with gateway(unique, host=host, operator_token=TOKEN, auth="off") as client:
         access = (await client.get("/v1/operator/access")).json()
-        assert access == {"token_required": True, "enabled": True, "reason": None}
+        assert access == {"token_required": True, "enabled": True, "reason": None, "auth": "off"}
 
         missing = await scale_put(client, unique)
         assert missing.status_code == 401
@@ -97,7 +97,8 @@ async def test_token_is_required_on_any_bind(unique: str, host: str) -> None:
 
         right = await scale_put(client, unique, Authorization=f"Bearer {TOKEN}")
         assert right.status_code == 200, right.text
-        assert (await client.get("/v1/scaling")).json()[0]["paused"] is True
+        scaling = await client.get("/v1/scaling", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert scaling.json()[0]["paused"] is True
 
 
 async def test_auth_comes_before_body_validation(unique: str) -> None:
@@ -147,7 +148,7 @@ def operator_calls(spec: dict[str, Any]) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(
     ("values", "status", "kind"),
-    [({"operator_token": TOKEN}, 401, "unauthorized"), ({"host": "0.0.0.0"}, 403, "operator_disabled")],
+    [({"operator_token": TOKEN}, 401, "unauthorized"), ({"host": "0.0.0.0", "auth": "off"}, 403, "operator_disabled")],
 )
 async def test_every_operator_route_is_gated(unique: str, values: dict[str, Any], status: int, kind: str) -> None:
     async with gateway(unique, **values) as client:

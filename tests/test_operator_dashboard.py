@@ -233,6 +233,10 @@ def test_pause_and_resume_change_the_autoscaler_state(up: Up, browser: Browser) 
     confirm(page)
     until(lambda: scaling(up)["paused"] is False, 5, "resumed through the API")
     expect(card(page).locator('[data-badge="paused"]')).to_be_hidden()
+    # the audit panel shows both actions, by the operator token (FLEET_AUTH is off in this fleet up)
+    audit = page.locator("#audit tbody")
+    expect(audit.locator("tr", has_text='"paused":false').first).to_contain_text("scaling.update")
+    expect(audit.locator("tr", has_text='"paused":true').first).to_contain_text("operator-token")
 
 
 def test_dismissing_the_dialog_changes_nothing(up: Up, browser: Browser) -> None:

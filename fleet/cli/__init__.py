@@ -32,6 +32,13 @@ Broker = Annotated[
     typer.Option("--broker", help="memory://, nats://HOST:4222 or kafka://HOST:9092 (env FLEET_BROKER_URL)"),
 ]
 Store = Annotated[str | None, typer.Option("--store", help="memory:// or redis://HOST:6379/0 (env FLEET_STORE_URL)")]
+Auth = Annotated[
+    str | None,
+    typer.Option(
+        "--auth",
+        help="off or keys (env FLEET_AUTH); unset: off on a loopback host, and a non-loopback --host is refused",
+    ),
+]
 LogLevel = Annotated[
     str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR (env FLEET_LOG_LEVEL)")
 ]
@@ -61,6 +68,16 @@ def settings_from(**flags: Any) -> FleetSettings:
         raise fail(exc.message) from None
 
 
+def refuse_open_bind(settings: FleetSettings) -> None:
+    """Exit (2) before anything starts when a gateway would listen on a non-loopback host with FLEET_AUTH unset."""
+    from producers.gateway.app import check_auth
+
+    try:
+        check_auth(settings)
+    except FleetError as exc:
+        raise fail(exc.message) from None
+
+
 def run(coro: Any, settings: FleetSettings) -> None:
     configure_logging(settings.log_level)
     try:
@@ -76,6 +93,7 @@ def up(
     broker: Broker = None,
     store: Store = None,
     models: Annotated[str | None, typer.Option(help="comma-separated models (env FLEET_MODELS)")] = None,
+    auth: Auth = None,
     log_level: LogLevel = None,
 ) -> None:
     """Run the gateway, the workers (autoscaled on lag), and a dispatcher per model in dispatch routing.
@@ -86,8 +104,9 @@ def up(
     per model instead).
     """
     settings = settings_from(
-        host=host, port=port, broker_url=broker, store_url=store, models=models, log_level=log_level
+        host=host, port=port, broker_url=broker, store_url=store, models=models, auth=auth, log_level=log_level
     )
+    refuse_open_bind(settings)
     err.print(f"fleet up: http://{settings.host}:{settings.port}  (API docs at /docs; Ctrl-C stops)")
     from fleet.cli.compose import run_up
 
@@ -156,14 +175,16 @@ def gateway(
     broker: Broker = None,
     store: Store = None,
     models: Annotated[str | None, typer.Option(help="comma-separated models to accept (env FLEET_MODELS)")] = None,
+    auth: Auth = None,
     log_level: LogLevel = None,
 ) -> None:
     """Run the REST + WebSocket gateway (submit, poll, push, /metrics, /docs)."""
     settings = settings_from(
-        host=host, port=port, broker_url=broker, store_url=store, models=models, log_level=log_level
+        host=host, port=port, broker_url=broker, store_url=store, models=models, auth=auth, log_level=log_level
     )
     if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
         raise fail("a standalone gateway needs a real broker and store (--broker, --store); or use 'fleet up'")
+    refuse_open_bind(settings)
     from fleet.cli.compose import run_gateway
 
     run(run_gateway(settings), settings)
@@ -239,9 +260,9 @@ def version() -> None:
 
 def _register_commands() -> None:
     """Commands that live in their own modules (one per process role) add themselves to ``app`` here."""
-    from fleet.cli import autoscaler_cmd, dag_cmd, dispatcher_cmd, sim_cmd
+    from fleet.cli import autoscaler_cmd, dag_cmd, dispatcher_cmd, keys_cmd, sim_cmd
 
-    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd, dag_cmd):
+    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd, dag_cmd, keys_cmd):
         module.register(app)
 
 

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
 from fleet.tasks import cancel_and_wait
-from producers.gateway.app import close_operator_streams, create_app
+from producers.gateway.app import check_auth, close_operator_streams, create_app
 from producers.gateway.operator_access import OperatorGate
 
 log = logging.getLogger(__name__)
@@ -273,11 +274,14 @@ async def run_up(settings: FleetSettings) -> None:
     With ``autoscale`` off, one worker per model runs for the whole session instead. ``/readyz`` answers 200 (and
     "ready" is logged) once each model has a warm worker.
     """
+    auth = check_auth(settings)  # before anything connects: a refused bind fails at once
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     deadline = startup_deadline(settings)
     try:
         async with connected(settings, deadline) as (broker, store), dag_starter(broker, store, "fleet up", deadline):
+            if auth == "keys" and store.scheme == "memory":
+                await bootstrap_admin_key(store)
             scaling = make_scaling_store(settings)
             await retry_until(deadline, "connect to the scaling store", scaling.connect)
             dispatchers = up_dispatchers(settings, broker, store)
@@ -291,6 +295,17 @@ async def run_up(settings: FleetSettings) -> None:
                 await scaling.close()
     finally:
         restore()
+
+
+async def bootstrap_admin_key(store: ResultStore) -> None:
+    """``fleet up`` with API keys on the embedded store: no ``fleet keys`` can reach its keys, so it makes one admin
+    key and prints it once on standard error (never logged); more come from ``POST /v1/keys`` with it."""
+    from fleet.store.keys import make_key_store
+
+    key, info = await make_key_store(store).create("admin", "admin", None)
+    print(
+        f"fleet up: FLEET_AUTH=keys on the embedded store; admin key {info.key_id} (shown once): {key}", file=sys.stderr
+    )
 
 
 async def _serve_up(
@@ -354,6 +369,7 @@ async def run_worker(
 async def run_gateway(settings: FleetSettings) -> None:
     """The standalone gateway. Its broker, store and scaling store are connected (with start-up retries) before
     the server starts, so an outage at start-up is retried and reported in one line, not as a lifespan traceback."""
+    check_auth(settings)  # before anything connects: a refused bind fails at once
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     deadline = startup_deadline(settings)

@@ -34,6 +34,15 @@ out = Console()
 err = Console(stderr=True)
 
 Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="FLEET_API_KEY",
+        show_envvar=True,
+        help="an API key for a gateway with FLEET_AUTH=keys; prefer the variable (a flag shows in ps)",
+    ),
+]
 Models = Annotated[
     str | None,
     typer.Option("--models", help="comma-separated models beyond the built-in ones ('package.module:Handler')"),
@@ -125,21 +134,28 @@ def progress_table(view: dict[str, Any]) -> Table:
     return table
 
 
-async def _fetch_graph(url: str, name: str) -> dict[str, Any]:
+async def _fetch_graph(url: str, name: str, api_key: str | None) -> dict[str, Any]:
     from producers.sdk import FleetClient
 
-    async with FleetClient(url) as fleet:
+    async with FleetClient(url, api_key=api_key) as fleet:
         shown = await fleet.get_dag(name)
     return {"name": shown["name"], **shown["graph"], "mermaid": shown["mermaid"]}
 
 
 async def _run(
-    url: str, target: str, spec: str | None, run_input: Any, run_id: str | None, timeout_s: float | None, wait: bool
+    url: str,
+    target: str,
+    spec: str | None,
+    run_input: Any,
+    run_id: str | None,
+    timeout_s: float | None,
+    wait: bool,
+    api_key: str | None = None,
 ) -> int:
     """Register ``spec`` (a file's text) or run the DAG named ``target``."""
     from producers.sdk import FleetClient
 
-    async with FleetClient(url) as fleet:
+    async with FleetClient(url, api_key=api_key) as fleet:
         name = (await fleet.register_dag(spec))[0] if spec is not None else target
         run_id = await fleet.start_run(name, run_input, run_id=run_id, timeout_s=timeout_s)
         if not wait:
@@ -183,9 +199,12 @@ def show_cmd(
     mermaid: Annotated[bool, typer.Option("--mermaid", help="print the graph as Mermaid text")] = False,
     models: Models = None,
     url: Url = DEFAULT_URL,
+    api_key: ApiKey = None,
 ) -> None:
     """Show a DAG's steps (model, dependencies, for_each, when) as a table, or as Mermaid with `--mermaid`."""
-    shown = graph_of(compile_file(Path(target), models)) if is_file(target) else _call(_fetch_graph(url, target))
+    shown = (
+        graph_of(compile_file(Path(target), models)) if is_file(target) else _call(_fetch_graph(url, target, api_key))
+    )
     if mermaid:
         typer.echo(shown["mermaid"], nl=False)
     else:
@@ -200,6 +219,7 @@ def run_cmd(
     run_id: Annotated[str | None, typer.Option("--run-id", help="idempotency key of the run")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="the run expires after this long")] = None,
     url: Url = DEFAULT_URL,
+    api_key: ApiKey = None,
 ) -> None:
     """Start a run on the gateway and print its id; with `--wait`, show each step's progress live, then print the
     run's output as JSON (exit 1 when the run did not succeed)."""
@@ -208,7 +228,7 @@ def run_cmd(
     except json.JSONDecodeError as exc:
         raise _fail(f"--input is not valid JSON: {exc}", 2) from None
     spec = _read(Path(target)) if is_file(target) else None
-    raise typer.Exit(_call(_run(url, target, spec, run_input, run_id, timeout_s, wait)))
+    raise typer.Exit(_call(_run(url, target, spec, run_input, run_id, timeout_s, wait, api_key)))
 
 
 def register(app: typer.Typer) -> None:

@@ -23,10 +23,12 @@ from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
+from fleet.store.audit import make_audit_log
 from fleet.store.base import ResultStore
 from fleet.store.cachestore import CacheStore, make_cache_store
 from fleet.store.dagstore import DagStore, make_dag_store
 from fleet.store.deadletters import make_dead_letter_store
+from fleet.store.keys import make_key_store
 from producers.gateway import (
     dag_events,
     dashboard,
@@ -34,6 +36,7 @@ from producers.gateway import (
     routes_deadletters,
     routes_infer,
     routes_jobs,
+    routes_keys,
     routes_operator,
     routes_ops,
     routes_scaling,
@@ -41,6 +44,7 @@ from producers.gateway import (
     sse,
     ws,
 )
+from producers.gateway.auth import Authenticator
 from producers.gateway.backlog import Backlog
 from producers.gateway.cache import ResultCache, build_cache
 from producers.gateway.deadletter_recorder import DeadLetterRecorder
@@ -50,7 +54,7 @@ from producers.gateway.errors import install_error_handlers
 from producers.gateway.limits import GatewayLimits
 from producers.gateway.metrics import MetricsMiddleware
 from producers.gateway.openapi_doc import install_openapi
-from producers.gateway.operator_access import OperatorGate, log_access
+from producers.gateway.operator_access import OperatorGate, is_loopback, log_access
 from producers.gateway.operator_beats import BeatListener, Beats
 from producers.gateway.operator_feed import OperatorFeed
 from producers.gateway.reconcile import Reconciler
@@ -73,7 +77,14 @@ OPENAPI_TAGS = [
     {
         "name": "operator",
         "description": "The operator surface: access, the live snapshot and stream, scale-to-N, drain a worker, "
-        "dead letters. With FLEET_OPERATOR_TOKEN set, these need 'Authorization: Bearer <token>'.",
+        "dead letters, the audit log. With FLEET_AUTH=keys they need an API key with the operator role (or "
+        "FLEET_OPERATOR_TOKEN); with FLEET_AUTH=off, FLEET_OPERATOR_TOKEN when it is set.",
+    },
+    {
+        "name": "keys",
+        "description": "API keys (admin): create, list, revoke. With FLEET_AUTH=keys every route but /healthz, "
+        "/readyz, /metrics and the docs needs 'Authorization: Bearer <API key>': 401 without a valid key, 403 "
+        "when its role is too low.",
     },
 ]
 
@@ -210,12 +221,32 @@ def _lifespan(
             runner = DagRunner(b, s, dag_store, specs)
             cache = await _open_cache(stack, settings, specs, s, cache_parts)
             app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner, cache)
+            app.state.key_store = app.state.authenticator.keys = make_key_store(s)
+            app.state.audit_log = make_audit_log(s)
             await _open_operator(app, stack, settings, b, s, dag_store, list(specs))
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")
 
     return lifespan
+
+
+def check_auth(settings: FleetSettings) -> str:
+    """The auth mode of a gateway with ``settings``: ``settings.auth``, or ``off`` on a loopback host.
+
+    Raises:
+        ConfigError: the gateway would listen on a non-loopback address with FLEET_AUTH unset.
+    """
+    if settings.auth is not None:
+        if settings.auth == "off" and not is_loopback(settings.host):
+            logger.warning("FLEET_AUTH=off on %s: anyone who reaches this port can submit and read jobs", settings.host)
+        return settings.auth
+    if is_loopback(settings.host):
+        return "off"
+    raise ConfigError(
+        f"the gateway would listen on {settings.host}, which is not a loopback address, without authentication: "
+        "set FLEET_AUTH=keys (and create keys with 'fleet keys create'), or FLEET_AUTH=off to serve without keys"
+    )
 
 
 def close_operator_streams(app: object) -> None:
@@ -255,7 +286,8 @@ def create_app(
             embedding model (default: the ``embed`` handler on ``settings.device``).
 
     Raises:
-        ConfigError: ``settings.reconcile_after_s`` is not longer than ``limits.publish_timeout_s`` (a sweep would
+        ConfigError: the gateway is bound to a non-loopback address with ``settings.auth`` unset (``check_auth``),
+            or ``settings.reconcile_after_s`` is not longer than ``limits.publish_timeout_s`` (a sweep would
             republish jobs whose first publish is still in progress).
     Raises (at start-up, from the lifespan):
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve, or ``settings.cache`` names a
@@ -263,6 +295,7 @@ def create_app(
         StartupTimeout: a client the app builds itself could not connect within ``settings.startup_timeout_s``.
     """
     limits = limits or GatewayLimits()
+    auth_mode = check_auth(settings)
     if settings.reconcile_after_s <= limits.publish_timeout_s:
         raise ConfigError(
             f"reconcile_after_s ({settings.reconcile_after_s:g}s) must be longer than the publish timeout "
@@ -282,6 +315,7 @@ def create_app(
     app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
     app.state.require_ready_workers = require_ready_workers
     app.state.operator_gate = OperatorGate.from_settings(settings)
+    app.state.authenticator = Authenticator(auth_mode, app.state.operator_gate)
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
@@ -295,5 +329,6 @@ def create_app(
     app.include_router(routes_operator.router)
     app.include_router(routes_deadletters.router)
     app.include_router(routes_workers.router)
+    app.include_router(routes_keys.router)
     install_openapi(app, settings.max_long_poll_s)
     return app

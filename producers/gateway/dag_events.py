@@ -33,6 +33,7 @@ from fastapi.responses import StreamingResponse
 from dags.runner import DagRunner, UnknownRun
 from fleet.errors import StoreError
 from fleet.store.dagstore import RunDoc
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, websocket_principal, ws_subprotocol
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN, WEBSOCKETS_OPEN
 from producers.gateway.routes_dags import runner_of, view_doc
@@ -121,7 +122,9 @@ async def sse_stream(runner: DagRunner, doc: RunDoc, keepalive_s: float) -> Asyn
         "finished run, after which the stream ends. `event: error` ends it if the run's record expires."
     ),
     response_class=StreamingResponse,
+    dependencies=SUBMITTER_DEPS,
     responses={
+        **AUTH_RESPONSES,
         200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
         404: {"model": ErrorResponse},
         503: {"model": ErrorResponse},
@@ -153,7 +156,9 @@ async def _send_all(websocket: WebSocket, runner: DagRunner, run_id: str, wait_s
 async def run_ws(websocket: WebSocket, run_id: str) -> None:
     """Push a run's events (see the module docstring), then close with 1000; unknown run: close code 4404."""
     state: GatewayState = websocket.app.state.gateway
-    await websocket.accept()
+    if await websocket_principal(websocket) is None:
+        return
+    await websocket.accept(subprotocol=ws_subprotocol(websocket))
     WEBSOCKETS_OPEN.inc()
     try:
         runner = runner_of(state)

@@ -17,8 +17,12 @@ dag_not_found          404     no DAG (or no such version of it) is registered (
 run_not_found          404     no DAG run with that id (details: run_id)
 not_found              404     no such route
 worker_not_found       404     drain of a worker no heartbeat was heard from (details: worker_id)
-unauthorized           401     an operator route without ``Authorization: Bearer <token>`` (WWW-Authenticate)
-forbidden              403     an operator route with a wrong token, or a principal without the operator role
+unauthorized           401     no ``Authorization: Bearer <key or token>`` where one is needed (WWW-Authenticate)
+invalid_key            401     FLEET_AUTH=keys: a malformed, unknown or wrong API key (WWW-Authenticate)
+key_expired            401     an API key past its expiry (WWW-Authenticate)
+key_revoked            401     a revoked API key (WWW-Authenticate)
+forbidden              403     a wrong operator token (FLEET_AUTH=off), or a principal without the route's role
+key_not_found          404     revoke of an API key id that does not exist (details: key_id)
 operator_disabled      403     no ``FLEET_OPERATOR_TOKEN`` and the gateway is bound to a non-loopback address
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)

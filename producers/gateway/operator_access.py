@@ -1,6 +1,7 @@
-"""Who may use the operator surface: ``require_operator``, the dependency of every operator route.
+"""Who may use the operator surface when API keys are off (``FLEET_AUTH=off``): the operator gate.
 
-The check is "the caller's principal has the ``operator`` role". Today one way gives such a principal:
+The check is "the caller's principal has the ``operator`` role" (``producers.gateway.auth.require_operator``,
+re-exported here). With ``FLEET_AUTH=off`` the gate gives such a principal:
 
 * ``FLEET_OPERATOR_TOKEN`` set: ``Authorization: Bearer <token>`` (compared in constant time). No header: 401 with
   ``WWW-Authenticate: Bearer``; another token: 403.
@@ -8,7 +9,8 @@ The check is "the caller's principal has the ``operator`` role". Today one way g
   ``fleet up`` default 127.0.0.1), since only this machine can reach it; bound to any other address it answers
   403 ``operator_disabled`` saying to set the token (logged once at start-up).
 
-API keys with roles can later add an ``Authenticator`` that maps their header to a ``Principal``.
+With ``FLEET_AUTH=keys`` an API key with the operator (or admin) role gives it, and the token still does
+(``producers.gateway.auth``).
 """
 
 from __future__ import annotations
@@ -21,21 +23,24 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from fleet.settings import FleetSettings
+from producers.gateway.auth import ALL_ROLES, OPERATOR, Principal, require_operator
 from producers.gateway.errors import ApiError
 from schemas.operator import OperatorAccess
 
 log = logging.getLogger(__name__)
 
-OPERATOR_ROLE = "operator"
+__all__ = [
+    "OPERATOR_ROLE",
+    "OperatorGate",
+    "Principal",
+    "is_loopback",
+    "log_access",
+    "operator_gate",
+    "require_operator",
+]
+
+OPERATOR_ROLE = OPERATOR
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling, and what they may do."""
-
-    subject: str
-    roles: frozenset[str]
 
 
 def is_loopback(host: str) -> bool:
@@ -55,15 +60,17 @@ class OperatorGate:
     token: str | None
     loopback: bool
     host: str
+    keys: bool = False  # FLEET_AUTH=keys: API keys decide, the gate only lends its token
 
     @classmethod
     def from_settings(cls, settings: FleetSettings) -> OperatorGate:
         token = settings.operator_token.get_secret_value() if settings.operator_token else None
-        return cls(token=token or None, loopback=is_loopback(settings.host), host=settings.host)
+        loopback = is_loopback(settings.host)
+        return cls(token=token or None, loopback=loopback, host=settings.host, keys=settings.auth == "keys")
 
     @property
     def disabled_reason(self) -> str | None:
-        if self.token is not None or self.loopback:
+        if self.keys or self.token is not None or self.loopback:
             return None
         return (
             f"the operator dashboard and API are off: this gateway listens on {self.host}, which is not a loopback "
@@ -72,7 +79,12 @@ class OperatorGate:
 
     def access(self) -> OperatorAccess:
         reason = self.disabled_reason
-        return OperatorAccess(token_required=self.token is not None, enabled=reason is None, reason=reason)
+        return OperatorAccess(
+            token_required=self.keys or self.token is not None,
+            enabled=reason is None,
+            reason=reason,
+            auth="keys" if self.keys else "off",
+        )
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller's principal; raises ``ApiError`` 401/403 as the module docstring says."""
@@ -80,7 +92,7 @@ class OperatorGate:
         if reason is not None:
             raise ApiError(403, "operator_disabled", reason)
         if self.token is None:
-            return Principal("local", frozenset({OPERATOR_ROLE}))
+            return Principal("local", ALL_ROLES)
         scheme, _, presented = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
             raise ApiError(
@@ -91,7 +103,7 @@ class OperatorGate:
             )
         if not hmac.compare_digest(presented.strip().encode(), self.token.encode()):
             raise ApiError(403, "forbidden", "the operator token is not valid")
-        return Principal("token", frozenset({OPERATOR_ROLE}))
+        return Principal("operator-token", ALL_ROLES)
 
 
 def _gate(request: Request) -> OperatorGate:
@@ -104,19 +116,16 @@ async def operator_gate(request: Request) -> OperatorGate:
     return _gate(request)
 
 
-async def require_operator(request: Request) -> Principal:
-    """FastAPI dependency of every operator route: the caller's principal, which has the ``operator`` role."""
-    principal = _gate(request).authenticate(request.headers.get("authorization"))
-    if OPERATOR_ROLE not in principal.roles:
-        raise ApiError(403, "forbidden", f"{principal.subject} does not have the {OPERATOR_ROLE!r} role")
-    return principal
-
-
 def log_access(gate: OperatorGate) -> None:
     """Say once at start-up how the operator surface is protected."""
     reason = gate.disabled_reason
     if reason is not None:
         log.warning("%s", reason)
+    elif gate.keys:
+        log.info(
+            "API keys on (FLEET_AUTH=keys): operator calls need a key with the operator role%s",
+            " or FLEET_OPERATOR_TOKEN" if gate.token else "",
+        )
     elif gate.token is None:
         log.info("operator dashboard and API open to this machine (bound to %s, no FLEET_OPERATOR_TOKEN)", gate.host)
     else:

@@ -22,13 +22,14 @@ from dags.state import RunState
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import check_wait
 from producers.gateway.state import GatewayState, gateway_state
 from schemas.dags import DagDetail, DagList, DagRegistered, DagSummary, RunStarted, RunView, StartRunRequest
 
-router = APIRouter(tags=["dags"])
+router = APIRouter(tags=["dags"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 _SPEC_BODY = {

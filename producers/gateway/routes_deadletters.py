@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
 from fleet.store.deadletters import DeadLetterStore
 from producers.gateway import redrive as actions
+from producers.gateway.auth import record_action
 from producers.gateway.errors import error_responses
 from producers.gateway.operator_access import Principal, require_operator
 from producers.gateway.operator_feed import dead_letter_view
@@ -59,15 +62,18 @@ async def list_dead_letters(
 )
 async def redrive(
     selection: LetterSelection,
+    request: Request,
     state: GatewayState = Depends(gateway_state),
     letters: DeadLetterStore = Depends(dead_letter_store),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> RedriveResult:
     """Each letter's job becomes a fresh queued attempt and its request goes back on the model's request subject;
     the letter is removed. The job runs again and ends once. Letters holding raw bytes, DAG steps and models not
     served here are answered in ``not_redrivable`` with the reason and stay; unknown ids in ``missing``."""
     _check_model(state, selection.model)
-    return await actions.redrive(state, letters, selection)
+    result = await actions.redrive(state, letters, selection)
+    await record_action(request, operator, "deadletters.redrive", selection.model, _outcome(selection, result))
+    return result
 
 
 @router.post(
@@ -78,10 +84,18 @@ async def redrive(
 )
 async def purge(
     selection: LetterSelection,
+    request: Request,
     state: GatewayState = Depends(gateway_state),
     letters: DeadLetterStore = Depends(dead_letter_store),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> PurgeResult:
     """Remove the letters (their jobs keep their failed records); unknown ids are answered in ``missing``."""
     _check_model(state, selection.model)
-    return await actions.purge(letters, selection)
+    result = await actions.purge(letters, selection)
+    await record_action(request, operator, "deadletters.purge", selection.model, _outcome(selection, result))
+    return result
+
+
+def _outcome(selection: LetterSelection, result: RedriveResult | PurgeResult) -> dict[str, Any]:
+    """What an audit entry keeps of a redrive or purge: the selection and the result."""
+    return {"selection": selection.model_dump(mode="json"), "result": result.model_dump(mode="json")}

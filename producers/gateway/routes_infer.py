@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from fleet import constants as c
 from fleet.errors import StoreError
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.calls import long_poll
 from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.routes_jobs import SUBMIT_BODY, check_wait, submit
@@ -29,7 +30,7 @@ from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import InferResponse
 from schemas.jobs import JobRecord, JobState
 
-router = APIRouter(prefix="/v1", tags=["jobs"])
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 
 
 def _unfinished(record: JobRecord, wait_s: float) -> ApiError:

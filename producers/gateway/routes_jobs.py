@@ -37,6 +37,7 @@ from fleet import constants as c
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from fleet.store import transitions
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
@@ -50,7 +51,7 @@ from schemas.wire import RequestMessage
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 
 SUBMIT_BODY = {
     "requestBody": {

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from fleet.readiness import WorkerTracker
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.errors import error_response
 from producers.gateway.metrics import REGISTRY
 from producers.gateway.state import GatewayState, gateway_state
@@ -104,7 +105,14 @@ async def metrics() -> Response:
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models", tags=["models"], summary="List the served models", response_model=ModelList)
+@router.get(
+    "/v1/models",
+    tags=["models"],
+    summary="List the served models",
+    response_model=ModelList,
+    dependencies=SUBMITTER_DEPS,
+    responses=AUTH_RESPONSES,
+)
 async def list_models(state: GatewayState = Depends(gateway_state)) -> ModelList:
     """The models this gateway accepts jobs for, with the JSON Schemas of their input and output."""
     infos = []

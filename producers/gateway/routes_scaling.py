@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fleet.errors import UnknownModel
 from fleet.scaling import ScalingStore
 from fleet.settings import FleetSettings
+from producers.gateway.auth import record_action
 from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.operator_access import Principal, require_operator
 from producers.gateway.state import GatewayState, gateway_state
@@ -78,7 +79,8 @@ async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> 
     "",
     summary="Scaling state of every model",
     response_model=list[ScalingStatus],
-    responses=error_responses(503),
+    responses=error_responses(401, 403, 503),
+    dependencies=[Depends(require_operator)],
 )
 async def list_scaling(
     decisions: int = Query(DEFAULT_DECISIONS, ge=0, le=1000, description="recent decisions per model, newest first"),
@@ -121,9 +123,10 @@ def _check_update(model: str, configured: ScalingOverrides, overrides: ScalingOv
 async def update_scaling(
     model: str,
     update: ScalingUpdate,
+    request: Request,
     state: GatewayState = Depends(gateway_state),
     scaling: ScalingStore = Depends(scaling_store),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> ScalingStatus:
     """Override ``min_replicas``, ``max_replicas`` or ``paused`` of one model; the autoscaler applies it at its next
     tick. Fields left out keep their value; an explicit ``null`` removes the override. ``min_replicas`` may not end
@@ -134,6 +137,7 @@ async def update_scaling(
     overrides = update.apply(await scaling.get_overrides(model))
     _check_update(model, _configured(status), overrides)
     await scaling.set_overrides(model, overrides)
+    await record_action(request, operator, "scaling.update", model, update.model_dump(mode="json", exclude_unset=True))
     return _view(status, overrides, DEFAULT_DECISIONS)
 
 
@@ -147,9 +151,10 @@ async def update_scaling(
 async def scale_to(
     model: str,
     body: ScaleRequest,
+    request: Request,
     state: GatewayState = Depends(gateway_state),
     scaling: ScalingStore = Depends(scaling_store),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> ScalingStatus:
     """The autoscaler runs ``replicas`` workers of the model from its next tick until ``ttl_s`` seconds from now,
     whatever the signals, min, max and pause say (capped only at the partition count on Kafka), and records a
@@ -161,6 +166,7 @@ async def scale_to(
         update={"pinned_replicas": body.replicas, "pinned_until": time.time() + body.ttl_s}
     )
     await scaling.set_overrides(model, overrides)
+    await record_action(request, operator, "scaling.scale", model, body.model_dump(mode="json"))
     return _view(status, overrides, DEFAULT_DECISIONS)
 
 
@@ -173,9 +179,10 @@ async def scale_to(
 )
 async def end_scale_to(
     model: str,
+    request: Request,
     state: GatewayState = Depends(gateway_state),
     scaling: ScalingStore = Depends(scaling_store),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> ScalingStatus:
     """The autoscaler's policy applies again from its next tick (a model without the override answers the same)."""
     if model not in state.specs:
@@ -183,4 +190,5 @@ async def end_scale_to(
     status = await _status_of(model, state, scaling)
     overrides = (await scaling.get_overrides(model)).model_copy(update={"pinned_replicas": None, "pinned_until": None})
     await scaling.set_overrides(model, overrides)
+    await record_action(request, operator, "scaling.end_scale", model, {})
     return _view(status, overrides, DEFAULT_DECISIONS)

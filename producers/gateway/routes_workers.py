@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Request
 
 from fleet import constants as c
+from producers.gateway.auth import record_action
 from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.operator_access import Principal, require_operator
 from producers.gateway.operator_beats import Beats
@@ -30,10 +31,11 @@ async def beats_heard(request: Request) -> Beats:
     responses=error_responses(401, 403, 404, 422, 503),
 )
 async def drain_worker(
+    request: Request,
     worker_id: str = Path(pattern=WORKER_ID_PATTERN, description="as the worker's heartbeats name it"),
     state: GatewayState = Depends(gateway_state),
     beats: Beats = Depends(beats_heard),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> DrainAccepted:
     """The worker stops fetching, finishes and settles the jobs it holds, says ``stopped`` and exits (``fleet
     worker``), as on SIGTERM. 202 once the request is sent; the worker's heartbeats show ``draining``. 404 for a
@@ -43,4 +45,5 @@ async def drain_worker(
             404, "worker_not_found", f"no heartbeat heard from worker {worker_id!r}", {"worker_id": worker_id}
         )
     await state.broker.emit(c.drain_subject(worker_id), DrainRequest(worker_id=worker_id).model_dump_json().encode())
+    await record_action(request, operator, "worker.drain", worker_id, {})
     return DrainAccepted(worker_id=worker_id)

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
 from fleet.errors import JobNotFound, StoreError
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.calls import read_job, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN
@@ -34,7 +35,7 @@ from schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter(tags=["push"])
+router = APIRouter(tags=["push"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 
 KEEP_ALIVE = b": keep-alive\n\n"
 OUTAGE_PAUSE_S = 1.0  # between attempts while the store is down (each wait already spent its keep-alive period)

@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet.errors import JobNotFound, StoreError
+from producers.gateway.auth import websocket_principal, ws_subprotocol
 from producers.gateway.calls import patiently, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import WEBSOCKETS_OPEN
@@ -83,7 +84,9 @@ async def _first_of(main: asyncio.Task[Any], websocket: WebSocket) -> bool:
 async def job_ws(websocket: WebSocket, job_id: str) -> None:
     """Push one job's terminal record, then close (1000); unknown job: an error frame and close code 4404."""
     state: GatewayState = websocket.app.state.gateway
-    await websocket.accept()
+    if await websocket_principal(websocket) is None:
+        return
+    await websocket.accept(subprotocol=ws_subprotocol(websocket))
     WEBSOCKETS_OPEN.inc()
     try:
         main = asyncio.create_task(wait_terminal(state, job_id))
@@ -228,7 +231,9 @@ class Multiplexer:
 async def multiplexed_ws(websocket: WebSocket) -> None:
     """Push the terminal records of many jobs on one connection (see the module docstring for the protocol)."""
     state: GatewayState = websocket.app.state.gateway
-    await websocket.accept()
+    if await websocket_principal(websocket) is None:
+        return
+    await websocket.accept(subprotocol=ws_subprotocol(websocket))
     WEBSOCKETS_OPEN.inc()
     try:
         await Multiplexer(websocket, state).run()

@@ -9,6 +9,8 @@ import { el, fmt, setText, syncRows } from "./dom.js";
 const $ = (id) => document.getElementById(id);
 const WORKER_STATES = { starting: "warming", ready: "serving", draining: "draining", degraded: "degraded" };
 const RETRY_MS = [500, 1000, 2000, 4000];
+const AUDIT_EVERY_MS = 5000;
+const AUDIT_SHOWN = 20;
 
 const state = {
   snapshot: null,
@@ -18,6 +20,8 @@ const state = {
   stream: null, // AbortController of the live stream
   lastEventAt: 0,
   events: 0,
+  audit: [], // the newest audit entries, newest first
+  auditTimer: null,
 };
 window.fleetDashboard = state; // for the browser tests and for poking at in devtools
 
@@ -40,6 +44,7 @@ async function start() {
 
 function showLogin(message = "") {
   if (state.stream) state.stream.abort();
+  clearInterval(state.auditTimer);
   $("main").hidden = true;
   $("login").hidden = false;
   $("logout").hidden = true;
@@ -50,8 +55,8 @@ function showLogin(message = "") {
 
 function refused(exc) {
   token.clear();
-  const why = exc.status === 401 ? "A token is needed" : "The token was refused";
-  showLogin(`${why} (${exc.describe()}). Enter the operator token to log in again.`);
+  const why = exc.status === 401 ? "A key or token is needed" : "The key or token was refused";
+  showLogin(`${why} (${exc.describe()}). Enter an operator API key or the operator token to log in again.`);
 }
 
 function banner(text) {
@@ -74,6 +79,9 @@ function connect(attempt = 0) {
   $("login").hidden = true;
   $("main").hidden = false;
   live("connecting…", false);
+  clearInterval(state.auditTimer);
+  refreshAudit();
+  state.auditTimer = setInterval(refreshAudit, AUDIT_EVERY_MS);
   let first = true;
   stream("/v1/operator/stream", (name, data) => {
     if (name !== "snapshot") return;
@@ -361,6 +369,37 @@ function renderRuns(snap) {
   setText($("runs-empty"), runs.length ? "" : "No DAG runs yet: start one with `fleet dag run <name>` or POST /v1/dags/{name}/runs.");
 }
 
+// --- the audit log (GET /v1/audit, polled: it changes only when someone acts) -------------------------------
+
+async function refreshAudit() {
+  try {
+    const answer = await get(`/v1/audit?limit=${AUDIT_SHOWN}`);
+    state.audit = answer.entries;
+    renderAudit();
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.isAuth) return refused(exc);
+    setText($("audit-empty"), `Cannot read the audit log: ${describe(exc)}`);
+  }
+}
+
+function renderAudit() {
+  const entries = state.audit;
+  syncRows($("audit").tBodies[0], entries, (e) => `${e.at}|${e.action}|${e.target}`, () => {
+    const row = el("tr");
+    for (let i = 0; i < 6; i += 1) row.append(el("td"));
+    return row;
+  }, (row, e) => {
+    const cells = row.children;
+    setText(cells[0], fmt.time(e.at));
+    setText(cells[1], e.action);
+    setText(cells[2], e.target ?? "–");
+    setText(cells[3], e.key_id ? `key ${e.key_id}` : e.actor);
+    setText(cells[4], e.tenant ?? "–");
+    setText(cells[5], JSON.stringify(e.details));
+  });
+  setText($("audit-empty"), entries.length ? "" : "No operator actions recorded yet.");
+}
+
 // --- controls -----------------------------------------------------------------------------------------------
 
 function result(text, ok) {
@@ -374,6 +413,7 @@ async function act(title, body, okLabel, method, path, payload, done) {
   try {
     const answer = await call(method, path, payload);
     result(done(answer), true);
+    refreshAudit();
   } catch (exc) {
     result(`${title} failed: ${describe(exc)}`, false);
     if (exc instanceof ApiError && exc.isAuth) refused(exc);
