@@ -60,6 +60,8 @@ def redact(url: str) -> str:
     except ValueError:
         return "(unparsable URL)"
     netloc = parts.netloc
+    if "@" not in netloc and not any(key.lower() in SECRET_QUERY_KEYS for key, _ in parse_qsl(parts.query)):
+        return url  # nothing to hide: the URL as written (urlunsplit would turn memory:// into memory:)
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
         user = userinfo.split(":", 1)[0] if password is not None else ""
