@@ -121,7 +121,15 @@ class Admission:
                 late.append(job)
             else:
                 runnable.append(job)
-        await asyncio.gather(settler.reject(rejected), settler.stored(ended), settler.expire(late))
+        settling = []  # most batches have nothing to settle here: no tasks for empty lists
+        if rejected:
+            settling.append(settler.reject(rejected))
+        if ended:
+            settling.append(settler.stored(ended))
+        if late:
+            settling.append(settler.expire(late))
+        if settling:
+            await asyncio.gather(*settling)
         return runnable
 
     def _exhausted_error(self, job: Job) -> JobError:

@@ -5,7 +5,9 @@ batch (or the timeout) before returning, while Fleet's contract is "return as so
 batcher fills batches". So each ``fetch`` here talks the pull protocol directly, on one inbox per subscription and
 a fresh reply subject per request (so a late status from an old request is never mistaken for the current one):
 
-1. a ``no_wait`` request for ``max_messages``: the server sends what is available now, then a 404/408 status;
+1. a ``no_wait`` request for ``max_messages``: the server sends what is available now, then a 404/408 status
+   (skipped by a fetch that may wait when the latest message said nothing more was pending: the long-poll of 2.
+   answers at once if something came since);
 2. if nothing came, one long-poll request for a single message with ``expires`` = the time left: it completes
    when a message arrives (or with a 408 at expiry), so no request outlives the fetch and "reserves" messages
    for a worker that is not asking;
@@ -188,6 +190,7 @@ class NatsSubscription:
         self._ready: deque[tuple[Msg, float]] = deque()  # (message, loop time of arrival), in arrival order
         self._pull: _Pull | None = None
         self._seq = 0
+        self._last_pending: int | None = None  # num_pending of the latest message received (None: unknown)
         self._lock = asyncio.Lock()
         self._sub: CoreSubscription | None = None
         self._closed = False
@@ -209,7 +212,8 @@ class NatsSubscription:
             deadline = loop.time() + max(0.0, timeout_s)
             self._drop_stale()
             if not self._ready and await self._wait_connected(deadline):
-                await self._request(max_messages, None, timeout_s + REPLY_GRACE_S)
+                if not (self._drained and timeout_s > MIN_LONG_POLL_S):  # else the long-poll below asks as soon
+                    await self._request(max_messages, None, timeout_s + REPLY_GRACE_S)
                 remaining = deadline - loop.time()
                 if not self._ready and remaining > MIN_LONG_POLL_S and not self._closed:
                     await self._request(1, remaining, remaining + REPLY_GRACE_S)
@@ -240,6 +244,12 @@ class NatsSubscription:
             return bool(self._ready[-1][0].metadata.num_pending)
         except (IndexError, ValueError, AttributeError):  # not a JetStream delivery we can read: ask
             return True
+
+    @property
+    def _drained(self) -> bool:
+        """The latest message this subscription received left nothing pending: a fetch that may wait can go
+        straight to its long-poll, which answers at once if something came since."""
+        return self._last_pending == 0
 
     def _take(self, max_messages: int) -> list[Delivery]:
         out: list[Delivery] = []
@@ -301,6 +311,10 @@ class NatsSubscription:
                 pull.finish()
             return
         self._ready.append((msg, asyncio.get_running_loop().time()))
+        try:
+            self._last_pending = msg.metadata.num_pending
+        except (ValueError, AttributeError, IndexError):
+            self._last_pending = None
         if pull is not None:
             pull.got += 1
             if pull.got >= pull.batch:
