@@ -44,6 +44,9 @@ class ModelSpec:
     p99_target_ms: float | None = None
     min_batch: int = 1
     max_batch_cost: int | None = None
+    inline: bool = False
+    """The worker runs the handler on its event loop instead of its model thread: only for a handler whose batch
+    takes microseconds and never blocks (``echo``), where the thread hop costs more than the work."""
     vector_fields: tuple[str, ...] = ()
     """The output fields that hold vectors (one, or a list of them): what ``encoding_format: base64`` encodes.
     Empty: the model has no vector output and refuses base64."""
@@ -125,7 +128,9 @@ class EmbedOutput(BaseModel):
     )
 
 
-ECHO = ModelSpec("echo", EchoInput, EchoOutput, max_batch=64, max_wait_ms=2, description="returns its input")
+ECHO = ModelSpec(
+    "echo", EchoInput, EchoOutput, max_batch=64, max_wait_ms=2, description="returns its input", inline=True
+)
 SLEEP = ModelSpec(
     "sleep", SleepInput, SleepOutput, max_batch=1, max_wait_ms=0, description="waits a synthetic service time"
 )

@@ -48,7 +48,8 @@ class ModelHandler(ABC, Generic[InT, OutT]):
        an option the handler does not know.
     2. ``load()`` once, in a worker thread (never on the event loop): read weights, move them to ``self.device``.
     3. ``warmup()`` once, in a worker thread: run a small representative batch so the first real batch is fast.
-    4. ``run(batch)`` per micro-batch, in a worker thread; it calls ``predict`` and checks what came back.
+    4. ``run(batch)`` per micro-batch, in a worker thread (on the event loop for a spec with ``inline=True``, a
+       handler that takes microseconds and never blocks); it calls ``predict`` and checks what came back.
     5. ``close()`` at shutdown: release the device memory.
 
     Threading: ``load``, ``warmup``, ``predict`` and ``close`` are synchronous and are called from one worker
