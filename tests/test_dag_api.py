@@ -344,9 +344,10 @@ async def test_sse_streams_the_run_step_by_step(env: DagEnv) -> None:
     async with served(env.app) as base, httpx.AsyncClient(base_url=base, timeout=20) as http:
         async with http.stream("GET", f"/v1/runs/{run_id}/events") as response:
             assert response.headers["content-type"].startswith("text/event-stream")
-            chunks = []
+            body = response.aiter_text()
+            chunks = [await anext(body)]  # the run as it is, before any worker: every step event comes after it
             async with env.worker():
-                async for chunk in response.aiter_text():
+                async for chunk in body:
                     chunks.append(chunk)
     check_event_sequence(parse_sse("".join(chunks)), ["s1", "s2", "s3", "s4", "s5"])
     done = await env.client.get(f"/v1/runs/{run_id}/events")  # over already: run then result at once
@@ -362,9 +363,10 @@ async def test_sdk_registers_starts_waits_follows_and_cancels(env: DagEnv) -> No
         run_id = await fleet.start_run(chain, {"value": 5}, run_id=f"sdk-{env.unique}")
         assert run_id == f"sdk-{env.unique}"
         assert (await fleet.get_run(run_id))["state"] == "running"
-        events = []
+        stream = aiter(fleet.run_events(run_id))
+        events = [await anext(stream)]  # the run as it is, before any worker: every step event comes after it
         async with env.worker():
-            async for event in fleet.run_events(run_id):
+            async for event in stream:
                 events.append(event)
             view = await fleet.wait_run(run_id, timeout_s=20)
         check_event_sequence(events, ["s1", "s2", "s3", "s4", "s5"])
