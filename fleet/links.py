@@ -200,6 +200,8 @@ def _tls_needs_scheme(settings: FleetSettings) -> None:
 
 
 _TLS_SCHEMES = frozenset({"tls", "rediss"})
+# how a TLS server that refuses the client may end the handshake, depending on timing (TLS 1.3)
+_CLOSED_IN_HANDSHAKE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, ssl.SSLEOFError)
 
 
 def link_error(service: str, target: str, exc: BaseException, setting: str) -> LinkRefused | None:
@@ -211,7 +213,7 @@ def link_error(service: str, target: str, exc: BaseException, setting: str) -> L
         setting: the settings to check, named in the message (``"FLEET_REDIS_USER / FLEET_REDIS_PASSWORD_FILE"``).
     """
     for cause in _chain(exc):
-        if isinstance(cause, ssl.SSLError | ssl.CertificateError):
+        if isinstance(cause, ssl.SSLError | ssl.CertificateError) and not isinstance(cause, ssl.SSLEOFError):
             reason = _reason(cause)
             if "ALERT" in reason.upper():  # the server sent the alert: it refused our (missing) certificate
                 hint = (
@@ -221,11 +223,11 @@ def link_error(service: str, target: str, exc: BaseException, setting: str) -> L
             return LinkRefused(service, target, "the TLS handshake failed", reason, _tls_hint(service))
     secured = target.split("://", 1)[0].lower() in _TLS_SCHEMES
     for cause in _chain(exc):
-        if secured and isinstance(cause, ConnectionResetError):
+        if secured and isinstance(cause, _CLOSED_IN_HANDSHAKE):
             # TLS 1.3: a server that refuses the client's (missing) certificate may reset the link instead of
             # sending an alert the client gets to read, depending on timing
             hint = f"check FLEET_{service.upper()}_TLS_CERT_FILE and _KEY_FILE (the server may want a client cert)"
-            reason = "the connection was reset during the TLS handshake"
+            reason = f"the connection was closed during the TLS handshake ({type(cause).__name__})"
             return LinkRefused(service, target, "the server refused the TLS client", reason, hint)
         text = f"{type(cause).__name__}: {cause}"
         lowered = text.lower()
