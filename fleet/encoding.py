@@ -38,8 +38,8 @@ def encode_vector(vector: Any) -> str:
     return base64.b64encode(np.asarray(vector, dtype=_LE_F4).tobytes()).decode("ascii")
 
 
-def decode_vector(text: str) -> list[float]:
-    """The floats of a base64 vector (the inverse of ``encode_vector``).
+def decode_array(text: str) -> np.ndarray:
+    """A base64 vector as a read-only float32 numpy array (no copy).
 
     Raises:
         ValueError: ``text`` is not base64, or its length is not a whole number of float32 values.
@@ -50,19 +50,13 @@ def decode_vector(text: str) -> list[float]:
         raise ValueError(f"not a base64 vector: {exc}") from None
     if len(raw) % 4:
         raise ValueError(f"a base64 vector holds whole float32 values (4 bytes each), got {len(raw)} bytes")
-    values: list[float] = np.frombuffer(raw, dtype=_LE_F4).tolist()
-    return values
-
-
-def decode_array(text: str) -> np.ndarray:
-    """A base64 vector as a read-only float32 numpy array (no copy); raises ``ValueError`` as ``decode_vector``."""
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"not a base64 vector: {exc}") from None
-    if len(raw) % 4:
-        raise ValueError(f"a base64 vector holds whole float32 values (4 bytes each), got {len(raw)} bytes")
     return np.frombuffer(raw, dtype=_LE_F4)
+
+
+def decode_vector(text: str) -> list[float]:
+    """The floats of a base64 vector (the inverse of ``encode_vector``); raises ``ValueError`` as ``decode_array``."""
+    values: list[float] = decode_array(text).tolist()
+    return values
 
 
 def _to_base64(value: Any) -> Any:
