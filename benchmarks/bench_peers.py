@@ -17,8 +17,10 @@ two sides alternates from round to round; the best round of each is kept):
   terminal compare-and-set with its completion notice, acks only once the result is stored, dead letters.
 
 Each round times the drain from the moment the side starts consuming until the last result is in Redis (the peer:
-its handler stored ``--jobs`` results; Fleet: the group's backlog is 0 and the last record is terminal). Bytes
-per result is ``STRLEN`` of the last job's key on each side. Services come from FLEET_BENCH_{NATS,REDIS}_URL or
+its handler stored ``--jobs`` results; Fleet: the group's backlog is 0 and the last record is terminal), and
+the CPU time this process used meanwhile (``time.process_time``; the servers' CPU is not in it): on a shared
+machine the CPU per job moves less than the wall clock. Bytes per result is ``STRLEN`` of the last job's key on
+each side. Services come from FLEET_BENCH_{NATS,REDIS}_URL or
 are started as in the tests. Writes ``benchmarks/results/peers.json``.
 """
 
@@ -179,13 +181,16 @@ async def main(args: argparse.Namespace) -> None:
         "fleet_over_peer_medians": medians["fleet"] / medians["peer"],
     }
     rows = [(f"{TITLES[s]}: jobs/s (best; median)", f"{rate[s]:,.0f}; {medians[s]:,.0f}", "") for s in SIDES]
+    cpu = {side: min(r["cpu_us"] for r in rs) for side, rs in runs.items()}
+    rows += [(f"{TITLES[s]}: process CPU µs / job (least)", f"{cpu[s]:.1f}", "") for s in SIDES]
     rows += [(f"{TITLES[s]}: bytes / result", f"{runs[s][-1]['strlen']:,}", "") for s in SIDES]
     rows += [
         ("ratio fleet / peer (best)", f"{ratios['fleet_over_peer']:.2f}", ">= 1.0 (issue 14)"),
         ("ratio fleet / peer (medians)", f"{ratios['fleet_over_peer_medians']:.2f}", ""),
     ]
     show(f"Fleet vs FastStream over NATS + Redis ({args.jobs:,} jobs, batch {args.batch}, {args.rounds} rounds)", rows)
-    results = {"runs": runs, "jobs_per_s": rate, "median_jobs_per_s": medians, "ratios": ratios, "params": vars(args)}
+    results = {"runs": runs, "jobs_per_s": rate, "median_jobs_per_s": medians, "cpu_us": cpu, "ratios": ratios}
+    results["params"] = vars(args)
     print(json.dumps({"jobs_per_s": rate, "median_jobs_per_s": medians, "ratios": ratios}))
     print(f"wrote {write_results('peers', results)}")
 
