@@ -26,7 +26,7 @@ from consumers.acks import Action, decide, for_stored
 from consumers.outage import StoreOutage
 from consumers.requests import Job
 from consumers.stats import WorkerStats
-from fleet.brokers.base import Broker, Delivery
+from fleet.brokers.base import Broker, Delivery, ack_all
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
 from fleet.store.base import Finish, ResultStore
@@ -130,8 +130,10 @@ class Settler:
 
     async def stored(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
         """Settle messages whose jobs have a terminal record (maybe written elsewhere): hooks, then ack or letter.
-        Acks go one after the other (an ack does not wait for the broker), dead letters concurrently."""
+        The acks of a batch go in one call (``ack_all``: one write on NATS; an ack does not wait for the broker),
+        dead letters concurrently."""
         letters = []
+        acks: list[Job] = []
         counts: dict[str, int] = {}
         if self.on_settled:  # concurrently: a hook may gather the batch's jobs (one DAG update per run, not per job)
             passed = await asyncio.gather(*(self._run_hooks(job, record, won) for job, record, won in settled))
@@ -140,9 +142,11 @@ class Settler:
             if for_stored(record.state) is Action.dead_letter:
                 letters.append(self._dead_letter(job, record.error or _NO_ERROR))
                 continue
-            await self.ack(job)
+            acks.append(job)
             outcome = record.state.value if won else "duplicate"
             counts[outcome] = counts.get(outcome, 0) + 1
+        if acks:
+            await self.ack(acks)
         for outcome, amount in counts.items():
             self.count(outcome, amount)
         if letters:
@@ -158,13 +162,20 @@ class Settler:
                 "worker %s: nak not confirmed (%s); the message returns after the ack wait", self.worker_id, exc
             )
 
-    async def ack(self, job: Job) -> None:
-        """Settle a message whose result is stored. A lost ack only means a redelivery, acked as a duplicate."""
-        self.held.forget(job.delivery)
+    async def ack(self, jobs: list[Job]) -> None:
+        """Settle messages whose results are stored. A lost ack only means a redelivery, acked as a duplicate."""
+        forget = self.held.forget
+        for job in jobs:
+            forget(job.delivery)
         try:
-            await job.delivery.ack()
+            await ack_all([job.delivery for job in jobs])
         except BrokerError as exc:
-            log.warning("job %s: ack not confirmed (%s); a redelivery will be acked as a duplicate", job.job_id, exc)
+            log.warning(
+                "jobs %s...: %d acks not all confirmed (%s); a redelivery will be acked as a duplicate",
+                jobs[0].job_id,
+                len(jobs),
+                exc,
+            )
 
     def count(self, outcome: str, amount: int = 1) -> None:
         counter = self._counters.get(outcome)

@@ -14,3 +14,4 @@ export PYTHONUNBUFFERED=1
 .venv/bin/python -m benchmarks.bench_dag
 .venv/bin/python -m benchmarks.bench_adaptive
 .venv/bin/python -m benchmarks.bench_priority
+.venv/bin/python -m benchmarks.bench_peers

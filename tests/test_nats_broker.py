@@ -21,12 +21,14 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
+from nats.aio.msg import Msg
 from nats.js.api import RetentionPolicy, StreamConfig
 
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.brokers.base import Delivery, ack_all
 from fleet.brokers.nats import NatsBroker
-from fleet.brokers.nats_pull import NatsSubscription
+from fleet.brokers.nats_pull import NatsDelivery, NatsSubscription, reply_counts
 from fleet.errors import BrokerUnavailable, ConfigError
 from fleet.settings import FleetSettings
 from tests.contract.conftest import ACK_WAIT_S, broker_settings
@@ -287,3 +289,41 @@ async def test_a_buffered_message_is_handed_out_while_its_ack_wait_is_young_and_
     again = await sub.fetch(1, timeout_s=ACK_WAIT_S * 3)  # the server redelivers it once its ack wait ended
     assert [(d.data, d.delivery_count) for d in again] == [(b"old", 2)]
     await again[0].ack()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.FLEET_REQ.fleet-echo.3.120.118.1733112345123456789.17",  # without a domain
+        "$JS.ACK._.ACCHASH.FLEET_REQ.fleet-echo.1.120.118.1733112345123456789.0",  # domain form, 11 tokens
+        "$JS.ACK.hub.ACCHASH.FLEET_REQ.fleet-echo.2.7.6.1733112345123456789.4.rand0m",  # domain form, 12 tokens
+    ],
+)
+def test_reply_counts_reads_what_nats_py_metadata_reads(reply: str) -> None:
+    meta = Msg(_client=None, subject="s", reply=reply).metadata  # type: ignore[arg-type]
+    assert reply_counts(reply) == (meta.num_delivered, meta.num_pending)
+
+
+@pytest.mark.parametrize("reply", ["", "_INBOX.abc.1", "$JS.ACK.too.few", "$JS.ACK.S.C.x.1.1.1.1"])
+def test_reply_counts_refuses_what_is_not_a_jetstream_ack_subject(reply: str) -> None:
+    with pytest.raises(ValueError):
+        reply_counts(reply)
+
+
+async def test_ack_many_settles_a_batch_in_one_write_and_skips_what_is_settled(broker: NatsBroker, unique: str) -> None:
+    subject, sub = await worker_queue(broker, f"m{unique}")
+    for i in range(70):
+        await broker.publish(subject, b"%d" % i)
+    got: list[Delivery] = []
+    while len(got) < 70:
+        got += await sub.fetch(70 - len(got), timeout_s=5.0)
+    deliveries = [d for d in got if isinstance(d, NatsDelivery)]
+    assert len(deliveries) == 70 and {d.delivery_count for d in deliveries} == {1}
+    await deliveries[0].nak(1.0)  # settled before: ack_many must not ack it too
+    await NatsDelivery.ack_many(deliveries)
+    await lag_becomes(broker, subject, sub.group, 1)  # the nak-ed one waits for its redelivery
+    await NatsDelivery.ack_many(deliveries)  # all settled now: nothing is sent
+    again = await sub.fetch(1, timeout_s=ACK_WAIT_S + 5.0)
+    assert [(d.data, d.delivery_count) for d in again] == [(b"0", 2)]
+    await ack_all(again)
+    await lag_becomes(broker, subject, sub.group, 0)

@@ -22,7 +22,8 @@ Contract (checked by ``tests/contract/test_broker_contract.py`` on every impleme
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import functools
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -47,6 +48,30 @@ class Delivery(Protocol):
 
     async def in_progress(self) -> None:
         """Still working: restart the ack-wait clock."""
+
+
+async def ack_all(deliveries: Sequence[Delivery]) -> None:
+    """``ack`` every delivery. A delivery class with an ``ack_many`` static method (NATS: one write for the batch)
+    acks its run of the list at once; the rest are acked one by one, in order. An ack that fails does not stop
+    the others: the first exception is raised once all were tried."""
+    failure: Exception | None = None
+    i = 0
+    while i < len(deliveries):
+        kind = type(deliveries[i])
+        j = i + 1
+        while j < len(deliveries) and type(deliveries[j]) is kind:
+            j += 1
+        ack_many = getattr(kind, "ack_many", None)
+        run = list(deliveries[i:j])
+        calls = [functools.partial(ack_many, run)] if ack_many is not None else [delivery.ack for delivery in run]
+        for call in calls:
+            try:
+                await call()
+            except Exception as exc:
+                failure = failure or exc
+        i = j
+    if failure is not None:
+        raise failure
 
 
 class Subscription(Protocol):
