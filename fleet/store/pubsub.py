@@ -25,8 +25,8 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Iterable
+from typing import Protocol
 
-from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 SUBSCRIBE_CHUNK = 1000  # channels per SUBSCRIBE when resubscribing after a reconnect
 
 
+class Connections(Protocol):
+    """Where the mux gets its connection: a ``redis.asyncio.ConnectionPool``, or on a cluster
+    ``fleet.store.cluster.NodeConnections`` (any node: a cluster forwards every PUBLISH to all of them)."""
+
+    def make_connection(self) -> AbstractConnection: ...
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -49,7 +56,7 @@ class PubSubMux:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Connections,
         *,
         display_url: str,
         ping_interval_s: float = 5.0,

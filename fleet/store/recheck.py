@@ -16,6 +16,7 @@ import logging
 
 from pydantic import ValidationError
 from redis import asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from fleet import constants as c
@@ -35,7 +36,7 @@ class Rechecker:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: aioredis.Redis | RedisCluster,
         mux: PubSubMux,
         *,
         interval_s: float = RECHECK_INTERVAL_S,
@@ -79,7 +80,11 @@ class Rechecker:
         found = 0
         for start in range(0, len(channels), self._batch):
             chunk = channels[start : start + self._batch]
-            raws = await self._redis.mget([c.job_key(ch[len(CHANNEL_PREFIX) :]) for ch in chunk])
+            keys = [c.job_key(ch[len(CHANNEL_PREFIX) :]) for ch in chunk]
+            if isinstance(self._redis, RedisCluster):
+                raws = await self._redis.mget_nonatomic(keys)  # per slot: a cluster refuses a cross-slot MGET
+            else:
+                raws = await self._redis.mget(keys)
             for channel, raw in zip(chunk, raws, strict=True):
                 if raw and _is_terminal(raw):
                     self._mux.deliver(channel, raw)

@@ -354,16 +354,17 @@ async def test_cancelled_waiter_leaves_the_store_usable(store: ResultStore) -> N
 
 def test_make_store_picks_the_implementation_by_url_scheme() -> None:
     assert isinstance(make_store(FleetSettings.model_validate({"store_url": "memory://"})), MemoryStore)
-    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"):
+    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0", "redis+cluster://127.0.0.1:7000"):
         store = make_store(FleetSettings.model_validate({"store_url": url, "job_ttl_s": 77}))
         assert isinstance(store, RedisStore)
         assert store.job_ttl_s == 77
+        assert store.cluster_mode == url.startswith("redis+cluster")
     with pytest.raises(ConfigError, match="scheme"):
         make_store(FleetSettings.model_construct(store_url="mongodb://x", job_ttl_s=1))
 
 
 def test_store_kinds_cover_every_store_scheme() -> None:
-    assert STORE_KINDS == ["memory", "redis"]
+    assert STORE_KINDS == ["memory", "redis", "redis-cluster"]
 
 
 # -- Redis specifics --------------------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""Redis Cluster support for the result store: the URL form, the client and the per-node grouping of a batch.
+
+A store URL ``redis+cluster://host:port`` (``rediss+cluster://`` for TLS) names one or more seed nodes of a Redis
+Cluster (``redis+cluster://h1:7000,h2:7000``); the client discovers the others. The ACL user and TLS options of
+``fleet.links.redis_options`` apply to every node.
+
+What changes on a cluster (``fleet.store.redis`` reads ``cluster_mode``):
+
+* Job records keep their single-Redis key names (``fleet:job:<id>``): every script that touches a job touches its
+  record alone, so no hash tag is needed and records written by a single Redis stay readable after a migration.
+* A micro-batch's compare-and-set runs as one script per primary node (the keys are grouped by the node that
+  serves their slot), the groups concurrently. The cluster scripts declare ``allow-cross-slot-keys`` (Redis 7):
+  one script may then touch keys of several slots, provided one node serves them all, which the grouping ensures.
+  A batch that meets a slot being migrated fails with ``StoreError`` and is redelivered (nothing was acked).
+* Completion notices are plain ``PUBLISH``: a cluster forwards it to every node, so the one pub/sub connection of
+  a store may sit on any node and needs no routing by slot and no resubscription when slots move. Sharded pub/sub
+  (``SPUBLISH``) would keep a notice on its shard, at the price of one connection per primary, re-routing on every
+  resharding and a hash tag shared by a job's record and channel; with terminal records of about 2 KB the
+  broadcast stays cheap against the scripts that write them (see the README's cluster figures).
+* The unpublished marks (``create(record, message)``) live in one slot: ``fleet:{pending}`` and
+  ``fleet:{pending}:<id>`` (``PENDING_KEY_CLUSTER``). They are short-lived (cleared once the broker acknowledged).
+  The mark is written first and the record second: a gateway that dies between the two leaves a mark without a
+  record, which the reconcile sweep clears (``producers/gateway/reconcile.py``); the client never had an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# Prepended to a script that a cluster store runs on one node for keys of several slots. A cluster refuses a command
+# whose declared keys are in different slots before any script runs, so the key names travel in ARGV instead
+# (ARGV[1] their number, then the names, then the script's own arguments), which ``allow-cross-slot-keys`` permits
+# as long as this node serves every one of them (``group_by_node``). The script then sees KEYS and ARGV as usual.
+CROSS_SLOT = """#!lua flags=allow-cross-slot-keys
+local n = tonumber(ARGV[1])
+local KEYS, rest = {}, {}
+for i = 1, n do KEYS[i] = ARGV[i + 1] end
+for i = n + 2, #ARGV do rest[#rest + 1] = ARGV[i] end
+local ARGV = rest
+"""
+
+# The unpublished marks on a cluster: one hash tag, so a claim script sees the set and the messages together.
+PENDING_KEY_CLUSTER = "fleet:{pending}"
+
+
+def pending_message_key_cluster(job_id: str) -> str:
+    """The request message of an unpublished job on a cluster: in the slot of ``PENDING_KEY_CLUSTER``."""
+    return f"{PENDING_KEY_CLUSTER}:{job_id}"
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://`` and ``rediss+cluster://``."""
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def seed_nodes(url: str) -> tuple[list[ClusterNode], bool, dict[str, Any]]:
+    """The seed nodes of a cluster URL, whether it asks for TLS, and the user and password it carries."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    auth: dict[str, Any] = {}
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        user, _, password = userinfo.partition(":")
+        if user:
+            auth["username"] = user
+        if password:
+            auth["password"] = password
+    nodes = []
+    for hostport in netloc.split(","):
+        parsed = urlsplit(urlunsplit(("redis", hostport.strip(), "", "", "")))
+        if not parsed.hostname:
+            raise ValueError(f"store URL {url!r}: a cluster seed needs host:port")
+        nodes.append(ClusterNode(parsed.hostname, parsed.port or 6379))
+    return nodes, CLUSTER_SCHEMES[parts.scheme] == "rediss", auth
+
+
+def cluster_client(
+    url: str, socket_timeout_s: float, connect_timeout_s: float, max_connections: int, link_options: dict[str, Any]
+) -> RedisCluster:
+    """A ``RedisCluster`` client for a ``redis+cluster://`` URL (not yet initialised: ``await client.initialize()``)."""
+    nodes, tls, auth = seed_nodes(url)
+    options: dict[str, Any] = {**auth, **link_options}
+    if tls:
+        options["ssl"] = True
+    return BoundedCluster(
+        max_connections,
+        startup_nodes=nodes,
+        max_connections=max_connections,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        socket_keepalive=True,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1),
+        **options,
+    )
+
+
+class BoundedCluster(RedisCluster):
+    """``RedisCluster`` whose commands queue for a free connection, as the single-Redis client's blocking pool does.
+
+    A cluster client's per-node pool raises ``MaxConnectionsError`` once ``max_connections`` commands are in flight
+    to one node; a burst of waiters (thousands of WebSocket clients) would fail instead of waiting. At most
+    ``bound`` commands run at once here, so no node's pool is ever exhausted.
+    """
+
+    def __init__(self, bound: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._bound = asyncio.Semaphore(bound)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._bound:
+            return await super().execute_command(*args, **kwargs)
+
+
+class NodeConnections:
+    """``make_connection()`` for ``PubSubMux`` on a cluster: a fresh connection to one of the cluster's nodes.
+
+    Any node will do: a cluster forwards every ``PUBLISH`` to all of them. Each call takes the next node, so a
+    reconnection after a node failed tries another one.
+    """
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self._cluster = cluster
+        self._next = 0
+
+    def make_connection(self) -> AbstractConnection:
+        nodes = self._cluster.get_primaries() or [self._cluster.get_default_node()]
+        node = nodes[self._next % len(nodes)]
+        self._next += 1
+        kwargs = {**node.connection_kwargs, "host": node.host, "port": node.port}
+        connection: AbstractConnection = node.connection_class(**kwargs)
+        return connection
+
+
+def group_by_node(cluster: RedisCluster, keys: Sequence[bytes]) -> dict[str, tuple[ClusterNode, list[int]]]:
+    """The indexes of ``keys`` per node that serves their slot (node name -> (node, indexes)), in order."""
+    groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+    node_of = cluster.get_node_from_key
+    for i, key in enumerate(keys):
+        node = node_of(key)  # type: ignore[arg-type]  # it hashes bytes as well
+        if node is None:
+            raise LookupError(f"no node of the cluster serves the slot of {key!r}")
+        entry = groups.get(node.name)
+        if entry is None:
+            groups[node.name] = (node, [i])
+        else:
+            entry[1].append(i)
+    return groups
