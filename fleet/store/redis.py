@@ -65,7 +65,8 @@ return {1}
 # client's per-argument cost low; the new values (outputs, often kilobytes) are arguments of their own because
 # cutting them out of one large string costs Redis, the one server every worker shares, more than the client
 # saves. Comparing whole values (like CAS_LUA) needs no digest on either side. Returns per key 1 when written, else
-# the current value ('' when absent). The completion channel of a key is the channel prefix plus the job id.
+# the current value ('' when absent). The completion channel of a key is the channel prefix plus the job id. A key
+# expected absent (a job published straight to the broker: its first start) costs one SET NX, not a GET and a SET.
 CAS_MANY_LUA = """
 local out = {}
 local cut = tonumber(ARGV[3]) + 1
@@ -74,10 +75,20 @@ local from, i = 1, 0
 for expected_len in string.gmatch(ARGV[5], '%d+') do
   i = i + 1
   local upto = from + tonumber(expected_len)
-  local current = redis.call('GET', KEYS[i]) or ''
-  if current == string.sub(blob, from, upto - 1) then
-    local value = ARGV[6 + i]
-    redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
+  local value = ARGV[6 + i]
+  local written = false
+  local current
+  if upto == from then  -- expected absent: one SET NX, no read
+    written = redis.call('SET', KEYS[i], value, 'NX', 'EX', ARGV[1])
+    if not written then current = redis.call('GET', KEYS[i]) or '' end
+  else
+    current = redis.call('GET', KEYS[i]) or ''
+    if current == string.sub(blob, from, upto - 1) then
+      redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
+      written = true
+    end
+  end
+  if written then
     if ARGV[2] == '1' then redis.call('PUBLISH', ARGV[4] .. string.sub(KEYS[i], cut), value) end
     out[i] = 1
   else
