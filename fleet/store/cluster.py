@@ -12,11 +12,13 @@ What changes on a cluster (``fleet.store.redis`` reads ``cluster_mode``):
   serves their slot), the groups concurrently. The cluster scripts declare ``allow-cross-slot-keys`` (Redis 7):
   one script may then touch keys of several slots, provided one node serves them all, which the grouping ensures.
   A batch that meets a slot being migrated fails with ``StoreError`` and is redelivered (nothing was acked).
-* Completion notices are plain ``PUBLISH``: a cluster forwards it to every node, so the one pub/sub connection of
-  a store may sit on any node and needs no routing by slot and no resubscription when slots move. Sharded pub/sub
-  (``SPUBLISH``) would keep a notice on its shard, at the price of one connection per primary, re-routing on every
-  resharding and a hash tag shared by a job's record and channel; with terminal records of about 2 KB the
-  broadcast stays cheap against the scripts that write them (see the README's cluster figures).
+* Completion notices are sharded pub/sub: the scripts ``SPUBLISH`` on ``fleet:done:{fleet:job:<id>}``
+  (``done_channel_cluster``), whose hash tag is the record's key, so the notice stays on the shard that wrote the
+  record. Waiters ``SSUBSCRIBE`` through ``ShardedMux``: one pub/sub connection per primary, each channel on the
+  node serving its slot. Plain ``PUBLISH`` is copied to every node of a cluster; measured on three primaries, it
+  cost each node more per result (about 38 us inside the script) than a whole result costs one Redis, so writes
+  could not scale with the nodes. When a slot moves, its subscriptions end; the periodic re-read
+  (``fleet.store.recheck``) hands those waiters their terminal record.
 * The unpublished marks (``create(record, message)``) live in one slot: ``fleet:{pending}`` and
   ``fleet:{pending}:<id>`` (``PENDING_KEY_CLUSTER``). They are short-lived (cleared once the broker acknowledged).
   The mark is written first and the record second: a gateway that dies between the two leaves a mark without a
@@ -103,6 +105,16 @@ def cluster_client(
     )
 
 
+def sharded(lua: str) -> str:
+    """A store script for a cluster: its completion notice by ``SPUBLISH`` on the record's own shard (the channel
+    ``done_channel_cluster``, in the record's slot), where plain ``PUBLISH`` would be copied to every node."""
+    lua = lua.replace(
+        "redis.call('PUBLISH', ARGV[4] .. string.sub(KEYS[i], cut), value)",
+        "redis.call('SPUBLISH', ARGV[4] .. KEYS[i] .. '}', value)",
+    )
+    return lua.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+
+
 class BoundedCluster(RedisCluster):
     """``RedisCluster`` whose commands queue for a free connection, as the single-Redis client's blocking pool does.
 
@@ -120,26 +132,6 @@ class BoundedCluster(RedisCluster):
             return await super().execute_command(*args, **kwargs)
 
 
-class NodeConnections:
-    """``make_connection()`` for ``PubSubMux`` on a cluster: a fresh connection to one of the cluster's nodes.
-
-    Any node will do: a cluster forwards every ``PUBLISH`` to all of them. Each call takes the next node, so a
-    reconnection after a node failed tries another one.
-    """
-
-    def __init__(self, cluster: RedisCluster) -> None:
-        self._cluster = cluster
-        self._next = 0
-
-    def make_connection(self) -> AbstractConnection:
-        nodes = self._cluster.get_primaries() or [self._cluster.get_default_node()]
-        node = nodes[self._next % len(nodes)]
-        self._next += 1
-        kwargs = {**node.connection_kwargs, "host": node.host, "port": node.port}
-        connection: AbstractConnection = node.connection_class(**kwargs)
-        return connection
-
-
 def group_by_node(cluster: RedisCluster, keys: Sequence[bytes]) -> dict[str, tuple[ClusterNode, list[int]]]:
     """The indexes of ``keys`` per node that serves their slot (node name -> (node, indexes)), in order."""
     groups: dict[str, tuple[ClusterNode, list[int]]] = {}
@@ -154,3 +146,116 @@ def group_by_node(cluster: RedisCluster, keys: Sequence[bytes]) -> dict[str, tup
         else:
             entry[1].append(i)
     return groups
+
+
+DONE_PREFIX_CLUSTER = "fleet:done:{"  # + job key + "}": the channel hashes to its record's slot
+
+
+def done_channel_cluster(job_id: str) -> str:
+    """A job's completion channel on a cluster, ``fleet:done:{fleet:job:<id>}``: its hash tag is the record's
+    key, so the channel is in the record's slot and the script that writes the record can ``SPUBLISH`` on it."""
+    return f"{DONE_PREFIX_CLUSTER}fleet:job:{job_id}}}"
+
+
+def job_of_channel_cluster(channel: str) -> str | None:
+    """The job id of a cluster completion channel (None for any other channel)."""
+    inner = channel.removeprefix(DONE_PREFIX_CLUSTER)
+    if inner == channel or not inner.endswith("}"):
+        return None
+    return inner[:-1].removeprefix("fleet:job:")
+
+
+class _OneNode:
+    """``make_connection()`` to one given node."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self._node = node
+
+    def make_connection(self) -> AbstractConnection:
+        node = self._node
+        connection: AbstractConnection = node.connection_class(
+            **{**node.connection_kwargs, "host": node.host, "port": node.port}
+        )
+        return connection
+
+
+class ShardedMux:
+    """``PubSubMux``'s interface on a cluster with sharded pub/sub: one mux (one connection, ``SSUBSCRIBE``) per
+    primary, each channel watched on the node that serves its slot.
+
+    A waiter's channel stays on the mux it was first watched on until its last waiter leaves. When a slot moves,
+    the old node ends those subscriptions; their waiters get the terminal record from the periodic re-read
+    (``fleet.store.recheck``) within its interval, and the next watch of the channel goes to the new owner.
+    """
+
+    def __init__(self, cluster: RedisCluster, *, display_url: str) -> None:
+        from fleet.store.pubsub import PubSubMux
+
+        self._cluster = cluster
+        self._display_url = display_url
+        self._make = PubSubMux
+        self._muxes: dict[str, Any] = {}
+        self._routes: dict[str, Any] = {}  # channel -> the mux it is watched on
+        self._closed = False
+
+    def _mux_for(self, channel: str) -> Any:
+        mux = self._routes.get(channel)
+        if mux is not None:
+            return mux
+        node = self._cluster.get_node_from_key(channel)
+        if node is None:
+            raise LookupError(f"no node of the cluster serves the slot of {channel!r}")
+        mux = self._muxes.get(node.name)
+        if mux is None:
+            mux = self._muxes[node.name] = self._make(_OneNode(node), display_url=self._display_url, sharded=True)
+            if self._closed:
+                mux._closed = True
+        return mux
+
+    async def watch(self, channel: str, timeout_s: float) -> asyncio.Future[bytes | str | None]:
+        mux = self._mux_for(channel)
+        self._routes[channel] = mux
+        try:
+            future: asyncio.Future[bytes | str | None] = await mux.watch(channel, timeout_s)
+        except BaseException:
+            if channel not in mux._waiters:
+                self._routes.pop(channel, None)
+            raise
+        return future
+
+    def release(self, channel: str, future: asyncio.Future[bytes | str | None]) -> None:
+        mux = self._routes.get(channel)
+        if mux is None:
+            return
+        mux.release(channel, future)
+        if channel not in mux._waiters:
+            del self._routes[channel]
+
+    def deliver(self, channel: str, data: bytes | str) -> None:
+        mux = self._routes.get(channel)
+        if mux is not None:
+            mux.deliver(channel, data)
+
+    def last_message(self, channel: str) -> bytes | str | None:
+        mux = self._routes.get(channel)
+        return None if mux is None else mux.last_message(channel)
+
+    def watched(self) -> list[str]:
+        return list(self._routes)
+
+    @property
+    def watched_channels(self) -> int:
+        return len(self._routes)
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._muxes) and all(mux.connected for mux in self._muxes.values())
+
+    @property
+    def connects(self) -> int:
+        return sum(mux.connects for mux in self._muxes.values())
+
+    async def close(self) -> None:
+        self._closed = True
+        for mux in list(self._muxes.values()):
+            await mux.close()

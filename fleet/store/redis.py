@@ -197,17 +197,25 @@ class RedisStore:
         self.redis: Any = cast(Any, client)  # aioredis.Redis, or RedisCluster in cluster mode
         self._pending_key = cl.PENDING_KEY_CLUSTER if self.cluster_mode else c.PENDING_KEY
         self._message_key = cl.pending_message_key_cluster if self.cluster_mode else c.pending_message_key
-        self._cas = self.redis.register_script(CAS_LUA)
-        self._cas_many_lua = cl.CROSS_SLOT + CAS_MANY_LUA if self.cluster_mode else CAS_MANY_LUA
+        self._done_channel = cl.done_channel_cluster if self.cluster_mode else c.done_channel
+        self._cas_lua = cl.sharded(CAS_LUA) if self.cluster_mode else CAS_LUA
+        self._cas = self.redis.register_script(self._cas_lua)
+        self._cas_many_lua = cl.CROSS_SLOT + cl.sharded(CAS_MANY_LUA) if self.cluster_mode else CAS_MANY_LUA
         self._cas_many_script = self.redis.register_script(self._cas_many_lua)
         self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
         self._mark_pending = self.redis.register_script(MARK_PENDING_LUA)
         self._claim_pending = self.redis.register_script(CLAIM_PENDING_LUA)
-        self._create_terminal = self.redis.register_script(CREATE_TERMINAL_LUA)
+        self._create_terminal_lua = cl.sharded(CREATE_TERMINAL_LUA) if self.cluster_mode else CREATE_TERMINAL_LUA
+        self._create_terminal = self.redis.register_script(self._create_terminal_lua)
         self._known: OrderedDict[str, tuple[bytes, JobRecord | None]] = OrderedDict()
-        connections = cl.NodeConnections(self.redis) if self.cluster_mode else self.redis.connection_pool
-        self._mux = PubSubMux(connections, display_url=self.display_url)
-        self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s)
+        self._mux: Any
+        if self.cluster_mode:
+            self._mux = cl.ShardedMux(self.redis, display_url=self.display_url)
+            job_of = cl.job_of_channel_cluster
+        else:
+            self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
+            job_of = _job_of_channel
+        self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s, job_of_channel=job_of)
         self._closed = False
 
     @property
@@ -222,7 +230,14 @@ class RedisStore:
                 if self.cluster_mode:
                     await self.redis.initialize()
                 await self.redis.ping()
-            for script in (CAS_LUA, self._cas_many_lua, CREATE_PENDING_LUA, MARK_PENDING_LUA, CLAIM_PENDING_LUA):
+            scripts = (
+                self._cas_lua,
+                self._cas_many_lua,
+                self._create_terminal_lua,
+                MARK_PENDING_LUA,
+                CLAIM_PENDING_LUA,
+            )
+            for script in (*scripts, CREATE_PENDING_LUA):
                 await self.redis.script_load(script)
         except (RedisError, OSError) as exc:
             refused = link_error("Redis", self.display_url, exc, REDIS_AUTH_SETTINGS)
@@ -249,7 +264,7 @@ class RedisStore:
         raw, job_id = transitions.record_json(record), record.job_id
         with self._errors(f"create job {job_id!r}"):
             if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
-                args: list[bytes | str | int] = [raw, self.job_ttl_s, c.done_channel(job_id)]
+                args: list[bytes | str | int] = [raw, self.job_ttl_s, self._done_channel(job_id)]
                 return bool(await self._create_terminal(keys=[c.job_key(job_id)], args=args))
             if message is None:
                 return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
@@ -506,7 +521,8 @@ class RedisStore:
 
     def _cas_many_args(self, expected: list[bytes], raws: list[bytes], publish: bool) -> list[bytes | str | int]:
         args: list[bytes | str | int] = [self.job_ttl_s, "1" if publish else "0", len(JOB_KEY_PREFIX)]
-        args += (c.done_channel(""), ",".join([str(len(e)) for e in expected]), b"".join(expected), *raws)
+        prefix = cl.DONE_PREFIX_CLUSTER if self.cluster_mode else c.done_channel("")
+        args += (prefix, ",".join([str(len(e)) for e in expected]), b"".join(expected), *raws)
         return args
 
     async def _cas_many_cluster(
@@ -560,7 +576,7 @@ class RedisStore:
 
     async def _watch_until(self, job_id: str, deadline: float) -> JobRecord | None:
         loop = asyncio.get_running_loop()
-        channel = c.done_channel(job_id)
+        channel = self._done_channel(job_id)
         backoff_s = WAIT_BACKOFF_S[0]
         while True:
             future = await self._mux.watch(channel, max(deadline - loop.time(), 0.0))
@@ -607,7 +623,7 @@ class RedisStore:
         self, job_id: str, expected: bytes | None, new: bytes, *, publish: bool
     ) -> tuple[bool, bytes | None]:
         """Write ``new`` if the key still holds ``expected``; otherwise return what it holds now."""
-        channel = c.done_channel(job_id) if publish else ""
+        channel = self._done_channel(job_id) if publish else ""
         args: list[bytes | str | int] = [expected or b"", new, self.job_ttl_s, channel]
         with self._errors(f"update job {job_id!r}"):
             result = await self._cas(keys=[c.job_key(job_id)], args=args)
@@ -653,6 +669,13 @@ def _client(
         **link_options,
     )
     return aioredis.Redis.from_pool(pool)
+
+
+_DONE_PREFIX = c.done_channel("")
+
+
+def _job_of_channel(channel: str) -> str | None:
+    return channel[len(_DONE_PREFIX) :] if channel.startswith(_DONE_PREFIX) else None
 
 
 def _as_bytes(value: bytes | str) -> bytes:
