@@ -31,7 +31,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import constants as c
@@ -239,7 +239,7 @@ class RedisStore:
             )
             for script in (*scripts, CREATE_PENDING_LUA):
                 await self.redis.script_load(script)
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             refused = link_error("Redis", self.display_url, exc, REDIS_AUTH_SETTINGS)
             if refused is not None:
                 raise refused from None
@@ -649,7 +649,7 @@ class RedisStore:
             yield
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreError(f"result store at {self.display_url} could not {action}: {exc}; {HINT}") from exc
-        except RedisError as exc:
+        except (RedisError, RedisClusterException, LookupError) as exc:  # LookupError: a slot no node serves
             raise StoreError(f"result store at {self.display_url} could not {action}: {exc}") from exc
 
 

@@ -469,8 +469,9 @@ async def test_redis_waiter_survives_a_dropped_pubsub_connection(redis_store: Re
     assert await asyncio.wait_for(second, 2) == second_done
 
 
-async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why() -> None:
-    url = f"redis://127.0.0.1:{services.free_port()}/0"
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why(scheme: str) -> None:
+    url = f"{scheme}://127.0.0.1:{services.free_port()}" + ("/0" if scheme == "redis" else "")
     store = RedisStore(url, job_ttl_s=60)
     started = time.monotonic()
     try:
@@ -481,6 +482,17 @@ async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why() -> None:
     assert time.monotonic() - started < 5
     assert url in caught.value.message
     assert caught.value.retriable is True
+
+
+async def test_a_cluster_url_naming_a_plain_redis_says_so(redis_url: str) -> None:
+    url = redis_url.replace("redis://", "redis+cluster://").removesuffix("/0")
+    store = RedisStore(url, job_ttl_s=60)
+    try:
+        with pytest.raises(StoreError, match=r"[Cc]luster") as caught:
+            await store.connect()
+    finally:
+        await store.close()
+    assert url in caught.value.message
 
 
 def test_redis_urls_in_messages_hide_the_password() -> None:
