@@ -131,6 +131,11 @@ class BoundedCluster(RedisCluster):
         async with self._bound:
             return await super().execute_command(*args, **kwargs)
 
+    async def mget_nonatomic(self, keys: Any, *args: Any) -> Any:  # type: ignore[override]
+        # A pipeline holding at most one connection per node: one permit keeps every node within the bound.
+        async with self._bound:
+            return await super().mget_nonatomic(keys, *args)
+
 
 def group_by_node(cluster: RedisCluster, keys: Sequence[bytes]) -> dict[str, tuple[ClusterNode, list[int]]]:
     """The indexes of ``keys`` per node that serves their slot (node name -> (node, indexes)), in order."""
