@@ -156,7 +156,7 @@ def redis_options(settings: FleetSettings) -> dict[str, Any]:
         options["password"] = read_secret(settings.redis_password_file, "Redis password")
         if settings.redis_user is not None:
             options["username"] = settings.redis_user
-    if urlsplit(settings.store_url).scheme == "rediss":
+    if urlsplit(settings.store_url).scheme in ("rediss", "rediss+cluster"):
         for name, path in (
             ("ssl_ca_certs", settings.redis_tls_ca_file),
             ("ssl_certfile", settings.redis_tls_cert_file),
@@ -195,11 +195,11 @@ def _tls_needs_scheme(settings: FleetSettings) -> None:
     if any(f is not None for f in nats_files) and schemes == {"nats"}:
         raise ValueError("nats_tls_* files are set but broker_url is nats://...: write tls://host:4222 to use TLS")
     redis_files = (settings.redis_tls_ca_file, settings.redis_tls_cert_file)
-    if any(f is not None for f in redis_files) and settings.store_scheme == "redis":
+    if any(f is not None for f in redis_files) and settings.store_scheme in ("redis", "redis+cluster"):
         raise ValueError("redis_tls_* files are set but store_url is redis://...: write rediss://host:6379/0")
 
 
-_TLS_SCHEMES = frozenset({"tls", "rediss"})
+_TLS_SCHEMES = frozenset({"tls", "rediss", "rediss+cluster"})
 # how a TLS server that refuses the client may end the handshake, depending on timing (TLS 1.3)
 _CLOSED_IN_HANDSHAKE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, ssl.SSLEOFError)
 

@@ -19,7 +19,7 @@ from fleet.errors import ConfigError
 from fleet.priorities import check_weights
 
 BROKER_SCHEMES = ("memory", "nats", "tls", "kafka")  # tls:// is NATS over TLS
-STORE_SCHEMES = ("memory", "redis", "rediss")
+STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
 def url_scheme(url: str, allowed: tuple[str, ...], what: str) -> str:
@@ -85,7 +85,9 @@ class FleetSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", validate_default=True)
 
     broker_url: str = Field("memory://", description="memory://, nats://host:4222 or kafka://host:9092")
-    store_url: str = Field("memory://", description="memory:// or redis://host:6379/0")
+    store_url: str = Field(
+        "memory://", description="memory://, redis://host:6379/0 or redis+cluster://host:7000 (a Redis Cluster)"
+    )
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["echo", "sleep", "embed"],
         description="models to serve: built-in names or import paths 'package.module:Handler' (comma-separated)",

@@ -21,6 +21,13 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A real 3-primary Redis Cluster (``tests/services.py``): a ``redis+cluster://`` URL naming its nodes."""
+    with services.redis_cluster() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     with services.nats_server() as url:
         yield url

@@ -22,6 +22,8 @@ from schemas.wire import RequestMessage
 
 # Pairs that every end-to-end test runs over.
 PAIRS = ["memory", "nats+redis", "kafka+redis"]
+# NATS with the store on a 3-primary Redis Cluster (``redis_cluster_url``): the worker tests run on it too.
+CLUSTER_PAIR = "nats+redis_cluster"
 
 TEST_SETTINGS: dict[str, Any] = {
     "ack_wait_s": 2.0,

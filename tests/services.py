@@ -118,3 +118,63 @@ def nats_server() -> Iterator[str]:
         argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp]
         with _server(argv, port, Path(tmp), "nats-server"):
             yield f"nats://127.0.0.1:{port}"
+
+
+CLUSTER_PRIMARIES = 3
+
+
+@contextlib.contextmanager
+def redis_cluster(primaries: int = CLUSTER_PRIMARIES, timeout_s: float = 60) -> Iterator[str]:
+    """A real Redis Cluster of ``primaries`` primaries (no replicas) on free ports: ``redis+cluster://`` URL.
+
+    ``FLEET_TEST_REDIS_CLUSTER_URL`` points the tests at a running cluster instead. Each node runs
+    ``redis-server --cluster-enabled yes`` in its own directory; ``redis-cli --cluster create`` assigns the slots,
+    and the cluster is used once every node reports ``cluster_state:ok``.
+    """
+    url = os.environ.get("FLEET_TEST_REDIS_CLUSTER_URL")
+    if url:
+        yield url
+        return
+    binary = require_binary("redis-server", "redis-server", "Redis Cluster")
+    cli = require_binary("redis-cli", "redis-tools", "Redis Cluster")
+    ports = [_cluster_port() for _ in range(primaries)]
+    with tempfile.TemporaryDirectory(prefix="fleet-redis-cluster-") as tmp, contextlib.ExitStack() as stack:
+        for port in ports:
+            workdir = Path(tmp) / str(port)
+            workdir.mkdir()
+            argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--dir", str(workdir)]
+            stack.enter_context(_server(argv, port, workdir, "Redis Cluster node"))
+        _create_cluster(cli, ports, timeout_s)
+        yield "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10000 above it, so at most 55535) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port <= 55535 and not port_open("127.0.0.1", port + 10000):
+            with contextlib.suppress(OSError), socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+                return port
+    raise ServiceUnavailable("Redis Cluster", "found no free port pair (port, port + 10000) for a node")
+
+
+def _create_cluster(cli: str, ports: list[int], timeout_s: float) -> None:
+    nodes = [f"127.0.0.1:{port}" for port in ports]
+    argv = [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise ServiceUnavailable("Redis Cluster", f"'redis-cli --cluster create' failed:\n{done.stdout}{done.stderr}")
+    deadline = time.monotonic() + timeout_s
+    waiting = list(ports)
+    while waiting and time.monotonic() < deadline:
+        info = subprocess.run(
+            [cli, "-p", str(waiting[0]), "cluster", "info"], capture_output=True, text=True, timeout=10, check=False
+        )
+        if "cluster_state:ok" in info.stdout:
+            waiting.pop(0)
+        else:
+            time.sleep(0.1)
+    if waiting:
+        raise ServiceUnavailable("Redis Cluster", f"node 127.0.0.1:{waiting[0]} did not reach cluster_state:ok")

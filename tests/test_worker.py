@@ -19,6 +19,7 @@ from schemas.jobs import JobError, JobRecord, JobState
 from schemas.wire import DeadLetter, Heartbeat
 from tests.handlers_for_tests import Items
 from tests.infra import (
+    CLUSTER_PAIR,
     PAIRS,
     connected_pair,
     drain_subject,
@@ -38,7 +39,7 @@ def urls_for(request: pytest.FixtureRequest, pair: str) -> dict[str, str]:
     return urls
 
 
-@pytest.fixture(params=PAIRS)
+@pytest.fixture(params=[*PAIRS, CLUSTER_PAIR])
 def settings(request: pytest.FixtureRequest) -> FleetSettings:
     return settings_for(request.param, urls_for(request, request.param))
 

@@ -17,7 +17,8 @@ __all__ = ["ResultStore", "make_store"]
 
 
 def make_store(settings: FleetSettings) -> ResultStore:
-    """Build (not connect) the store that ``settings.store_url`` names: ``memory://``, ``redis://`` or ``rediss://``.
+    """Build (not connect) the store that ``settings.store_url`` names: ``memory://``, ``redis://``, ``rediss://``,
+    or a Redis Cluster: ``redis+cluster://`` / ``rediss+cluster://``.
 
     The ACL user and TLS come from the ``redis_*`` settings (``fleet.links``). Each call builds a new store; for
     ``memory://`` the gateway and the workers of one process must share the one instance the composition root
@@ -28,11 +29,12 @@ def make_store(settings: FleetSettings) -> ResultStore:
         from fleet.store.memory import MemoryStore
 
         return MemoryStore(job_ttl_s=settings.job_ttl_s)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         from fleet.links import redis_options
         from fleet.store.redis import RedisStore
 
         return RedisStore(settings.store_url, job_ttl_s=settings.job_ttl_s, link_options=redis_options(settings))
     raise ConfigError(
-        f"store URL {redact(settings.store_url)!r}: unsupported scheme {scheme!r}; use memory://, redis:// or rediss://"
+        f"store URL {redact(settings.store_url)!r}: unsupported scheme {scheme!r}; "
+        "use memory://, redis://, rediss:// or redis+cluster://"
     )

@@ -25,8 +25,8 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Iterable
+from typing import Protocol
 
-from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 SUBSCRIBE_CHUNK = 1000  # channels per SUBSCRIBE when resubscribing after a reconnect
 
 
+class Connections(Protocol):
+    """Where the mux gets its connection: a ``redis.asyncio.ConnectionPool``, or on a cluster
+    ``fleet.store.cluster.NodeConnections`` (any node: a cluster forwards every PUBLISH to all of them)."""
+
+    def make_connection(self) -> AbstractConnection: ...
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -49,16 +56,22 @@ class PubSubMux:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Connections,
         *,
         display_url: str,
         ping_interval_s: float = 5.0,
         max_backoff_s: float = 2.0,
+        sharded: bool = False,
     ) -> None:
         self._pool = pool
         self._display_url = display_url
         self._ping_interval_s = ping_interval_s
         self._max_backoff_s = max_backoff_s
+        # Sharded pub/sub (a cluster node's SSUBSCRIBE): the same bookkeeping, one channel per command (a sharded
+        # subscription names channels of one slot only).
+        self._sharded = sharded
+        self._sub_cmd, self._unsub_cmd = ("SSUBSCRIBE", "SUNSUBSCRIBE") if sharded else ("SUBSCRIBE", "UNSUBSCRIBE")
+        self._kinds = ("smessage", "ssubscribe") if sharded else ("message", "subscribe")
         self._conn: AbstractConnection | None = None
         self._waiters: dict[str, set[asyncio.Future[bytes | str | None]]] = {}
         self._subs: dict[str, asyncio.Future[None]] = {}  # subscribed on the current connection -> its ack
@@ -179,7 +192,7 @@ class PubSubMux:
             if ack is None:
                 ack = self._expect_acks([channel])[0]
                 try:
-                    await self._send("SUBSCRIBE", channel)
+                    await self._send(self._sub_cmd, channel)
                 except BaseException:
                     self._forget_ack(channel, ack)
                     raise
@@ -212,7 +225,7 @@ class PubSubMux:
                     del self._subs[channel]
                     self._last.pop(channel, None)
                 if channels and self.connected:
-                    await self._send("UNSUBSCRIBE", *channels)
+                    await self._send_each(self._unsub_cmd, channels)
         except (RedisError, OSError) as exc:
             log.debug("unsubscribe failed (the reader reconnects): %r", exc)
         finally:
@@ -224,6 +237,17 @@ class PubSubMux:
         if self._conn is None or not self.connected:
             raise RedisConnectionError(f"pub/sub connection to {self._display_url} is down")
         await self._conn.send_command(*args, check_health=False)
+
+    async def _send_each(self, command: str, channels: list[str]) -> None:
+        """``command`` for all ``channels`` in one write, or (sharded) one command per channel."""
+        if not self._sharded:
+            await self._send(command, *channels)
+            return
+        if self._conn is None or not self.connected:
+            raise RedisConnectionError(f"pub/sub connection to {self._display_url} is down")
+        await self._conn.send_packed_command(
+            self._conn.pack_commands([(command, channel) for channel in channels]), check_health=False
+        )
 
     # -- connection and reader --------------------------------------------------------------------------------
 
@@ -257,7 +281,7 @@ class PubSubMux:
             for start in range(0, len(channels), SUBSCRIBE_CHUNK):
                 chunk = channels[start : start + SUBSCRIBE_CHUNK]
                 self._expect_acks(chunk)
-                await self._send("SUBSCRIBE", *chunk)
+                await self._send_each(self._sub_cmd, chunk)
         self.connects += 1
         if self.connects > 1:
             log.info(
@@ -286,11 +310,11 @@ class PubSubMux:
         if not isinstance(response, list) or len(response) < 3:
             return  # PONG outside subscribed mode
         kind, channel = _text(response[0]), _text(response[1])
-        if kind == "message":
+        if kind == self._kinds[0]:
             if channel in self._subs:
                 self._last[channel] = response[2]
             self.deliver(channel, response[2])
-        elif kind == "subscribe":
+        elif kind == self._kinds[1]:
             acks = self._acks.get(channel)
             if acks:
                 ack = acks.popleft()

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import ValidationError
 from redis import asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from fleet import constants as c
@@ -35,11 +38,12 @@ class Rechecker:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
-        mux: PubSubMux,
+        redis: aioredis.Redis | RedisCluster,
+        mux: PubSubMux | Any,
         *,
         interval_s: float = RECHECK_INTERVAL_S,
         batch: int = RECHECK_BATCH,
+        job_of_channel: Callable[[str], str | None] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -47,6 +51,7 @@ class Rechecker:
         self._mux = mux
         self.interval_s = interval_s
         self._batch = batch
+        self._job_of = job_of_channel or _job_of_channel
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.delivered = 0  # terminal records handed over by a re-read (their notice was lost or late)
@@ -75,11 +80,16 @@ class Rechecker:
 
     async def recheck(self) -> int:
         """One pass over every watched job; returns how many terminal records it delivered."""
-        channels = [ch for ch in self._mux.watched() if ch.startswith(CHANNEL_PREFIX)]
+        jobs = {ch: job for ch in self._mux.watched() if (job := self._job_of(ch)) is not None}
+        channels = list(jobs)
         found = 0
         for start in range(0, len(channels), self._batch):
             chunk = channels[start : start + self._batch]
-            raws = await self._redis.mget([c.job_key(ch[len(CHANNEL_PREFIX) :]) for ch in chunk])
+            keys = [c.job_key(jobs[ch]) for ch in chunk]
+            if isinstance(self._redis, RedisCluster):
+                raws = await self._redis.mget_nonatomic(keys)  # per slot: a cluster refuses a cross-slot MGET
+            else:
+                raws = await self._redis.mget(keys)
             for channel, raw in zip(chunk, raws, strict=True):
                 if raw and _is_terminal(raw):
                     self._mux.deliver(channel, raw)
@@ -88,6 +98,11 @@ class Rechecker:
             self.delivered += found
             log.debug("re-read %d watched records: %d had ended", len(channels), found)
         return found
+
+
+def _job_of_channel(channel: str) -> str | None:
+    """The job id of a completion channel ``fleet:done:<id>`` (None for any other channel, e.g. a DAG run's)."""
+    return channel[len(CHANNEL_PREFIX) :] if channel.startswith(CHANNEL_PREFIX) else None
 
 
 def _is_terminal(raw: bytes | str) -> bool:

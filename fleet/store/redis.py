@@ -11,6 +11,8 @@ there through one pub/sub connection shared by all waiters (``fleet.store.pubsub
 Unpublished jobs (``create`` with a message): the sorted set ``fleet.constants.PENDING_KEY`` of job ids scored by
 Redis's clock, and each message under ``pending_message_key(job_id)`` with the record's TTL. Creating the record
 and marking it is one script; ``published`` is one pipelined round trip.
+
+On a Redis Cluster (``redis+cluster://``) the same store shards: see ``fleet.store.cluster`` for what changes.
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 from redis import asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.links import link_error, redact
+from fleet.store import cluster as cl
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.pubsub import PubSubMux
@@ -61,7 +65,8 @@ return {1}
 # client's per-argument cost low; the new values (outputs, often kilobytes) are arguments of their own because
 # cutting them out of one large string costs Redis, the one server every worker shares, more than the client
 # saves. Comparing whole values (like CAS_LUA) needs no digest on either side. Returns per key 1 when written, else
-# the current value ('' when absent). The completion channel of a key is the channel prefix plus the job id.
+# the current value ('' when absent). The completion channel of a key is the channel prefix plus the job id. A key
+# expected absent (a job published straight to the broker: its first start) costs one SET NX, not a GET and a SET.
 CAS_MANY_LUA = """
 local out = {}
 local cut = tonumber(ARGV[3]) + 1
@@ -70,10 +75,20 @@ local from, i = 1, 0
 for expected_len in string.gmatch(ARGV[5], '%d+') do
   i = i + 1
   local upto = from + tonumber(expected_len)
-  local current = redis.call('GET', KEYS[i]) or ''
-  if current == string.sub(blob, from, upto - 1) then
-    local value = ARGV[6 + i]
-    redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
+  local value = ARGV[6 + i]
+  local written = false
+  local current
+  if upto == from then  -- expected absent: one SET NX, no read
+    written = redis.call('SET', KEYS[i], value, 'NX', 'EX', ARGV[1])
+    if not written then current = redis.call('GET', KEYS[i]) or '' end
+  else
+    current = redis.call('GET', KEYS[i]) or ''
+    if current == string.sub(blob, from, upto - 1) then
+      redis.call('SET', KEYS[i], value, 'EX', ARGV[1])
+      written = true
+    end
+  end
+  if written then
     if ARGV[2] == '1' then redis.call('PUBLISH', ARGV[4] .. string.sub(KEYS[i], cut), value) end
     out[i] = 1
   else
@@ -97,6 +112,14 @@ return 1
 CREATE_TERMINAL_LUA = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
+return 1
+"""
+# KEYS: pending set, message key (one slot on a cluster); ARGV: job id, message, ttl_s. The mark alone, scored by
+# Redis's clock, unless the job is marked already. Returns 1 if it added the mark.
+MARK_PENDING_LUA = """
+local t = redis.call('TIME')
+if redis.call('ZADD', KEYS[1], 'NX', tonumber(t[1]) + tonumber(t[2]) / 1000000, ARGV[1]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 """
 # KEYS[1] pending set; ARGV: older_than_s, limit, message key prefix. Returns id1, message1, id2, ... of the jobs
@@ -128,7 +151,8 @@ class RedisStore:
 
     Args:
         url: ``redis://[user:password@]host:port/db`` or ``rediss://...``; query options such as
-            ``socket_timeout`` override the defaults below.
+            ``socket_timeout`` override the defaults below. ``redis+cluster://host:port[,host:port...]`` (or
+            ``rediss+cluster://``) names seed nodes of a Redis Cluster (``fleet.store.cluster``).
         job_ttl_s: lifetime of a record after its last write.
         client: an already-built ``redis.asyncio.Redis`` to use instead of one built from ``url`` (not closed by
             ``close``).
@@ -151,7 +175,7 @@ class RedisStore:
         url: str,
         *,
         job_ttl_s: int,
-        client: aioredis.Redis | None = None,
+        client: aioredis.Redis | RedisCluster | None = None,
         socket_timeout_s: float = 5.0,
         connect_timeout_s: float = 3.0,
         max_connections: int = 64,
@@ -165,17 +189,33 @@ class RedisStore:
         self.job_ttl_s = job_ttl_s
         self._connect_timeout_s = connect_timeout_s
         self._owns_client = client is None
-        self.redis: aioredis.Redis = client or _client(
-            url, socket_timeout_s, connect_timeout_s, max_connections, link_options or {}
-        )
-        self._cas = self.redis.register_script(CAS_LUA)
-        self._cas_many_script = self.redis.register_script(CAS_MANY_LUA)
+        self.cluster_mode = cl.is_cluster_url(url) if client is None else isinstance(client, RedisCluster)
+        if client is None:
+            build = cl.cluster_client if self.cluster_mode else _client
+            client = build(url, socket_timeout_s, connect_timeout_s, max_connections, link_options or {})
+        assert client is not None
+        self.redis: Any = cast(Any, client)  # aioredis.Redis, or RedisCluster in cluster mode
+        self._pending_key = cl.PENDING_KEY_CLUSTER if self.cluster_mode else c.PENDING_KEY
+        self._message_key = cl.pending_message_key_cluster if self.cluster_mode else c.pending_message_key
+        self._done_channel = cl.done_channel_cluster if self.cluster_mode else c.done_channel
+        self._cas_lua = cl.sharded(CAS_LUA) if self.cluster_mode else CAS_LUA
+        self._cas = self.redis.register_script(self._cas_lua)
+        self._cas_many_lua = cl.CROSS_SLOT + cl.sharded(CAS_MANY_LUA) if self.cluster_mode else CAS_MANY_LUA
+        self._cas_many_script = self.redis.register_script(self._cas_many_lua)
         self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
+        self._mark_pending = self.redis.register_script(MARK_PENDING_LUA)
         self._claim_pending = self.redis.register_script(CLAIM_PENDING_LUA)
-        self._create_terminal = self.redis.register_script(CREATE_TERMINAL_LUA)
+        self._create_terminal_lua = cl.sharded(CREATE_TERMINAL_LUA) if self.cluster_mode else CREATE_TERMINAL_LUA
+        self._create_terminal = self.redis.register_script(self._create_terminal_lua)
         self._known: OrderedDict[str, tuple[bytes, JobRecord | None]] = OrderedDict()
-        self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
-        self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s)
+        self._mux: Any
+        if self.cluster_mode:
+            self._mux = cl.ShardedMux(self.redis, display_url=self.display_url)
+            job_of = cl.job_of_channel_cluster
+        else:
+            self._mux = PubSubMux(self.redis.connection_pool, display_url=self.display_url)
+            job_of = _job_of_channel
+        self._recheck = Rechecker(self.redis, self._mux, interval_s=recheck_interval_s, job_of_channel=job_of)
         self._closed = False
 
     @property
@@ -187,12 +227,19 @@ class RedisStore:
         """Check that Redis answers; raise ``StoreError`` naming the URL within a few seconds when it does not."""
         try:
             async with asyncio.timeout(self._connect_timeout_s + 1):
+                if self.cluster_mode:
+                    await self.redis.initialize()
                 await self.redis.ping()
-            await self.redis.script_load(CAS_LUA)
-            await self.redis.script_load(CAS_MANY_LUA)
-            await self.redis.script_load(CREATE_PENDING_LUA)
-            await self.redis.script_load(CLAIM_PENDING_LUA)
-        except (RedisError, OSError) as exc:
+            scripts = (
+                self._cas_lua,
+                self._cas_many_lua,
+                self._create_terminal_lua,
+                MARK_PENDING_LUA,
+                CLAIM_PENDING_LUA,
+            )
+            for script in (*scripts, CREATE_PENDING_LUA):
+                await self.redis.script_load(script)
+        except (RedisError, RedisClusterException, OSError) as exc:
             refused = link_error("Redis", self.display_url, exc, REDIS_AUTH_SETTINGS)
             if refused is not None:
                 raise refused from None
@@ -217,24 +264,45 @@ class RedisStore:
         raw, job_id = transitions.record_json(record), record.job_id
         with self._errors(f"create job {job_id!r}"):
             if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
-                args: list[bytes | str | int] = [raw, self.job_ttl_s, c.done_channel(job_id)]
+                args: list[bytes | str | int] = [raw, self.job_ttl_s, self._done_channel(job_id)]
                 return bool(await self._create_terminal(keys=[c.job_key(job_id)], args=args))
             if message is None:
                 return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
+            if self.cluster_mode:
+                return await self._create_marked_cluster(job_id, raw, message)
             keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id)]
             return bool(await self._create_pending(keys=keys, args=[raw, self.job_ttl_s, job_id, message]))
 
+    async def _create_marked_cluster(self, job_id: str, raw: bytes, message: bytes) -> bool:
+        """``create(record, message)`` on a cluster, where the record and the marks are in different slots: the mark
+        first (a gateway dying next leaves a mark without a record, which the reconcile sweep clears), then the
+        record; a mark this call added for a job that existed already is taken back."""
+        keys = [self._pending_key, self._message_key(job_id)]
+        marked = await self._mark_pending(keys=keys, args=[job_id, message, self.job_ttl_s])
+        if await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s):
+            return True
+        if marked:
+            await self._unmark(job_id)
+        return False
+
+    async def _unmark(self, job_id: str) -> None:
+        if self.cluster_mode:  # plain commands: a cluster pipeline would bypass the client's bound on connections
+            await self.redis.execute_command("ZREM", self._pending_key, job_id)
+            await self.redis.delete(self._message_key(job_id))
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self._pending_key, job_id)
+            pipe.delete(self._message_key(job_id))
+            await pipe.execute()
+
     async def published(self, job_id: str) -> None:
         with self._errors(f"mark job {job_id!r} published"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zrem(c.PENDING_KEY, job_id)
-                pipe.delete(c.pending_message_key(job_id))
-                await pipe.execute()
+            await self._unmark(job_id)
 
     async def claim_unpublished(self, older_than_s: float, limit: int) -> list[tuple[str, bytes | None]]:
-        args: list[float | int | str] = [older_than_s, limit, c.pending_message_key("")]
+        args: list[float | int | str] = [older_than_s, limit, self._message_key("")]
         with self._errors("claim unpublished jobs"):
-            flat = await self._claim_pending(keys=[c.PENDING_KEY], args=args)
+            flat = await self._claim_pending(keys=[self._pending_key], args=args)
         pairs = zip(flat[::2], flat[1::2], strict=True)
         return [(_as_bytes(job_id).decode(), _as_bytes(message) or None) for job_id, message in pairs]
 
@@ -249,7 +317,7 @@ class RedisStore:
             return []
         keys = [JOB_KEY_PREFIX + job_id.encode() for job_id in job_ids]
         with self._errors(f"read {len(job_ids)} jobs"):
-            raws = await self.redis.mget(keys)
+            raws = await self._mget(keys)
         records: list[JobRecord | None] = []
         known = self._known
         for job_id, raw in zip(job_ids, raws, strict=True):
@@ -266,6 +334,9 @@ class RedisStore:
 
     async def delete(self, job_id: str) -> None:
         with self._errors(f"delete job {job_id!r}"):
+            if self.cluster_mode:
+                await asyncio.gather(self.redis.delete(c.job_key(job_id)), self._unmark(job_id))
+                return
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(c.job_key(job_id), c.pending_message_key(job_id))
                 pipe.zrem(c.PENDING_KEY, job_id)
@@ -394,7 +465,7 @@ class RedisStore:
         unknown = [i for i, entry in enumerate(state) if entry is UNKNOWN]
         if unknown:
             with self._errors(f"read {len(unknown)} jobs"):
-                raws = await self.redis.mget([keys[i] for i in unknown])
+                raws = await self._mget([keys[i] for i in unknown])
             for i, raw in zip(unknown, raws, strict=True):
                 state[i] = self._state_of(job_ids[i], raw)
         return state
@@ -424,21 +495,19 @@ class RedisStore:
         results: list[tuple[bool, JobRecord] | None],
         publish: bool,
     ) -> list[int]:
-        """One compare-and-set command for the whole round; returns the indexes that lost a race (``state`` refreshed).
-
-        All keys go to one script, so on Redis Cluster they would need one hash slot: Fleet expects a single Redis
-        (or a primary with replicas), as its pub/sub notifications do anyway.
-        """
+        """One compare-and-set command for the whole round (on a cluster one per node, run concurrently); returns the
+        indexes that lost a race (``state`` refreshed)."""
         if not writes:
             return []
         record_json = transitions.record_json
         raws = [record_json(record) for _, record in writes]
         expected = [state[i][0] for i, _ in writes]
-        flag = "1" if publish else "0"
-        args: list[bytes | str | int] = [self.job_ttl_s, flag, len(JOB_KEY_PREFIX), c.done_channel("")]
-        args += (",".join([str(len(e)) for e in expected]), b"".join(expected), *raws)
+        write_keys = [keys[i] for i, _ in writes]
         with self._errors(f"update {len(writes)} jobs"):
-            out = await self._cas_many_script(keys=[keys[i] for i, _ in writes], args=args)
+            if self.cluster_mode:
+                out = await self._cas_many_cluster(write_keys, expected, raws, publish)
+            else:
+                out = await self._cas_many_script(keys=write_keys, args=self._cas_many_args(expected, raws, publish))
         lost = []
         for (i, record), raw, result in zip(writes, raws, out, strict=True):
             if result == 1:
@@ -449,6 +518,44 @@ class RedisStore:
                 self._known.pop(job_ids[i], None)
                 lost.append(i)
         return lost
+
+    def _cas_many_args(self, expected: list[bytes], raws: list[bytes], publish: bool) -> list[bytes | str | int]:
+        args: list[bytes | str | int] = [self.job_ttl_s, "1" if publish else "0", len(JOB_KEY_PREFIX)]
+        prefix = cl.DONE_PREFIX_CLUSTER if self.cluster_mode else c.done_channel("")
+        args += (prefix, ",".join([str(len(e)) for e in expected]), b"".join(expected), *raws)
+        return args
+
+    async def _cas_many_cluster(
+        self, keys: list[bytes], expected: list[bytes], raws: list[bytes], publish: bool
+    ) -> list[Any]:
+        """``CAS_MANY_LUA`` on a cluster: one call per node that serves some of ``keys``, all at once; the results in
+        the order of ``keys``."""
+        groups = list(cl.group_by_node(self.redis, keys).values())
+
+        async def run(node: ClusterNode, idx: list[int]) -> list[Any]:
+            part_keys = [keys[i] for i in idx]
+            args = self._cas_many_args([expected[i] for i in idx], [raws[i] for i in idx], publish)
+            return await self._eval_on(node, self._cas_many_script.sha, self._cas_many_lua, part_keys, args)
+
+        parts = await asyncio.gather(*(run(node, idx) for node, idx in groups))
+        out: list[Any] = [None] * len(keys)
+        for (_, idx), part in zip(groups, parts, strict=True):
+            for i, result in zip(idx, part, strict=True):
+                out[i] = result
+        return out
+
+    async def _eval_on(self, node: ClusterNode, sha: str, lua: str, keys: list[bytes], args: list[Any]) -> Any:
+        try:
+            return await self.redis.execute_command("EVALSHA", sha, 0, len(keys), *keys, *args, target_nodes=node)
+        except NoScriptError:  # a node that restarted (or joined) since connect: load it there and run again
+            await self.redis.execute_command("SCRIPT LOAD", lua, target_nodes=node)
+            return await self.redis.execute_command("EVALSHA", sha, 0, len(keys), *keys, *args, target_nodes=node)
+
+    async def _mget(self, keys: list[bytes]) -> list[Any]:
+        """MGET, split per slot on a cluster (``mget_nonatomic``: every key is read, each one atomically)."""
+        if self.cluster_mode:
+            return list(await self.redis.mget_nonatomic(keys))
+        return list(await self.redis.mget(keys))
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
         """The terminal record once it exists, else the current record (None: unknown job) after ``timeout_s``.
@@ -469,7 +576,7 @@ class RedisStore:
 
     async def _watch_until(self, job_id: str, deadline: float) -> JobRecord | None:
         loop = asyncio.get_running_loop()
-        channel = c.done_channel(job_id)
+        channel = self._done_channel(job_id)
         backoff_s = WAIT_BACKOFF_S[0]
         while True:
             future = await self._mux.watch(channel, max(deadline - loop.time(), 0.0))
@@ -516,7 +623,7 @@ class RedisStore:
         self, job_id: str, expected: bytes | None, new: bytes, *, publish: bool
     ) -> tuple[bool, bytes | None]:
         """Write ``new`` if the key still holds ``expected``; otherwise return what it holds now."""
-        channel = c.done_channel(job_id) if publish else ""
+        channel = self._done_channel(job_id) if publish else ""
         args: list[bytes | str | int] = [expected or b"", new, self.job_ttl_s, channel]
         with self._errors(f"update job {job_id!r}"):
             result = await self._cas(keys=[c.job_key(job_id)], args=args)
@@ -542,7 +649,7 @@ class RedisStore:
             yield
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreError(f"result store at {self.display_url} could not {action}: {exc}; {HINT}") from exc
-        except RedisError as exc:
+        except (RedisError, RedisClusterException, LookupError) as exc:  # LookupError: a slot no node serves
             raise StoreError(f"result store at {self.display_url} could not {action}: {exc}") from exc
 
 
@@ -562,6 +669,13 @@ def _client(
         **link_options,
     )
     return aioredis.Redis.from_pool(pool)
+
+
+_DONE_PREFIX = c.done_channel("")
+
+
+def _job_of_channel(channel: str) -> str | None:
+    return channel[len(_DONE_PREFIX) :] if channel.startswith(_DONE_PREFIX) else None
 
 
 def _as_bytes(value: bytes | str) -> bytes:

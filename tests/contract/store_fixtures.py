@@ -13,7 +13,7 @@ from fleet.store.base import ResultStore
 from fleet.store.memory import MemoryStore
 from fleet.store.redis import RedisStore
 
-STORE_KINDS = ["memory", "redis"]
+STORE_KINDS = ["memory", "redis", "redis-cluster"]  # redis-cluster: 3 primaries (tests/services.py)
 
 StoreFactory = Callable[..., Awaitable[ResultStore]]
 
@@ -26,12 +26,13 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def store_factory(store_kind: str, request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     """``await store_factory(job_ttl_s=60)``: a connected store of this test's kind, closed after the test."""
-    redis_url = str(request.getfixturevalue("redis_url")) if store_kind == "redis" else ""
+    fixture = {"redis": "redis_url", "redis-cluster": "redis_cluster_url"}.get(store_kind)
+    redis_url = str(request.getfixturevalue(fixture)) if fixture else ""
     made: list[ResultStore] = []
 
     async def make(job_ttl_s: int = 60) -> ResultStore:
         store: ResultStore
-        if store_kind == "redis":
+        if fixture:
             store = RedisStore(redis_url, job_ttl_s=job_ttl_s)
         else:
             store = MemoryStore(job_ttl_s=job_ttl_s)

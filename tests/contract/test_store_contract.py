@@ -354,16 +354,17 @@ async def test_cancelled_waiter_leaves_the_store_usable(store: ResultStore) -> N
 
 def test_make_store_picks_the_implementation_by_url_scheme() -> None:
     assert isinstance(make_store(FleetSettings.model_validate({"store_url": "memory://"})), MemoryStore)
-    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0"):
+    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6380/0", "redis+cluster://127.0.0.1:7000"):
         store = make_store(FleetSettings.model_validate({"store_url": url, "job_ttl_s": 77}))
         assert isinstance(store, RedisStore)
         assert store.job_ttl_s == 77
+        assert store.cluster_mode == url.startswith("redis+cluster")
     with pytest.raises(ConfigError, match="scheme"):
         make_store(FleetSettings.model_construct(store_url="mongodb://x", job_ttl_s=1))
 
 
 def test_store_kinds_cover_every_store_scheme() -> None:
-    assert STORE_KINDS == ["memory", "redis"]
+    assert STORE_KINDS == ["memory", "redis", "redis-cluster"]
 
 
 # -- Redis specifics --------------------------------------------------------------------------------------------
@@ -468,8 +469,9 @@ async def test_redis_waiter_survives_a_dropped_pubsub_connection(redis_store: Re
     assert await asyncio.wait_for(second, 2) == second_done
 
 
-async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why() -> None:
-    url = f"redis://127.0.0.1:{services.free_port()}/0"
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why(scheme: str) -> None:
+    url = f"{scheme}://127.0.0.1:{services.free_port()}" + ("/0" if scheme == "redis" else "")
     store = RedisStore(url, job_ttl_s=60)
     started = time.monotonic()
     try:
@@ -480,6 +482,17 @@ async def test_redis_connect_to_a_closed_port_fails_fast_and_says_why() -> None:
     assert time.monotonic() - started < 5
     assert url in caught.value.message
     assert caught.value.retriable is True
+
+
+async def test_a_cluster_url_naming_a_plain_redis_says_so(redis_url: str) -> None:
+    url = redis_url.replace("redis://", "redis+cluster://").removesuffix("/0")
+    store = RedisStore(url, job_ttl_s=60)
+    try:
+        with pytest.raises(StoreError, match=r"[Cc]luster") as caught:
+            await store.connect()
+    finally:
+        await store.close()
+    assert url in caught.value.message
 
 
 def test_redis_urls_in_messages_hide_the_password() -> None:
