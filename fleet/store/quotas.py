@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fleet import constants as c
+from fleet.errors import StoreError
 from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors, text
 
@@ -277,11 +278,16 @@ class RedisQuotas:
         self.redis = store.redis
         self.display_url = store.display_url
         self._admit = self.redis.register_script(ADMIT_LUA)
+        from redis.exceptions import RedisError
+
+        self._failures = (RedisError, OSError, TimeoutError)
 
     async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
         args = [limit.interval_us, limit.burst, limit.max_queued, job_id or "", f"{hold_s:.3f}"]
-        async with RedisErrors("rate limiter", self.display_url, "check a tenant's limits"):
+        try:  # on every submit: a plain try, not RedisErrors (whose exit imports and checks on each call)
             reply = await self._admit(keys=[c.rate_key(tenant), c.queued_key(tenant)], args=args)
+        except self._failures as exc:
+            raise StoreError(f"rate limiter at {self.display_url} could not check a tenant's limits: {exc}") from exc
         return decision_of(reply, limit)
 
     async def release(self, items: list[tuple[str, str]]) -> None:

@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from prometheus_client import Counter
@@ -51,6 +52,7 @@ RATE_LIMITED = Counter(
     ["tenant", "reason"],
 )
 ADMITTED = Counter("fleet_rate_admitted_total", "Requests admitted by a tenant's limits, by tenant.", ["tenant"])
+_ADMITTED_OF: dict[str, Any] = {}  # tenant -> its child of ADMITTED (``labels`` takes a lock on each call)
 SWEPT = Counter(
     "fleet_quota_swept_total",
     "Queued-job places freed by a sweep (the job had ended, but no release reached the quota), by tenant.",
@@ -139,7 +141,10 @@ async def _decide(request: Request, job: JobRecord | None) -> None:
     request.scope.setdefault("state", {})[STATE_KEY] = decision
     if not decision.admitted:
         raise refusal(tenant, decision)
-    ADMITTED.labels(tenant).inc()
+    admitted = _ADMITTED_OF.get(tenant)
+    if admitted is None:
+        admitted = _ADMITTED_OF[tenant] = ADMITTED.labels(tenant)
+    admitted.inc()
     if decision.added and job is not None:
         request.scope["state"][HOLD_KEY] = (tenant, job.job_id)
 
