@@ -185,7 +185,8 @@ async def test_submits_past_the_burst_get_429_with_the_headers(request: Any, pai
 
 async def test_a_tenant_override_and_dag_runs(request: Any, unique: str) -> None:
     other = f"{unique}-big"
-    limits = {"rate_limit": f"{SLOW}/s burst 2", "tenant_limits": {other: {"burst": 4}}}
+    overrides = {other: {"burst": 4}, f"{unique}-free": {"rate": None}}
+    limits = {"rate_limit": f"{SLOW}/s burst 2", "tenant_limits": overrides}
     async with limited_gateway(request, "nats+redis", unique, **limits) as gw:
         key, _ = await make_key_store(gw.store).create(other, "submitter", None)
         big = {"Authorization": f"Bearer {key}"}
@@ -194,6 +195,9 @@ async def test_a_tenant_override_and_dag_runs(request: Any, unique: str) -> None
         assert small_codes == [202, 202, 429]
         assert big_codes == [202, 202, 202, 202, 429]
         assert gw.app.state.tenant_limiter.policy.for_tenant(other).rate == SLOW  # inherited from the default
+        free, _ = await make_key_store(gw.store).create(f"{unique}-free", "submitter", None)
+        free_codes = [(await gw.submit(i, {"Authorization": f"Bearer {free}"})).status_code for i in range(4)]
+        assert free_codes == [202] * 4  # "rate": null: this tenant has no limit
         run = await gw.client.post("/v1/dags/nodag/runs", json={"input": {}}, headers=gw.headers)
         assert run.status_code == 429 and error_of(run)["type"] == "rate_limited"  # counted before the lookup
 

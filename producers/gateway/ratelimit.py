@@ -70,9 +70,12 @@ class TenantLimiter:
     job_ttl_s: float
     _swept_at: dict[str, float] = field(default_factory=dict)
 
-    async def admit(self, tenant: str, job: JobRecord | None) -> Decision:
-        """Decide one request of ``tenant`` (with ``job``: also take a place in its quota)."""
+    async def admit(self, tenant: str, job: JobRecord | None) -> Decision | None:
+        """Decide one request of ``tenant`` (with ``job``: also take a place in its quota); None when nothing
+        limits it (no round trip then)."""
         limit = self.policy.for_tenant(tenant)
+        if limit.rate is None and (job is None or limit.max_queued == 0):
+            return None
         if job is None or limit.max_queued == 0:
             return await self.quotas.admit(tenant, limit, None, 0.0)
         hold = hold_s(job.expires_at, time.time(), self.job_ttl_s)
@@ -138,6 +141,8 @@ async def _decide(request: Request, job: JobRecord | None) -> None:
         return
     tenant = await tenant_of(request)
     decision = await limiter.admit(tenant, job)
+    if decision is None:
+        return
     request.scope.setdefault("state", {})[STATE_KEY] = decision
     if not decision.admitted:
         raise refusal(tenant, decision)
