@@ -74,7 +74,7 @@ def fleet(urls: dict[str, str], ports: dict[str, int]) -> Iterator[dict[str, str
                 )
         bases = {mode: f"http://127.0.0.1:{port}" for mode, port in ports.items()}
         for base in bases.values():
-            wait_ready(base, procs)
+            wait_ready(base, procs, timeout_s=300)  # a loaded machine imports slowly
         yield bases
     finally:
         stop_processes(procs)
