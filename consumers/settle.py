@@ -8,7 +8,9 @@ Every message a worker takes leaves through here, whatever became of it: a resul
    ``consumers.outage``: it is not the job's failure);
 2. the ``on_settled`` hooks run with the stored terminal record (DAG continuation, cache fill, tests); a hook that
    raises hands the message back, and because the record is terminal its redelivery only runs the hooks again;
-3. ``acks.for_stored`` says ack or dead letter (a ``failed`` job (re)sends its letter, de-duplicated by id).
+3. ``acks.for_stored`` says ack or dead letter (a ``failed`` job (re)sends its letter, de-duplicated by id);
+4. with tenants' quotas on (``fleet.store.quotas``), the batch's jobs give their queued places back, in one
+   pipelined call, never raising: a release that fails only delays the places until a sweep or their holds end.
 
 Only a retriable model error skips the store: ``acks.decide`` says retry, and the message is handed back with a
 delay. Because the ack comes last, a crash anywhere before it means a redelivery, which finds the record terminal.
@@ -30,6 +32,7 @@ from fleet.brokers.base import Broker, Delivery, ack_all
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
 from fleet.store.base import Finish, ResultStore
+from fleet.store.quotas import Quotas, release_quietly, tenant_of_record
 from schemas.jobs import JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class Settler:
         outage: StoreOutage,
         stats: WorkerStats,
         stop: asyncio.Event,
+        quotas: Quotas | None = None,
     ) -> None:
         self.model = model
         self.worker_id = worker_id
@@ -96,6 +100,7 @@ class Settler:
         self.outage = outage
         self.stats = stats
         self.stop = stop
+        self.quotas = quotas  # tenants' queued-job quotas: each settled batch gives its places back in one call
         self.on_settled: list[OnSettled] = []
         self._counters: dict[str, Any] = {}
 
@@ -151,6 +156,9 @@ class Settler:
             self.count(outcome, amount)
         if letters:
             await asyncio.gather(*letters)
+        if self.quotas is not None and settled:  # after the acks: a Redis hiccup here never touches the jobs
+            ended = [(tenant_of_record(record), job.job_id) for job, record, _ in settled if job.job_id]
+            await release_quietly(self.quotas, ended)
 
     async def release(self, delivery: Delivery, delay_s: float = 0.0) -> None:
         """Hand a message back to the broker, unsettled; it is delivered again (a lost nak: after the ack wait)."""

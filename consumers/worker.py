@@ -51,6 +51,7 @@ from fleet.errors import BrokerError, FleetError
 from fleet.keepalive import keep_alive
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from fleet.store.quotas import make_quotas
 from fleet.tasks import cancel_and_wait
 from schemas.jobs import JobError
 from schemas.wire import Heartbeat
@@ -200,6 +201,7 @@ class Worker:
             outage=self.outage,
             stats=self.stats,
             stop=self._stopping,
+            quotas=make_quotas(store) if settings.limit_policy().bounds_queued else None,
         )
         self.settler.on_settled.extend(on_settled or [])
         self.admission = Admission(self.spec, self.settler)

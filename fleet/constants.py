@@ -200,6 +200,25 @@ AUDIT_STREAM_KEY = f"{KEY_PREFIX}:audit"  # the audit log of operator actions: a
 AUDIT_MAX_ENTRIES = 10_000  # the audit stream keeps about this many of the newest entries
 ROLES = ("submitter", "operator", "admin")  # each role holds the ones before it
 DEFAULT_TENANT = "default"  # the tenant of every request when FLEET_AUTH=off
+
+
+# -- per-tenant rate limits and queued-job quotas (fleet.store.quotas) ----------------------------------------
+# Both keys of a tenant carry the hash tag ``{tenant}``, so they share one Redis Cluster slot and one script
+# touches both.
+def rate_key(tenant: str) -> str:
+    """The tenant's GCRA state: its theoretical arrival time in Redis microseconds."""
+    return f"{KEY_PREFIX}:rate:{{{tenant}}}"
+
+
+def queued_key(tenant: str) -> str:
+    """The tenant's queued jobs: a sorted set of job ids scored by when their hold ends (Redis seconds)."""
+    return f"{KEY_PREFIX}:queued:{{{tenant}}}"
+
+
+QUOTA_SWEEP_INTERVAL_S = 1.0  # a tenant at its bound: its members' records are re-read at most this often
+QUOTA_SWEEP_MAX_IDS = 1000  # the oldest members a sweep re-reads
+QUOTA_RELEASE_TIMEOUT_S = 2.0  # the settle path's release of a batch gives up after this (the hold ends anyway)
+QUOTA_HOLD_SLACK_S = 60.0  # a job with a deadline is held this long past it (a worker expires it by then)
 KEY_CACHE_TTL_S = 1.0  # a gateway trusts a key it read this long: a revocation elsewhere takes effect within it
 KEY_CACHE_MAX_ENTRIES = 10_000
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -17,6 +17,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from fleet import constants as c
 from fleet.errors import ConfigError
 from fleet.priorities import check_weights
+
+if TYPE_CHECKING:
+    from fleet.store.quotas import LimitPolicy
 
 BROKER_SCHEMES = ("memory", "nats", "tls", "kafka")  # tls:// is NATS over TLS
 STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -165,6 +168,18 @@ class FleetSettings(BaseSettings):
         default_factory=dict,
         description="per-model overrides of max_queued, e.g. 'sleep=50,embed=1000' or a JSON object",
     )
+    rate_limit: str | None = Field(
+        None,
+        description="per-tenant submit rate with a burst, e.g. '20/s burst 40' or '600/m' (unset: no rate limit); "
+        "held across every gateway on one Redis",
+    )
+    tenant_max_queued: int = Field(
+        0, ge=0, description="per tenant: jobs queued or running beyond which a submit is refused (0: no bound)"
+    )
+    tenant_limits: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(
+        default_factory=dict,
+        description='per-tenant overrides, a JSON object: {"teamA": {"rate": 100, "burst": 200, "max_queued": 5000}}',
+    )
     operator_token: SecretStr | None = Field(
         None,
         description="bearer token the operator dashboard and API require; unset: open on a loopback host only",
@@ -300,6 +315,28 @@ class FleetSettings(BaseSettings):
     @classmethod
     def _parse_max_queued(cls, value: object) -> object:
         return parse_pairs(value, "max_queued_per_model", "MODEL=COUNT")
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _check_rate_limit(cls, value: str | None) -> str | None:
+        from fleet.store.quotas import parse_rate
+
+        if value is not None and value.strip():
+            parse_rate(value)
+        return value
+
+    @field_validator("tenant_limits", mode="before")
+    @classmethod
+    def _parse_tenant_limits(cls, value: object) -> object:
+        from fleet.store.quotas import parse_tenant_limits
+
+        return parse_tenant_limits(value)
+
+    def limit_policy(self) -> LimitPolicy:
+        """The per-tenant rate limits and quotas (``fleet.store.quotas``); ``.enabled`` is False by default."""
+        from fleet.store.quotas import build_policy
+
+        return build_policy(self.rate_limit, self.tenant_max_queued, self.tenant_limits)
 
     @field_validator("p99_target_ms", mode="before")
     @classmethod

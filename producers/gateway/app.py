@@ -29,6 +29,7 @@ from fleet.store.cachestore import CacheStore, make_cache_store
 from fleet.store.dagstore import DagStore, make_dag_store
 from fleet.store.deadletters import make_dead_letter_store
 from fleet.store.keys import make_key_store
+from fleet.store.quotas import make_quotas
 from producers.gateway import (
     dag_events,
     dashboard,
@@ -57,6 +58,7 @@ from producers.gateway.openapi_doc import install_openapi
 from producers.gateway.operator_access import OperatorGate, is_loopback, log_access
 from producers.gateway.operator_beats import BeatListener, Beats
 from producers.gateway.operator_feed import OperatorFeed
+from producers.gateway.ratelimit import RateLimitHeaders, build_limiter
 from producers.gateway.reconcile import Reconciler
 from producers.gateway.state import GatewayState
 from schemas.models import ModelSpec
@@ -223,6 +225,7 @@ def _lifespan(
             app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner, cache)
             app.state.key_store = app.state.authenticator.keys = make_key_store(s)
             app.state.audit_log = make_audit_log(s)
+            app.state.tenant_limiter = build_limiter(settings.limit_policy(), make_quotas(s), s, settings.job_ttl_s)
             await _open_operator(app, stack, settings, b, s, dag_store, list(specs))
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
@@ -317,6 +320,7 @@ def create_app(
     app.state.operator_gate = OperatorGate.from_settings(settings)
     app.state.authenticator = Authenticator(auth_mode, app.state.operator_gate)
     install_error_handlers(app)
+    app.add_middleware(RateLimitHeaders)
     app.add_middleware(MetricsMiddleware)
     app.include_router(routes_jobs.router)
     app.include_router(routes_infer.router)

@@ -19,6 +19,8 @@ The next step (tenant isolation, rate limits) reads ``Principal.tenant`` from th
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -95,6 +97,7 @@ class Authenticator:
     cache_ttl_s: float = c.KEY_CACHE_TTL_S
     # sha256 of a key -> (monotonic time read, its record): one store read per key and second, not per request.
     _cache: dict[str, tuple[float, KeyInfo]] = field(default_factory=dict)
+    _reading: dict[str, asyncio.Future[KeyInfo | None]] = field(default_factory=dict)  # digest -> its read
 
     async def authenticate(self, authorization: str | None, role: str) -> Principal:
         """The caller's principal holding ``role``; raises ``ApiError`` 401/403 as the module docstring says."""
@@ -130,6 +133,20 @@ class Authenticator:
         cached = self._cache.get(name)
         if cached is not None and now - cached[0] < self.cache_ttl_s:
             return cached[1]
+        # One read per key at a time: when an entry expires under load, the requests that miss it together share
+        # the read instead of each sending its own (shielded: a request that gives up does not cancel the others').
+        reading = self._reading.get(name)
+        if reading is None:
+            reading = self._reading[name] = asyncio.ensure_future(self._check(presented, name, now))
+            reading.add_done_callback(functools.partial(self._read_done, name))
+        return await asyncio.shield(reading)
+
+    def _read_done(self, name: str, done: asyncio.Future[KeyInfo | None]) -> None:
+        self._reading.pop(name, None)
+        if not done.cancelled():
+            done.exception()  # seen: every request that awaited it may have given up
+
+    async def _check(self, presented: str, name: str, now: float) -> KeyInfo | None:
         info = await self.keys.check(presented) if self.keys is not None else None
         if info is not None:
             if len(self._cache) >= c.KEY_CACHE_MAX_ENTRIES:

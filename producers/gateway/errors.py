@@ -30,6 +30,10 @@ job_id_conflict        409     a job id reused for another model or another inpu
 payload_too_large      413     body over ``max_body_bytes`` (details: size, limit)
 queue_full             429     the model's queue holds its bound (``FLEET_MAX_QUEUED``); Retry-After from its
                                drain rate (details: model, limit, depth, retry_after_s)
+rate_limited           429     the tenant is over its rate limit (``FLEET_RATE_LIMIT``); Retry-After and RateLimit-*
+                               (details: tenant, rate, burst, retry_after_s)
+quota_exceeded         429     the tenant holds its bound of queued jobs (``FLEET_TENANT_MAX_QUEUED``); Retry-After
+                               (details: tenant, max_queued, queued, retry_after_s)
 broker_unavailable     503     the broker did not acknowledge the publish (Retry-After)
 store_unavailable      503     the result store cannot be reached (Retry-After)
 not_ready              503     ``/readyz``: a dependency does not answer (details: which)

@@ -22,6 +22,7 @@ from dags.state import RunState
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
+from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
@@ -192,8 +193,9 @@ def parse_start(raw: bytes) -> StartRunRequest:
         "invalid_input`) and publishes its first steps' jobs. Idempotent on `run_id`: starting an existing run "
         "again answers `202` with that run (`created: false`) and creates nothing."
     ),
-    responses=error_responses(400, 404, 413, 422, 503),
+    responses=error_responses(400, 404, 413, 422, 429, 503),
     openapi_extra=_RUN_BODY,
+    dependencies=[Depends(ratelimit.limit_rate)],  # the tenant's rate limit (producers.gateway.ratelimit)
 )
 async def start_run(name: str, request: Request, state: GatewayState = Depends(gateway_state)) -> RunStarted:
     runner = runner_of(state)

@@ -37,6 +37,7 @@ from fleet import constants as c
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from fleet.store import transitions
+from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
@@ -286,6 +287,7 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     record, data = new_job(body, time.time())
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
+    await ratelimit.charge(request, record)  # the tenant's rate and queued-job quota: 429 when refused
     found = await _cache_lookup(state, spec, body)
     if found is not None and found.hit is not None:
         return await _answer_from_cache(state, record, data, found.hit, body.priority)
@@ -331,7 +333,7 @@ async def submit_job(request: Request, state: GatewayState = Depends(gateway_sta
 async def submit(request: Request, state: GatewayState) -> SubmitResponse:
     """Submit the job in ``request``'s body (``POST /v1/jobs`` and ``POST /v1/infer``), counting refusals."""
     try:
-        return await _submit(request, state)
+        return await ratelimit.settled(request, _submit(request, state))
     except Exception as exc:
         SUBMIT_ERRORS.labels(error_type(exc)).inc()
         raise

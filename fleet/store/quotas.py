@@ -1,0 +1,384 @@
+"""Per-tenant rate limits and queued-job quotas, decided atomically in Redis (or in memory for ``fleet up``).
+
+Policy (``LimitPolicy``, from ``FLEET_RATE_LIMIT``, ``FLEET_TENANT_MAX_QUEUED`` and ``FLEET_TENANT_LIMITS``):
+every tenant gets the default ``TenantLimit`` unless ``FLEET_TENANT_LIMITS`` names it; an override's fields win
+over the default's, the ones it leaves out are inherited.
+
+Rate: GCRA (the generic cell rate algorithm, a token bucket kept as one number). A tenant's key
+``rate_key(tenant)`` holds its *theoretical arrival time* (TAT) in microseconds of Redis's own clock
+(``redis.call('TIME')``), so the gateways' clocks never matter. With ``rate`` r per second and ``burst`` b, each
+admitted request moves the TAT on by ``1/r``; a request is admitted while the TAT is at most ``(b - 1)/r`` ahead
+of now: b at once from rest, then r per second.
+
+Quota: ``queued_key(tenant)`` is a sorted set of the tenant's queued job ids, each scored by when its *hold* ends
+(its deadline plus a slack, or the record's TTL). A job is counted when it is admitted and leaves the set when
+
+* a worker settles it (``release``: one pipelined call per batch, from ``consumers.settle``), or
+* its hold ends: members past their score are trimmed by the admission script itself, or
+* a sweep finds its record terminal or gone: a tenant at its bound has the records of its oldest members re-read
+  (at most once a second per gateway, ``fleet.constants.QUOTA_SWEEP_INTERVAL_S``) and the ended ones removed, so a
+  job that ended where no release ran (a client's cancel, a crash between the store write and the release, a
+  worker without the quota settings) frees its place without waiting for its hold.
+
+A crash anywhere leaks a place for at most the job's hold, never forever.
+
+Both keys carry the hash tag ``{tenant}``: one slot on Redis Cluster, so one script (``ADMIT_LUA``) checks the
+rate and the quota together, and a request refused by either consumes neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from fleet import constants as c
+from fleet.errors import StoreError
+from fleet.store.base import ResultStore
+from fleet.store.redis_errors import RedisErrors, text
+
+log = logging.getLogger(__name__)
+
+RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*(?:burst\s+(\d+))?\s*$")
+PER_S = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # as fleet.store.keys.check_tenant
+LIMIT_FIELDS = ("rate", "burst", "max_queued")
+
+ADMITTED, RATE_LIMITED, QUOTA_EXCEEDED = 1, 0, 2
+
+# KEYS: rate key, queued key. ARGV: interval in microseconds (0: no rate), burst, max queued (0: no bound), job id
+# ('' : rate only), hold in seconds. Returns {verdict, remaining, reset_ms, retry_ms, queued, added}: verdict 1
+# admitted, 0 rate limited, 2 quota exceeded; remaining admits left in the burst (-1: no rate); reset_ms until the
+# burst is whole again; retry_ms until the next admit could pass; queued the tenant's count (-1: not counted);
+# added 1 when this call put the job id in the set (0: it was there already, or not counted).
+ADMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local max_queued, job_id, hold = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local remaining, reset, tat = -1, 0, now
+if interval > 0 then
+  tat = tonumber(redis.call('GET', KEYS[1]) or now)
+  if tat < now then tat = now end
+  local allow_at = tat + interval - burst * interval
+  if now < allow_at then
+    return {0, 0, math.ceil((tat - now) / 1000), math.ceil((allow_at - now) / 1000), -1, 0}
+  end
+  tat = tat + interval
+  remaining = math.floor((now - allow_at) / interval)
+  reset = math.ceil((tat - now) / 1000)
+end
+local queued, added = -1, 0
+if job_id ~= '' and max_queued > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now / 1000000)
+  queued = redis.call('ZCARD', KEYS[2])
+  if not redis.call('ZSCORE', KEYS[2], job_id) then
+    if queued >= max_queued then return {2, remaining, reset, 1000, queued, 0} end
+    redis.call('ZADD', KEYS[2], now / 1000000 + hold, job_id)
+    if redis.call('TTL', KEYS[2]) < hold then redis.call('EXPIRE', KEYS[2], math.ceil(hold) + 1) end
+    queued, added = queued + 1, 1
+  end
+end
+if interval > 0 then
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+end
+return {1, remaining, reset, 0, queued, added}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimit:
+    """One tenant's limits: ``rate`` admits per second (None: no rate limit) with bursts of ``burst``, and at most
+    ``max_queued`` jobs queued or running at once (0: no bound)."""
+
+    rate: float | None = None
+    burst: int = 1
+    max_queued: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate is not None or self.max_queued > 0
+
+    @property
+    def interval_us(self) -> int:
+        """Microseconds between two admits at the steady rate (0: no rate limit)."""
+        return 0 if self.rate is None else max(1, round(1_000_000 / self.rate))
+
+    @property
+    def window_s(self) -> int:
+        """Seconds a whole burst takes to come back: the window of ``RateLimit-Policy``."""
+        return 0 if self.rate is None else max(1, math.ceil(self.burst / self.rate))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitPolicy:
+    """The default limit and the tenants that have their own."""
+
+    default: TenantLimit = field(default_factory=TenantLimit)
+    tenants: Mapping[str, TenantLimit] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.default.enabled or any(limit.enabled for limit in self.tenants.values())
+
+    @property
+    def bounds_queued(self) -> bool:
+        """Whether any tenant has a quota (a worker then releases its jobs as it settles them)."""
+        return self.default.max_queued > 0 or any(limit.max_queued > 0 for limit in self.tenants.values())
+
+    def for_tenant(self, tenant: str) -> TenantLimit:
+        return self.tenants.get(tenant, self.default)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What ``admit`` decided, with what the ``RateLimit-*`` headers say. ``remaining`` is -1 without a rate."""
+
+    verdict: int
+    limit: TenantLimit
+    remaining: int = -1
+    reset_s: float = 0.0
+    retry_after_s: float = 0.0
+    queued: int = -1
+    added: bool = False
+
+    @property
+    def admitted(self) -> bool:
+        return self.verdict == ADMITTED
+
+
+# -- parsing the settings -------------------------------------------------------------------------------------
+def parse_rate(value: str) -> tuple[float, int]:
+    """``'20/s burst 40'``, ``'20/s'`` (burst: one second's worth), ``'600/m burst 50'``, ``'3600/h'`` as
+    (admits per second, burst). Raises ValueError saying what to write."""
+    found = RATE_RE.match(value.lower())
+    if not found:
+        raise ValueError(
+            f"rate {value!r}: write COUNT/UNIT or COUNT/UNIT burst N, e.g. '20/s burst 40', '600/m' or '3600/h'"
+        )
+    count, unit, burst = float(found.group(1)), found.group(2), found.group(3)
+    rate = count / PER_S[unit]
+    if rate <= 0:
+        raise ValueError(f"rate {value!r}: the count must be above 0 (leave the setting unset for no limit)")
+    size = int(burst) if burst is not None else max(1, math.ceil(rate))
+    if size < 1:
+        raise ValueError(f"rate {value!r}: the burst must be at least 1")
+    return rate, size
+
+
+def default_limit(rate_limit: str | None, max_queued: int) -> TenantLimit:
+    """The limit of a tenant with no override, from ``FLEET_RATE_LIMIT`` and ``FLEET_TENANT_MAX_QUEUED``."""
+    if rate_limit is None or not rate_limit.strip():
+        return TenantLimit(max_queued=max_queued)
+    rate, burst = parse_rate(rate_limit)
+    return TenantLimit(rate=rate, burst=burst, max_queued=max_queued)
+
+
+def _override(tenant: str, fields: Any, base: TenantLimit) -> TenantLimit:
+    where = f"tenant_limits[{tenant!r}]"
+    if not isinstance(fields, dict):
+        raise ValueError(f'{where}: expected an object like {{"rate": 100, "burst": 200, "max_queued": 5000}}')
+    unknown = sorted(set(fields) - set(LIMIT_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(LIMIT_FIELDS)}")
+    limit = base
+    if "rate" in fields:
+        rate = fields["rate"]
+        if isinstance(rate, str):
+            parsed, burst = parse_rate(rate)
+            limit = replace(limit, rate=parsed, burst=fields.get("burst", burst))
+        elif rate is None or (isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0):
+            limit = replace(limit, rate=None if rate is None else float(rate))
+            if "burst" not in fields and rate is not None:
+                limit = replace(limit, burst=max(1, math.ceil(rate)))
+        else:
+            raise ValueError(f"{where}.rate: a number of requests per second above 0, '20/s burst 40', or null")
+    if "burst" in fields:
+        burst = fields["burst"]
+        if not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
+            raise ValueError(f"{where}.burst: a whole number of at least 1, got {burst!r}")
+        limit = replace(limit, burst=burst)
+    if "max_queued" in fields:
+        bound = fields["max_queued"]
+        if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+            raise ValueError(f"{where}.max_queued: a whole number, 0 for no bound, got {bound!r}")
+        limit = replace(limit, max_queued=bound)
+    return limit
+
+
+def parse_tenant_limits(value: object) -> dict[str, dict[str, Any]]:
+    """``FLEET_TENANT_LIMITS``: a JSON object ``{"teamA": {"rate": 100, "burst": 200, "max_queued": 5000}}``.
+    Checked field by field (``build_policy``); raises ValueError naming the tenant and the field."""
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tenant_limits is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError('tenant_limits: expected a JSON object {"TENANT": {"rate": ..., "burst": ..., ...}}')
+    for tenant, fields in value.items():
+        if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+            raise ValueError(f"tenant_limits: tenant {tenant!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        _override(tenant, fields, TenantLimit())
+    return value
+
+
+def build_policy(rate_limit: str | None, max_queued: int, overrides: Mapping[str, Any]) -> LimitPolicy:
+    """The policy of the settings (raises ValueError as ``parse_rate`` and ``parse_tenant_limits`` do)."""
+    base = default_limit(rate_limit, max_queued)
+    return LimitPolicy(base, {tenant: _override(tenant, fields, base) for tenant, fields in overrides.items()})
+
+
+def hold_s(expires_at: float | None, now: float, job_ttl_s: float) -> float:
+    """How long a job may count against its tenant: until its deadline (and a slack), at most its record's TTL."""
+    if expires_at is None:
+        return float(job_ttl_s)
+    return max(1.0, min(float(job_ttl_s), expires_at - now + c.QUOTA_HOLD_SLACK_S))
+
+
+def decision_of(reply: list[Any], limit: TenantLimit) -> Decision:
+    verdict, remaining, reset_ms, retry_ms, queued, added = (int(x) for x in reply)
+    return Decision(verdict, limit, remaining, reset_ms / 1000, retry_ms / 1000, queued, bool(added))
+
+
+def group_by_tenant(items: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for tenant, job_id in items:
+        out.setdefault(tenant, []).append(job_id)
+    return out
+
+
+# -- stores ---------------------------------------------------------------------------------------------------
+class Quotas(Protocol):
+    """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``admit`` decides and, when it admits,
+    takes a place for ``job_id`` (None: the rate alone); ``release`` frees the places of (tenant, job id) pairs in
+    one call; ``members`` lists a tenant's oldest queued ids; ``forget`` removes some of them."""
+
+    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
+
+    async def release(self, items: list[tuple[str, str]]) -> None: ...
+
+    async def members(self, tenant: str, limit: int) -> list[str]: ...
+
+    async def forget(self, tenant: str, job_ids: list[str]) -> None: ...
+
+
+class RedisQuotas:
+    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per admit."""
+
+    def __init__(self, store: Any) -> None:
+        self.redis = store.redis
+        self.display_url = store.display_url
+        self._admit = self.redis.register_script(ADMIT_LUA)
+        from redis.exceptions import RedisError
+
+        self._failures = (RedisError, OSError, TimeoutError)
+
+    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
+        args = [limit.interval_us, limit.burst, limit.max_queued, job_id or "", f"{hold_s:.3f}"]
+        try:  # on every submit: a plain try, not RedisErrors (whose exit imports and checks on each call)
+            reply = await self._admit(keys=[c.rate_key(tenant), c.queued_key(tenant)], args=args)
+        except self._failures as exc:
+            raise StoreError(f"rate limiter at {self.display_url} could not check a tenant's limits: {exc}") from exc
+        return decision_of(reply, limit)
+
+    async def release(self, items: list[tuple[str, str]]) -> None:
+        if not items:
+            return
+        async with RedisErrors("rate limiter", self.display_url, "release queued jobs"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant, ids in group_by_tenant(items).items():
+                    pipe.zrem(c.queued_key(tenant), *ids)
+                await pipe.execute()
+
+    async def members(self, tenant: str, limit: int) -> list[str]:
+        async with RedisErrors("rate limiter", self.display_url, "read a tenant's queued jobs"):
+            ids = await self.redis.zrange(c.queued_key(tenant), 0, max(0, limit - 1))
+        return [text(i) for i in ids]
+
+    async def forget(self, tenant: str, job_ids: list[str]) -> None:
+        if job_ids:
+            async with RedisErrors("rate limiter", self.display_url, "release queued jobs"):
+                await self.redis.zrem(c.queued_key(tenant), *job_ids)
+
+
+class MemoryQuotas:
+    """The same contract in one process (``fleet up`` on the embedded store), on ``time.time()``."""
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self.clock = clock
+        self._tat: dict[str, float] = {}
+        self._queued: dict[str, dict[str, float]] = {}  # tenant -> job id -> hold end
+
+    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
+        now = self.clock()
+        interval = limit.interval_us / 1_000_000
+        remaining, reset, tat = -1, 0.0, max(now, self._tat.get(tenant, now))
+        if interval > 0:
+            allow_at = tat + interval - limit.burst * interval
+            if now < allow_at:
+                return Decision(RATE_LIMITED, limit, 0, tat - now, allow_at - now)
+            tat += interval
+            remaining, reset = math.floor((now - allow_at) / interval + 1e-9), tat - now
+        queued, added = -1, False
+        if job_id is not None and limit.max_queued > 0:
+            held = self._queued.setdefault(tenant, {})
+            for gone in [i for i, until in held.items() if until <= now]:
+                del held[gone]
+            queued = len(held)
+            if job_id not in held:
+                if queued >= limit.max_queued:
+                    return Decision(QUOTA_EXCEEDED, limit, remaining, reset, 1.0, queued)
+                held[job_id] = now + hold_s
+                queued, added = queued + 1, True
+        if interval > 0:
+            self._tat[tenant] = tat
+        return Decision(ADMITTED, limit, remaining, reset, 0.0, queued, added)
+
+    async def release(self, items: list[tuple[str, str]]) -> None:
+        for tenant, ids in group_by_tenant(items).items():
+            held = self._queued.get(tenant, {})
+            for job_id in ids:
+                held.pop(job_id, None)
+
+    async def members(self, tenant: str, limit: int) -> list[str]:
+        held = self._queued.get(tenant, {})
+        return [i for i, _ in sorted(held.items(), key=lambda item: item[1])][: max(0, limit)]
+
+    async def forget(self, tenant: str, job_ids: list[str]) -> None:
+        await self.release([(tenant, job_id) for job_id in job_ids])
+
+
+def tenant_of_record(record: Any) -> str:
+    """The tenant a job record belongs to (``default`` for a record that names none)."""
+    return getattr(record, "tenant", None) or c.DEFAULT_TENANT
+
+
+async def release_quietly(quotas: Quotas, items: list[tuple[str, str]]) -> None:
+    """``release``, never raising and bounded by ``QUOTA_RELEASE_TIMEOUT_S``: the settle path calls it after its
+    acks, where a Redis hiccup must not touch the jobs (their places then come back by a sweep or the hold)."""
+    try:
+        async with asyncio.timeout(c.QUOTA_RELEASE_TIMEOUT_S):
+            await quotas.release(items)
+    except Exception as exc:
+        log.warning("could not release %d queued-job places (%s); a sweep or their holds free them", len(items), exc)
+
+
+def make_quotas(store: ResultStore) -> Quotas:
+    """The limits beside ``store``: in its Redis, or in memory (one per memory store) for ``memory://``."""
+    if store.scheme == "memory":
+        existing = getattr(store, "quotas", None)
+        if existing is None:
+            existing = MemoryQuotas()
+            store.quotas = existing  # type: ignore[attr-defined]  # shared in-process, like the key store
+        result: Quotas = existing
+        return result
+    return RedisQuotas(store)
