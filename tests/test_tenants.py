@@ -435,3 +435,38 @@ async def test_a_model_marked_shared_shares_its_entries_across_tenants(env: Env)
     assert (semantic["status"], semantic["cache"]) == ("succeeded", "l3"), semantic
     assert (await env.done(env.b, semantic["job_id"]))["output"] == first["output"]
     assert (await env.a.get(f"/v1/jobs/{semantic['job_id']}")).status_code == 404  # the hit is B's own job
+
+
+# -- without services: the rules themselves ----------------------------------------------------------------------
+def test_visibility_and_the_default_tenant() -> None:
+    assert tenancy.visible(None, c.DEFAULT_TENANT) and tenancy.visible("team-a", "team-a")
+    assert not tenancy.visible(None, "team-a") and not tenancy.visible("team-a", c.DEFAULT_TENANT)
+    assert tenancy.visible("team-a", tenancy.ALL_TENANTS) and tenancy.visible(None, tenancy.ALL_TENANTS)
+    assert tenancy.stored(c.DEFAULT_TENANT) is None and tenancy.stored("team-a") == "team-a"
+    old = JobRecord.model_validate_json('{"job_id": "j", "model": "echo", "state": "queued"}')  # before tenants
+    assert old.tenant is None and tenancy.owner(old.tenant) == c.DEFAULT_TENANT
+    assert FleetSettings.model_validate({"cache_shared": "embed, echo"}).cache_shared == ["embed", "echo"]
+
+
+async def test_l3_sync_routes_each_logged_entry_to_its_tenants_index_only() -> None:
+    import numpy as np
+
+    from fleet.store.cachestore import MemoryCacheStore, VectorEntry
+    from producers.gateway.cache_l3 import L3Options, SemanticLevel
+
+    store, dim = MemoryCacheStore(), 8
+    options = L3Options(dim=dim, max_entries=100, nprobe=4, sync_interval_s=60, ttl_s=60, timeout_s=1)
+    vector = (np.ones(dim) / np.sqrt(dim)).astype(np.float32)
+    for log_model, tenant in (("m", "a"), ("m", None), ("s", None), ("s", "a")):
+        entry = VectorEntry(f"{log_model}-{tenant}", "same text", vector.tobytes(), tenant)
+        await store.append_vector(c.cache_vectors_key(log_model, "1"), entry, 100, 60)
+    level = SemanticLevel(store, None, options)  # type: ignore[arg-type]  # no embedding here
+    level.serve("m", "1")
+    level.serve("s", "1", shared=True)
+    await level.sync_once()
+    found = await level.match("m", "1", vector, "same text", 0.9, "a")
+    assert found is not None and found.key == "m-a"
+    assert await level.match("m", "1", vector, "same text", 0.9, "b") is None  # another tenant: nothing
+    assert await level.match("m", "1", vector, "same text", 0.9, None) is None  # an entry from before tenants
+    shared = await level.match("s", "1", vector, "same text", 0.9, None)
+    assert shared is not None and shared.key == "s-None" and level.entries("s", "1") == 1
