@@ -347,6 +347,8 @@ async def test_the_publish_path_puts_the_tenant_on_the_wire(env: Env) -> None:
     prepared = prepare(['{"sdk": 1}'], spec, tenant=env.tenant_b)
     assert not prepared.errors and [m.tenant for m in prepared.messages] == [env.tenant_b]
     (job_id,) = await publish_all(env.broker, prepared.messages)
+    # a job published to the broker has no record until a worker takes it: wait for that, then read it
+    await eventually(lambda: _terminal(env.store.get(job_id)), what="the published job's record")
     record = await env.done(env.b, job_id)
     assert record["tenant"] == env.tenant_b and (await env.a.get(f"/v1/jobs/{job_id}")).status_code == 404
     line = json.dumps({"job_id": f"x-{env.unique}", "model": env.echo, "input": {}, "tenant": env.tenant_a})
@@ -367,6 +369,7 @@ async def test_fleet_publish_tenant_puts_the_tenant_on_the_wire(env: Env, tmp_pa
     )
     assert result.exit_code == 0, result.output
     job_id = result.stdout.strip().splitlines()[-1]
+    await eventually(lambda: _terminal(env.store.get(job_id)), what="the published job's record")
     record = await env.done(env.a, job_id)
     assert record["tenant"] == env.tenant_a and record["output"] == {"cli": 1}
     assert (await env.b.get(f"/v1/jobs/{job_id}")).status_code == 404
