@@ -32,6 +32,11 @@ from schemas.models import ModelSpec
 log = logging.getLogger(__name__)
 
 
+def _tenant(job: Job) -> str | None:
+    """The tenant the request message names (None: the default tenant, or no valid request)."""
+    return job.request.tenant if job.request is not None else None
+
+
 class Admission:
     """Admits one model's batches for one worker, settling through ``settler``."""
 
@@ -69,7 +74,10 @@ class Admission:
         if not jobs:
             return []
         settler = self.settler
-        items = [Start(job.job_id or "", settler.model, settler.worker_id, job.attempt, job.unread) for job in jobs]
+        items = [
+            Start(job.job_id or "", settler.model, settler.worker_id, job.attempt, job.unread, _tenant(job))
+            for job in jobs
+        ]
         try:
             records = await settler.outage.call(
                 lambda: settler.store.start_many(items), f"start {len(items)} jobs", stop=settler.stop

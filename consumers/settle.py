@@ -194,7 +194,9 @@ class Settler:
     # -- steps ----------------------------------------------------------------------------------------------
     def _finish(self, job: Job, state: JobState, *, output: Any = None, error: JobError | None = None) -> Finish:
         assert job.job_id is not None
-        return Finish(job.job_id, state, self.model, output=output, error=error, worker_id=self.worker_id)
+        tenant = job.request.tenant if job.request is not None else None
+        worker_id = self.worker_id
+        return Finish(job.job_id, state, self.model, output=output, error=error, worker_id=worker_id, tenant=tenant)
 
     async def _store_and_settle(self, items: list[tuple[Job, Finish]], patient: bool) -> None:
         if not items:

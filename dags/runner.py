@@ -27,8 +27,9 @@ from dags.spec import load_spec
 from dags.state import SETTLED, RunState, check_run_id, job_id
 from dags.validate import CompiledDag, validate
 from fleet import constants as c
+from fleet import tenancy
 from fleet.brokers.base import Broker
-from fleet.errors import StoreError, UnknownDag, UnknownRun
+from fleet.errors import RunIdTaken, StoreError, UnknownDag, UnknownRun
 from fleet.store.base import Finish, ResultStore
 from fleet.store.dagstore import DagStore, RunDoc
 from schemas.jobs import JobError, JobRecord, JobState
@@ -89,10 +90,16 @@ class DagRunner:
 
     # -- runs -------------------------------------------------------------------------------------------------
     async def start(
-        self, name: str, run_input: Any, run_id: str | None = None, timeout_s: float | None = None
+        self,
+        name: str,
+        run_input: Any,
+        run_id: str | None = None,
+        timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> tuple[bool, RunDoc]:
-        """Start a run (idempotent on ``run_id``: a second start returns the first run, and publishes what it has
-        outstanding again, so a start whose publish was lost completes)."""
+        """Start a run of ``tenant`` (None: the default tenant; its steps' jobs carry it on the wire). Idempotent
+        on ``run_id``: a second start returns the first run, and publishes what it has outstanding again, so a
+        start whose publish was lost completes. A ``run_id`` of another tenant's run raises ``RunIdTaken``."""
         run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
         version, dag = await self.compiled(name)
         state = evaluate.new_run(dag, run_id, run_input)
@@ -106,8 +113,12 @@ class DagRunner:
             "finished_at": None,
             "times": {},
         }
+        if tenancy.stored(tenant) is not None:
+            doc["tenant"] = tenancy.stored(tenant)
         _stamp(doc, None, state, now)
         created, doc = await self.dags.create_run(run_id, doc)
+        if not created and tenancy.owner(doc.get("tenant")) != tenancy.owner(tenant):
+            raise RunIdTaken(run_id)
         await self._publish_outstanding(doc)
         return created, doc
 
@@ -179,9 +190,10 @@ class DagRunner:
         await self._cancel_outstanding(dag, after)
         return after
 
-    async def get(self, run_id: str) -> RunDoc:
+    async def get(self, run_id: str, viewer: str | None = tenancy.ALL_TENANTS) -> RunDoc:
+        """The run's document; ``UnknownRun`` when there is none, or it is of a tenant other than ``viewer``."""
         doc = await self.dags.get_run(run_id)
-        if doc is None:
+        if doc is None or not tenancy.visible(doc.get("tenant"), viewer):
             raise UnknownRun(run_id)
         if _overdue(doc):
             return await self.cancel(run_id, "expired", "the run's timeout passed before it finished")
@@ -192,10 +204,11 @@ class DagRunner:
         _, dag = await self.compiled(doc["run"]["dag"], doc["version"])
         return view_of(dag, doc)
 
-    async def wait(self, run_id: str, timeout_s: float) -> RunDoc:
-        """The run's document once it is over, or as it is after ``timeout_s``."""
+    async def wait(self, run_id: str, timeout_s: float, viewer: str | None = tenancy.ALL_TENANTS) -> RunDoc:
+        """The run's document once it is over, or as it is after ``timeout_s`` (``UnknownRun`` at once for
+        another tenant's run)."""
         deadline = time.monotonic() + timeout_s
-        doc = await self.get(run_id)
+        doc = await self.get(run_id, viewer)
         while doc.get("finished_at") is None and (remaining := deadline - time.monotonic()) > 0:
             changed = await self.dags.wait_change(run_id, doc, min(remaining, 1.0))
             if changed is None:
@@ -238,6 +251,7 @@ class DagRunner:
                 index=job.index,
                 runs=None if launch.retries is None else launch.retries + 1,
             ),
+            tenant=doc.get("tenant"),
         )
         await self.broker.publish(
             c.request_subject(launch.model), message.model_dump_json().encode(), msg_id=job.job_id

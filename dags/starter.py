@@ -85,7 +85,8 @@ class DagStarter:
             await self._reject(delivery, f"not a DAG start message ({type(exc).__name__})")
             return
         try:
-            await self.runner.start(message.dag, message.input, run_id_for(delivery, message.run_id), message.timeout_s)
+            run_id = run_id_for(delivery, message.run_id)
+            await self.runner.start(message.dag, message.input, run_id, message.timeout_s, message.tenant)
         except (StoreError, BrokerError) as exc:
             log.warning("%s: could not start a run of %s (%s); handing it back", self.owner, message.dag, exc)
             await _quietly(delivery.nak(RETRY_DELAY_S))

@@ -131,6 +131,14 @@ class UnknownRun(FleetError):
         self.run_id = run_id
 
 
+class RunIdTaken(FleetError):
+    """A run id that belongs to another tenant's run: the start must neither reveal nor touch that run."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run id {run_id!r} cannot be used; choose another run_id (or let Fleet choose)")
+        self.run_id = run_id
+
+
 class ModelError(FleetError):
     retriable = True
 

@@ -206,6 +206,11 @@ class FleetSettings(BaseSettings):
         description="per model: the result-cache levels it uses, e.g. 'embed' (every level the model supports: "
         "l1+l2, and l3 when its spec names a text to embed), 'embed=l1+l2+l3,echo=l1' or a JSON object",
     )
+    cache_shared: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="models whose cache entries every tenant shares, e.g. 'embed' (comma-separated); any other "
+        "model's L1, L2 and L3 entries answer only the tenant whose job filled them",
+    )
     cache_l1_max_entries: int = Field(
         c.DEFAULT_CACHE_L1_MAX_ENTRIES, ge=1, description="L1 (in-process LRU) entries per gateway, all models"
     )
@@ -214,7 +219,8 @@ class FleetSettings(BaseSettings):
     cache_l3_max_entries: int = Field(
         c.DEFAULT_CACHE_L3_MAX_ENTRIES,
         ge=16,
-        description="L3 (semantic) entries per model version; oldest go first",
+        description="L3 (semantic) entries per model version and tenant (the shared log: per model version); "
+        "oldest go first",
     )
     cache_l3_threshold: float | None = Field(
         None, gt=0, le=1, description="cosine similarity of an L3 hit for every model (default: each model's own)"
@@ -280,6 +286,13 @@ class FleetSettings(BaseSettings):
     @field_validator("models", mode="before")
     @classmethod
     def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @field_validator("cache_shared", mode="before")
+    @classmethod
+    def _split_cache_shared(cls, value: object) -> object:
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value

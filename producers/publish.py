@@ -3,12 +3,18 @@
 Each line is one model input (``{"text": "hello"}`` for embed), or with ``requests=True`` one complete wire
 message (``schemas.wire.RequestMessage``). Inputs are validated against the model's schema before anything is
 sent; job ids are printed in input order.
+
+``tenant`` names the tenant the jobs belong to (``RequestMessage.tenant``; None: the default tenant): input lines
+get it, request lines that name no tenant get it, and a request line naming another tenant is an invalid line.
+The broker does not check the field: what keeps a producer to its own tenant is the broker's permissions on the
+subjects (README, "Broker permissions").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,11 +23,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from fleet import constants as c
+from fleet import tenancy
 from fleet.brokers.base import Broker
 from fleet.encoding import ENCODING_FORMATS, no_vectors_message
 from fleet.errors import InvalidInput
 from schemas.models import ModelSpec
-from schemas.wire import RequestMessage, to_priority
+from schemas.wire import TENANT_PATTERN, RequestMessage, to_priority
 
 
 @dataclass(slots=True)
@@ -48,6 +55,17 @@ def check_priority(value: str) -> str:
         raise InvalidInput(str(exc)) from None
 
 
+def check_tenant(value: str | None) -> str | None:
+    """``value``, checked; ``InvalidInput`` for a malformed tenant name."""
+    if value is None:
+        return None
+    if not re.match(TENANT_PATTERN, value):
+        raise InvalidInput(
+            f"tenant {value[:80]!r}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+    return value
+
+
 def check_encoding(value: str, spec: ModelSpec) -> str:
     """``float`` or ``base64`` (base64 only for a model with vector outputs); ``InvalidInput`` saying why not."""
     if value not in ENCODING_FORMATS:
@@ -58,7 +76,13 @@ def check_encoding(value: str, spec: ModelSpec) -> str:
 
 
 def prepare_line(
-    text: str, spec: ModelSpec, *, requests: bool, priority: str = "normal", encoding_format: str = "float"
+    text: str,
+    spec: ModelSpec,
+    *,
+    requests: bool,
+    priority: str = "normal",
+    encoding_format: str = "float",
+    tenant: str | None = None,
 ) -> RequestMessage:
     """One JSONL line → a validated request. Raises ``InvalidInput`` with a message naming the problem."""
     try:
@@ -71,6 +95,12 @@ def prepare_line(
         body = {"job_id": uuid.uuid4().hex, "model": spec.name, "input": body, "priority": priority}
         if encoding_format != "float":
             body["encoding_format"] = encoding_format
+    if tenant is not None:
+        named = body.get("tenant")
+        if named is None and tenancy.stored(tenant) is not None:
+            body["tenant"] = tenancy.stored(tenant)
+        elif named is not None and (not isinstance(named, str) or tenancy.owner(named) != tenant):
+            raise InvalidInput(f"request names tenant {str(named)[:80]!r}, not {tenant!r} (--tenant)")
     try:
         message = RequestMessage.model_validate(body)
         spec.input_model.model_validate(message.input)
@@ -90,13 +120,17 @@ def prepare(
     requests: bool = False,
     priority: str = "normal",
     encoding_format: str = "float",
+    tenant: str | None = None,
 ) -> Prepared:
+    """Every non-blank line as a validated request (``prepare_line``), and the problems of the others."""
     prepared = Prepared()
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            line = prepare_line(text, spec, requests=requests, priority=priority, encoding_format=encoding_format)
+            line = prepare_line(
+                text, spec, requests=requests, priority=priority, encoding_format=encoding_format, tenant=tenant
+            )
             prepared.messages.append(line)
         except InvalidInput as exc:
             prepared.errors.append(LineError(number, exc.message))

@@ -66,6 +66,11 @@ class JobRecord(BaseModel):
     cache_similarity: float | None = Field(
         None, description="for an L3 (semantic) hit: the cosine similarity of the earlier request that answered"
     )
+    tenant: str | None = Field(
+        None,
+        description="the tenant the job belongs to (the submitting API key's, or the request message's); null: "
+        "the default tenant. Another tenant reading the job gets 404, as for an unknown id",
+    )
 
     @property
     def terminal(self) -> bool:

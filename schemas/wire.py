@@ -17,6 +17,11 @@ from schemas.jobs import JobError
 WIRE_VERSION = 1
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # the tenants of API keys (fleet.store.keys.check_tenant)
+TENANT_HELP = (
+    "the tenant the job belongs to; absent: the default tenant. The broker does not check it: a producer allowed "
+    "to publish on the subject can name any tenant (broker permissions are the boundary, see the README)"
+)
 
 EncodingFormat = Literal["float", "base64"]  # the same as fleet.encoding.EncodingFormat
 ENCODING_HELP = (
@@ -97,6 +102,7 @@ class RequestMessage(BaseModel):
         True, description="false: the job's output must not be stored in the result caches (a bypassed request)"
     )
     encoding_format: EncodingFormat = Field("float", description=ENCODING_HELP)
+    tenant: str | None = Field(None, pattern=TENANT_PATTERN, description=TENANT_HELP)
 
 
 class Heartbeat(BaseModel):
@@ -186,6 +192,9 @@ class DagStartMessage(BaseModel):
     input: Any = Field(default_factory=dict, description="the run's input")
     run_id: str | None = Field(None, description="idempotency key; derived from the message when absent")
     timeout_s: float | None = Field(None, gt=0, description="the run ends 'expired' if not over by then")
+    tenant: str | None = Field(
+        None, pattern=TENANT_PATTERN, description="the run's tenant (its steps' jobs too); absent: the default tenant"
+    )
 
 
 class DrainRequest(BaseModel):

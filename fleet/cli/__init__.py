@@ -208,6 +208,14 @@ def publish(
             "--encoding-format", help="float or base64 (vectors as base64 float32), for input lines (as --priority)"
         ),
     ] = "float",
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            help="the tenant the jobs belong to (input lines, and request lines naming none); default: the default "
+            "tenant. The broker's permissions, not this flag, keep a producer to its tenant",
+        ),
+    ] = None,
 ) -> None:
     """Publish requests straight to a model's subject (of their priority) and print their job ids, one per line."""
     settings = settings_from(broker_url=broker)
@@ -225,6 +233,7 @@ def publish(
             concurrency=concurrency,
             priority=priority,
             encoding_format=encoding_format,
+            tenant=tenant,
         )
         code = asyncio.run(publishing)
     except FleetError as exc:

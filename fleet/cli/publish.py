@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from fleet.brokers import make_broker
 from fleet.models import resolve_spec
 from fleet.settings import FleetSettings
-from producers.publish import check_encoding, check_priority, prepare, publish_all, read_lines
+from producers.publish import check_encoding, check_priority, check_tenant, prepare, publish_all, read_lines
 
 MAX_ERRORS_SHOWN = 20
 
@@ -25,18 +25,21 @@ async def publish_file(
     concurrency: int,
     priority: str = "normal",
     encoding_format: str = "float",
+    tenant: str | None = None,
 ) -> int:
     """Returns the exit code: 0 when every line was published, 1 when some lines were invalid.
 
     Raises ``InvalidInput`` when ``priority`` is not high, normal or low (nor an integer of -9..9), or when
-    ``encoding_format`` is not float or base64 (or base64 for a model without vector outputs).
+    ``encoding_format`` is not float or base64 (or base64 for a model without vector outputs), or ``tenant`` is
+    not a tenant's name.
     """
     err = Console(stderr=True)
     spec = resolve_spec(model)
     level = check_priority(priority)
     encoding = check_encoding(encoding_format, spec)
+    owner = check_tenant(tenant)
     lines = sys.stdin.read().splitlines() if str(file) == "-" else read_lines(file)
-    prepared = prepare(lines, spec, requests=requests, priority=level, encoding_format=encoding)
+    prepared = prepare(lines, spec, requests=requests, priority=level, encoding_format=encoding, tenant=owner)
     for problem in prepared.errors[:MAX_ERRORS_SHOWN]:
         err.print(f"[red]{file}:{problem.line}:[/] {problem.message}", highlight=False)
     if len(prepared.errors) > MAX_ERRORS_SHOWN:

@@ -42,6 +42,8 @@ class Start:
     unread: bool = False
     """The worker did not read the record before (a DAG step's first delivery: the runner publishes it without
     one). The store then expects none; where one exists, ``deliveries`` counts on from its runs."""
+    tenant: str | None = None
+    """The request message's tenant: written into a record the start creates (None: the default tenant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,7 @@ class Finish:
     output: Any = None
     error: JobError | None = None
     worker_id: str | None = None
+    tenant: str | None = None  # written into a record the finish creates (a job that had none)
 
 
 class ResultStore(Protocol):

@@ -32,11 +32,13 @@ MEMORY_L2_MAX_ENTRIES = 1_000_000  # bound of the embedded store's L2 (entries a
 
 @dataclass(frozen=True, slots=True)
 class VectorEntry:
-    """One L3 entry: the L2 key of the output, the request's text, and its unit vector (float32 bytes)."""
+    """One L3 entry: the L2 key of the output, the request's text, its unit vector (float32 bytes), and the tenant
+    whose request filled it (None: a model shared across tenants, or an entry written before tenants)."""
 
     key: str
     text: str
     vector: bytes
+    tenant: str | None = None
 
 
 class CacheStore(Protocol):
@@ -113,6 +115,8 @@ class RedisCacheStore:
 
     async def append_vector(self, log: str, entry: VectorEntry, max_entries: int, ttl_s: int) -> None:
         fields: dict[str | bytes, str | bytes] = {"key": entry.key, "text": entry.text, "vector": entry.vector}
+        if entry.tenant is not None:
+            fields["tenant"] = entry.tenant
         async with RedisErrors("result cache", self._url, f"append to {log}"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.xadd(log, fields, maxlen=max_entries, approximate=True)
@@ -125,7 +129,13 @@ class RedisCacheStore:
         out = []
         for _, messages in reply or ():
             for position, fields in messages:
-                entry = VectorEntry(text(fields[b"key"]), text(fields[b"text"]), bytes(fields[b"vector"]))
+                tenant = fields.get(b"tenant")
+                entry = VectorEntry(
+                    text(fields[b"key"]),
+                    text(fields[b"text"]),
+                    bytes(fields[b"vector"]),
+                    None if tenant is None else text(tenant),
+                )
                 out.append((text(position), entry))
         return out
 

@@ -83,10 +83,12 @@ class MemoryStore:
             out.append((job_id, message))
         return out
 
-    async def start(self, job_id: str, *, model: str, worker_id: str, deliveries: int) -> JobRecord:
+    async def start(
+        self, job_id: str, *, model: str, worker_id: str, deliveries: int, tenant: str | None = None
+    ) -> JobRecord:
         current = await self.get(job_id)
         record = transitions.started(
-            current, job_id, model=model, worker_id=worker_id, deliveries=deliveries, now=time.time()
+            current, job_id, model=model, worker_id=worker_id, deliveries=deliveries, now=time.time(), tenant=tenant
         )
         if record is not current:
             self._write(job_id, transitions.record_json(record))
@@ -101,12 +103,21 @@ class MemoryStore:
         output: Any = None,
         error: JobError | None = None,
         worker_id: str | None = None,
+        tenant: str | None = None,
     ) -> tuple[bool, JobRecord]:
         current = await self.get(job_id)
         if current is not None and current.terminal:
             return False, current
         record = transitions.finished(
-            current, job_id, state, model=model, output=output, error=error, worker_id=worker_id, now=time.time()
+            current,
+            job_id,
+            state,
+            model=model,
+            output=output,
+            error=error,
+            worker_id=worker_id,
+            now=time.time(),
+            tenant=tenant,
         )
         raw = transitions.record_json(record)
         self._write(job_id, raw)
@@ -119,12 +130,24 @@ class MemoryStore:
             deliveries = it.deliveries
             if it.unread and (current := await self.get(it.job_id)) is not None:
                 deliveries = max(deliveries, current.deliveries + 1)
-            records.append(await self.start(it.job_id, model=it.model, worker_id=it.worker_id, deliveries=deliveries))
+            records.append(
+                await self.start(
+                    it.job_id, model=it.model, worker_id=it.worker_id, deliveries=deliveries, tenant=it.tenant
+                )
+            )
         return records
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
         return [
-            await self.finish(i.job_id, i.state, model=i.model, output=i.output, error=i.error, worker_id=i.worker_id)
+            await self.finish(
+                i.job_id,
+                i.state,
+                model=i.model,
+                output=i.output,
+                error=i.error,
+                worker_id=i.worker_id,
+                tenant=i.tenant,
+            )
             for i in items
         ]
 

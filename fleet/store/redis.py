@@ -390,7 +390,15 @@ class RedisStore:
             deliveries = it.deliveries
             if it.unread and current is not None:  # it had a record after all: count on from its runs
                 deliveries = max(deliveries, current.deliveries + 1)
-            return started(current, it.job_id, model=it.model, worker_id=it.worker_id, deliveries=deliveries, now=now)
+            return started(
+                current,
+                it.job_id,
+                model=it.model,
+                worker_id=it.worker_id,
+                deliveries=deliveries,
+                now=now,
+                tenant=it.tenant,
+            )
 
         unread = {it.job_id for it in items if it.unread}
         results = await self._cas_many(items, step, publish=False, assume_absent=unread)
@@ -413,6 +421,7 @@ class RedisStore:
                 error=it.error,
                 worker_id=it.worker_id,
                 now=now,
+                tenant=it.tenant,
             )
 
         return await self._cas_many(items, step, publish=True)

@@ -63,6 +63,7 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
         "input_digest": None,
         "cache": None,
         "cache_similarity": None,
+        "tenant": None,
     }
     values.update(fields)
     return trusted(values)
@@ -94,10 +95,12 @@ def started(
     worker_id: str,
     deliveries: int,
     now: float,
+    tenant: str | None = None,
 ) -> JobRecord:
-    """The record after a worker picked the job up; a terminal ``current`` is returned unchanged."""
+    """The record after a worker picked the job up; a terminal ``current`` is returned unchanged. ``tenant`` (the
+    request message's) is written only into a record created here: an existing record keeps its own."""
     if current is None:
-        return _fresh(job_id, model, now, started_at=now, deliveries=deliveries, worker_id=worker_id)
+        return _fresh(job_id, model, now, started_at=now, deliveries=deliveries, worker_id=worker_id, tenant=tenant)
     if current.state in TERMINAL_STATES:
         return current
     values = dict(current.__dict__)
@@ -119,8 +122,10 @@ def finished(
     error: JobError | None,
     worker_id: str | None,
     now: float,
+    tenant: str | None = None,
 ) -> JobRecord:
-    """The terminal record that replaces a non-terminal ``current`` (or stands alone when there is none)."""
+    """The terminal record that replaces a non-terminal ``current`` (or stands alone when there is none, then of
+    ``tenant``)."""
     if state.__class__ is not JobState:
         state = JobState(state)
     if state not in TERMINAL_STATES:
@@ -128,7 +133,17 @@ def finished(
     if error is not None and not isinstance(error, JobError):
         error = JobError.model_validate(error)
     if current is None:
-        return _fresh(job_id, model, now, state=state, output=output, error=error, finished_at=now, worker_id=worker_id)
+        return _fresh(
+            job_id,
+            model,
+            now,
+            state=state,
+            output=output,
+            error=error,
+            finished_at=now,
+            worker_id=worker_id,
+            tenant=tenant,
+        )
     values = dict(current.__dict__)
     values["state"] = state
     values["output"] = output

@@ -14,7 +14,9 @@ WebSockets take the key from the ``Authorization`` header, or (browsers cannot s
 the subprotocols ``["fleet", "bearer.<key>"]``: the server then answers with the subprotocol ``fleet``. A refused
 socket gets an error frame and the close code 4401 or 4403.
 
-The next step (tenant isolation, rate limits) reads ``Principal.tenant`` from the same dependencies.
+Routes that read by id take the principal (``Depends(require_submitter)``: FastAPI runs the dependency once per
+request) and pass ``Principal.tenant`` on as the viewer of ``fleet.tenancy``: another tenant's job or run is an
+unknown one; the operator token (tenant None) reads every tenant's.
 """
 
 from __future__ import annotations

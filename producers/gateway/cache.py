@@ -1,9 +1,11 @@
 """The gateway's result caches: L1 in-process, L2 exact in the store, L3 semantic (``cache_l3``).
 
 Per model opt-in (``FLEET_CACHE``). The key of a request is the sha256 of the canonical JSON of ``{model, version,
-input}`` (``schemas.jobs.input_digest``), under ``fleet.constants.cache_entry_key(model, version, digest)``: a new
-``ModelSpec.version`` never reads an older version's entries. A lookup tries the levels in order and stops at the
-first hit:
+input, tenant}`` (``schemas.jobs.input_digest``), under ``fleet.constants.cache_entry_key(model, version, digest)``:
+a new ``ModelSpec.version`` never reads an older version's entries, and one tenant never reads another's. A model
+named in ``FLEET_CACHE_SHARED`` leaves the tenant out of the key (``{model, version, input}``, as before tenants)
+and keeps one L3 index: its entries answer every tenant. Otherwise L3 searches only the requesting tenant's index
+(``cache_l3``). A lookup tries the levels in order and stops at the first hit:
 
 * L1: a ``cachetools.TTLCache`` (LRU with a TTL) of outputs in this gateway;
 * L2: the cache store (``fleet.store.cachestore``), one entry per key with a TTL; a hit is copied into L1;
@@ -76,6 +78,7 @@ class Lookup:
     spec: ModelSpec
     key: str
     levels: tuple[str, ...]
+    tenant: str | None = None  # whose entries it reads and fills (None: a model shared across tenants)
     text: str | None = None
     vector: np.ndarray | None = field(default=None, repr=False)
     hit: Hit | None = None
@@ -103,10 +106,13 @@ def resolve_levels(settings: FleetSettings, specs: dict[str, ModelSpec]) -> dict
     return out
 
 
-def cache_key(spec: ModelSpec, value: dict[str, Any]) -> str:
-    """The L2 key of ``value`` for ``spec``'s model at its version. Raises ``ValueError`` for non-JSON input."""
-    digest = input_digest({"model": spec.name, "version": spec.version, "input": value})
-    return c.cache_entry_key(spec.name, spec.version, digest)
+def cache_key(spec: ModelSpec, value: dict[str, Any], tenant: str | None = None) -> str:
+    """The L2 key of ``value`` for ``spec``'s model at its version, of ``tenant`` (None: shared by every tenant).
+    Raises ``ValueError`` for non-JSON input."""
+    keyed: dict[str, Any] = {"model": spec.name, "version": spec.version, "input": value}
+    if tenant is not None:
+        keyed["tenant"] = tenant
+    return c.cache_entry_key(spec.name, spec.version, input_digest(keyed))
 
 
 class ResultCache:
@@ -121,6 +127,7 @@ class ResultCache:
     ) -> None:
         self.settings = settings
         self.levels = resolve_levels(settings, specs)
+        self.shared = frozenset(settings.cache_shared)
         self.store = store
         self.semantic = semantic
         self.l1: TTLCache[str, Any] = TTLCache(settings.cache_l1_max_entries, ttl=settings.cache_l1_ttl_s)
@@ -130,10 +137,14 @@ class ResultCache:
         if semantic is not None:
             for model, levels in self.levels.items():
                 if "l3" in levels:
-                    semantic.serve(model, specs[model].version)
+                    semantic.serve(model, specs[model].version, shared=model in self.shared)
 
     def uses(self, model: str) -> bool:
         return bool(self.levels.get(model))
+
+    def scope(self, model: str, tenant: str) -> str | None:
+        """Whose entries a request of ``tenant`` reads and fills: its own, or None for a shared model."""
+        return None if model in self.shared else tenant
 
     def threshold(self, spec: ModelSpec) -> float:
         return self.settings.cache_l3_threshold or spec.cache_threshold
@@ -161,13 +172,20 @@ class ResultCache:
             logger.warning("the L3 embedder could not be loaded (L3 lookups will miss): %s", exc)
 
     # -- lookup ---------------------------------------------------------------------------------------------
-    async def lookup(self, spec: ModelSpec, value: dict[str, Any], encoding: str = DEFAULT_ENCODING) -> Lookup:
-        """Try each level of the model in order. Never raises: a failing level is a miss.
+    async def lookup(
+        self,
+        spec: ModelSpec,
+        value: dict[str, Any],
+        encoding: str = DEFAULT_ENCODING,
+        tenant: str = c.DEFAULT_TENANT,
+    ) -> Lookup:
+        """Try each level of the model in order, for a request of ``tenant``. Never raises: a failing level is a
+        miss. Only entries of ``tenant`` answer, or of every tenant for a shared model.
 
         One entry serves both encodings: a hit's vector fields are converted to ``encoding`` (exact both ways:
         the floats are float32 values), whichever encoding the request that filled it asked for.
         """
-        found = await self._lookup(spec, value)
+        found = await self._lookup(spec, value, self.scope(spec.name, tenant))
         if found.hit is not None and spec.vector_fields:
             hit = found.hit
             try:
@@ -179,9 +197,9 @@ class ResultCache:
             found.hit = Hit(hit.level, output, hit.similarity)
         return found
 
-    async def _lookup(self, spec: ModelSpec, value: dict[str, Any]) -> Lookup:
+    async def _lookup(self, spec: ModelSpec, value: dict[str, Any], scope: str | None) -> Lookup:
         levels = self.levels[spec.name]
-        found = Lookup(spec, cache_key(spec, value), levels)
+        found = Lookup(spec, cache_key(spec, value, scope), levels, scope)
         for level in levels:
             started = time.perf_counter()
             result = "miss"
@@ -224,14 +242,15 @@ class ResultCache:
         if not self.semantic.embedder.ready:
             return None  # still loading: a miss now rather than a request held for seconds (fill embeds later)
         found.vector = await self.semantic.vector(text)
-        match = await self.semantic.match(spec.name, spec.version, found.vector, text, self.threshold(spec))
+        threshold = self.threshold(spec)
+        match = await self.semantic.match(spec.name, spec.version, found.vector, text, threshold, found.tenant)
         if match is None:
             return None
         output = self.l1.get(match.key)
         if output is None:
             stored = await self._read_l2(match.key)
             if stored is None:
-                self.semantic.forget(spec.name, spec.version, match.key)
+                self.semantic.forget(spec.name, spec.version, match.key, found.tenant)
                 return None
             output = stored[0]
         return Hit("l3", output, match.similarity)
@@ -280,9 +299,10 @@ class ResultCache:
         if "l3" in found.levels and self.semantic is not None and found.text and self.semantic.embedder.ready:
             if found.vector is None:
                 found.vector = await self.semantic.vector(found.text)
-            entry = VectorEntry(found.key, found.text, found.vector.astype(np.float32).tobytes())
+            vector = found.vector.astype(np.float32).tobytes()
+            entry = VectorEntry(found.key, found.text, vector, found.tenant)
             await self.semantic.remember(spec.name, spec.version, entry, found.vector)
-            CACHE_L3_ENTRIES.labels(spec.name).set(len(self.semantic.index_of(spec.name, spec.version)))
+            CACHE_L3_ENTRIES.labels(spec.name).set(self.semantic.entries(spec.name, spec.version))
 
 
 def build_cache(

@@ -9,6 +9,14 @@ nothing twice.
 
 A log that cannot be read is retried at the next interval (logged once per outage); the index keeps answering
 from what it holds.
+
+Tenants: a model version not shared across tenants (``FLEET_CACHE_SHARED``) keeps one index per tenant, created
+when its first entry comes; an entry names its tenant in the log and goes to that tenant's index only, and a
+lookup searches only the index of its own tenant, so a semantic hit can never answer with what another tenant
+asked, and its cost is that of one tenant's entries (each index is bounded by ``max_entries``). A shared model
+version keeps one index, for entries with no tenant. An entry that does not fit its slot (no tenant in a
+per-tenant slot: written before tenants; a tenant in a shared slot: written before the model was shared) is
+skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,13 +41,19 @@ SYNC_BATCH = 1000  # log entries read per call
 
 @dataclass(slots=True)
 class _Slot:
-    """One model version's index, its log and how far this gateway has read it."""
+    """One model version's indexes (one per tenant, or one under ``None`` when shared), its log and how far this
+    gateway has read it."""
 
-    index: SemanticIndex
     log: str
+    shared: bool
+    indexes: dict[str | None, SemanticIndex] = field(default_factory=dict)
     position: str = "0"
     lock: asyncio.Lock | None = None
     failing: bool = False
+
+    def fits(self, tenant: str | None) -> bool:
+        """True when an entry of ``tenant`` belongs in this slot (see the module docstring)."""
+        return (tenant is None) == self.shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +76,27 @@ class SemanticLevel:
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._sync: asyncio.Task[None] | None = None
 
-    def serve(self, model: str, version: str) -> None:
-        """Keep an index for ``model`` at ``version`` (called at start-up for each model with L3 on)."""
+    def serve(self, model: str, version: str, shared: bool = False) -> None:
+        """Keep indexes for ``model`` at ``version`` (called at start-up for each model with L3 on): one per tenant,
+        or one for every tenant when ``shared``."""
         key = (model, version)
         if key not in self._slots:
-            index = SemanticIndex(self.options.dim, max_entries=self.options.max_entries, nprobe=self.options.nprobe)
-            self._slots[key] = _Slot(index, c.cache_vectors_key(model, version), lock=asyncio.Lock())
+            self._slots[key] = _Slot(c.cache_vectors_key(model, version), shared, lock=asyncio.Lock())
 
-    def index_of(self, model: str, version: str) -> SemanticIndex:
-        return self._slots[(model, version)].index
+    def _new_index(self) -> SemanticIndex:
+        return SemanticIndex(self.options.dim, max_entries=self.options.max_entries, nprobe=self.options.nprobe)
+
+    def index_of(self, model: str, version: str, tenant: str | None = None) -> SemanticIndex:
+        """The index of ``tenant`` (None: the shared one), created empty when it has none yet."""
+        slot = self._slots[(model, version)]
+        index = slot.indexes.get(tenant)
+        if index is None:
+            index = slot.indexes[tenant] = self._new_index()
+        return index
+
+    def entries(self, model: str, version: str) -> int:
+        """Entries held for ``model`` at ``version``, every tenant together."""
+        return sum(len(index) for index in self._slots[(model, version)].indexes.values())
 
     async def start(self) -> None:
         """Replay the logs once, then keep tailing them in the background."""
@@ -87,21 +113,29 @@ class SemanticLevel:
     async def vector(self, text: str) -> np.ndarray:
         return await self.embedder.embed(text)
 
-    async def match(self, model: str, version: str, vector: np.ndarray, text: str, threshold: float) -> Match | None:
+    async def match(
+        self, model: str, version: str, vector: np.ndarray, text: str, threshold: float, tenant: str | None = None
+    ) -> Match | None:
+        """The nearest earlier request of ``tenant`` (None: of the shared index) that passes ``threshold``."""
         slot = self._slots[(model, version)]
+        index = slot.indexes.get(tenant)
+        if index is None:
+            return None
         assert slot.lock is not None
         async with slot.lock:  # no await inside: the search runs on the loop, well under a millisecond
-            return slot.index.search(vector[None, :], [text], threshold)[0]
+            return index.search(vector[None, :], [text], threshold)[0]
 
-    def forget(self, model: str, version: str, key: str) -> None:
+    def forget(self, model: str, version: str, key: str, tenant: str | None = None) -> None:
         """The entry's output is gone from L2: stop answering with it."""
-        self._slots[(model, version)].index.discard(key)
+        index = self._slots[(model, version)].indexes.get(tenant)
+        if index is not None:
+            index.discard(key)
 
     async def remember(self, model: str, version: str, entry: VectorEntry, vector: np.ndarray) -> None:
-        """Add the entry here and append it to the shared log. Raises ``StoreError`` when the log write fails
-        (the local index has it anyway)."""
+        """Add the entry here (to the index of ``entry.tenant``) and append it to the shared log. Raises
+        ``StoreError`` when the log write fails (the local index has it anyway)."""
         slot = self._slots[(model, version)]
-        await self._add(slot, [entry], vector[None, :])
+        await self._add(slot, entry.tenant, [entry], vector[None, :])
         async with asyncio.timeout(self.options.timeout_s):
             await self.store.append_vector(slot.log, entry, self.options.max_entries, self.options.ttl_s)
 
@@ -127,17 +161,23 @@ class SemanticLevel:
         if not rows:
             return False
         slot.position = rows[-1][0]
-        entries = [entry for _, entry in rows if len(entry.vector) == 4 * self.options.dim]
-        if entries:
+        by_tenant: dict[str | None, list[VectorEntry]] = {}
+        for _, entry in rows:
+            if len(entry.vector) == 4 * self.options.dim and slot.fits(entry.tenant):
+                by_tenant.setdefault(entry.tenant, []).append(entry)
+        for tenant, entries in by_tenant.items():
             vectors = np.frombuffer(b"".join(e.vector for e in entries), dtype=np.float32).reshape(len(entries), -1)
-            await self._add(slot, entries, vectors)
+            await self._add(slot, tenant, entries, vectors)
         return len(rows) >= SYNC_BATCH
 
-    async def _add(self, slot: _Slot, entries: list[VectorEntry], vectors: np.ndarray) -> None:
+    async def _add(self, slot: _Slot, tenant: str | None, entries: list[VectorEntry], vectors: np.ndarray) -> None:
         assert slot.lock is not None
         keys, texts = [e.key for e in entries], [e.text for e in entries]
+        index = slot.indexes.get(tenant)
+        if index is None:
+            index = slot.indexes[tenant] = self._new_index()
         async with slot.lock:  # adding may train or evict (hundreds of ms): off the loop
-            await asyncio.to_thread(slot.index.add, vectors, keys, texts)
+            await asyncio.to_thread(index.add, vectors, keys, texts)
 
     async def _sync_loop(self) -> None:
         while True:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fleet import constants as c
+from fleet import tenancy
 from fleet.brokers.base import Broker
 from fleet.errors import BrokerUnavailable, JobNotFound, QueueFull, StoreError
 from fleet.store.base import ResultStore
@@ -47,15 +48,18 @@ async def store_call(store: ResultStore, call: Awaitable[T], timeout_s: float) -
         raise StoreError(f"the result store ({store.scheme}) cannot be reached: {exc}") from exc
 
 
-async def read_job(store: ResultStore, job_id: str, timeout_s: float) -> JobRecord:
+async def read_job(
+    store: ResultStore, job_id: str, timeout_s: float, viewer: str | None = tenancy.ALL_TENANTS
+) -> JobRecord:
     """The job's record, read with ``store_call``.
 
     Raises:
-        JobNotFound: no such job (never submitted, or its record expired): a 404.
+        JobNotFound: no such job (never submitted, or its record expired), or one of a tenant other than
+            ``viewer`` (``fleet.tenancy.visible``): the same 404 either way.
         StoreError: as ``store_call``.
     """
     record = await store_call(store, store.get(job_id), timeout_s)
-    if record is None:
+    if record is None or not tenancy.visible(record.tenant, viewer):
         raise JobNotFound(job_id)
     return record
 
@@ -93,19 +97,22 @@ async def patiently(call: Callable[[], Awaitable[T]], job_id: str, deadline: flo
         return result
 
 
-async def long_poll(store: ResultStore, job_id: str, wait_s: float, timeout_s: float) -> JobRecord:
+async def long_poll(
+    store: ResultStore, job_id: str, wait_s: float, timeout_s: float, viewer: str | None = tenancy.ALL_TENANTS
+) -> JobRecord:
     """``GET /v1/jobs/{id}?wait=S``: the terminal record as soon as it exists, else the current one after ``wait_s``.
 
     A store outage inside ``wait_s`` is waited out, also one that began before the request.
 
     Raises:
-        JobNotFound: no such job (known as soon as the record can be read), or it expired while waited for.
+        JobNotFound: no such job (known as soon as the record can be read), one of a tenant other than ``viewer``
+            (known from the first read, before any wait), or it expired while waited for.
         StoreError: the record could not be read at the deadline: a 503 with Retry-After.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     record = await patiently(lambda: store_call(store, store.get(job_id), timeout_s), job_id, deadline)
-    if record is None:
+    if record is None or not tenancy.visible(record.tenant, viewer):
         raise JobNotFound(job_id)
     remaining_s = deadline - loop.time()
     if record.terminal or remaining_s <= 0:

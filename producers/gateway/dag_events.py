@@ -15,6 +15,7 @@ its ``type``)::
 once. An unknown run is a plain ``404`` (SSE) or an error frame and close code 4404 (WebSocket). The stream wakes on
 each change the DAG store publishes (``fleet:dagevents:<run>``); SSE sends a ``: keep-alive`` comment every
 ``GatewayLimits.sse_keepalive_s`` while nothing changes. A store outage while a stream is open only delays events.
+Another tenant's run is an unknown run on both (``fleet.tenancy``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from fastapi.responses import StreamingResponse
 from dags.runner import DagRunner, UnknownRun
 from fleet.errors import StoreError
 from fleet.store.dagstore import RunDoc
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, websocket_principal, ws_subprotocol
+from producers.gateway.auth import (
+    AUTH_RESPONSES,
+    SUBMITTER_DEPS,
+    Principal,
+    require_submitter,
+    websocket_principal,
+    ws_subprotocol,
+)
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN, WEBSOCKETS_OPEN
 from producers.gateway.routes_dags import runner_of, view_doc
@@ -130,17 +138,19 @@ async def sse_stream(runner: DagRunner, doc: RunDoc, keepalive_s: float) -> Asyn
         503: {"model": ErrorResponse},
     },
 )
-async def stream_run_events(run_id: str, state: GatewayState = Depends(gateway_state)) -> StreamingResponse:
+async def stream_run_events(
+    run_id: str, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
+) -> StreamingResponse:
     runner = runner_of(state)
-    doc = await runner.get(run_id)
+    doc = await runner.get(run_id, principal.tenant)
     stream = sse_stream(runner, doc, state.limits.sse_keepalive_s)
     return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
-async def _send_all(websocket: WebSocket, runner: DagRunner, run_id: str, wait_s: float) -> int:
-    """Send the run's events; the close code to end with."""
+async def _send_all(websocket: WebSocket, runner: DagRunner, run_id: str, wait_s: float, viewer: str | None) -> int:
+    """Send the run's events (``UnknownRun`` for another tenant's run than ``viewer``'s); the close code."""
     try:
-        doc = await runner.get(run_id)
+        doc = await runner.get(run_id, viewer)
         async for event in run_events(runner, doc, wait_s):
             if event is not None:
                 await websocket.send_text(json.dumps(event))
@@ -156,13 +166,15 @@ async def _send_all(websocket: WebSocket, runner: DagRunner, run_id: str, wait_s
 async def run_ws(websocket: WebSocket, run_id: str) -> None:
     """Push a run's events (see the module docstring), then close with 1000; unknown run: close code 4404."""
     state: GatewayState = websocket.app.state.gateway
-    if await websocket_principal(websocket) is None:
+    principal = await websocket_principal(websocket)
+    if principal is None:
         return
     await websocket.accept(subprotocol=ws_subprotocol(websocket))
     WEBSOCKETS_OPEN.inc()
     try:
         runner = runner_of(state)
-        main = asyncio.create_task(_send_all(websocket, runner, run_id, state.limits.ws_wait_chunk_s))
+        wait_s = state.limits.ws_wait_chunk_s
+        main = asyncio.create_task(_send_all(websocket, runner, run_id, wait_s, principal.tenant))
         if await _first_of(main, websocket):
             with contextlib.suppress(RuntimeError):
                 await websocket.close(main.result())

@@ -61,6 +61,7 @@ from fleet.errors import (
     JobNotFound,
     PayloadTooLarge,
     QueueFull,
+    RunIdTaken,
     StoreError,
     UnknownDag,
     UnknownModel,
@@ -110,6 +111,8 @@ def describe_fleet_error(exc: FleetError) -> tuple[int, str, Any]:
         return 404, "dag_not_found", {"name": exc.name}
     if isinstance(exc, UnknownRun):
         return 404, "run_not_found", {"run_id": exc.run_id}
+    if isinstance(exc, RunIdTaken):
+        return 409, "run_id_taken", None
     if isinstance(exc, PayloadTooLarge):
         return 413, "payload_too_large", {"size": exc.size, "limit": exc.limit}
     if isinstance(exc, JobNotFound):

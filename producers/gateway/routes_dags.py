@@ -5,6 +5,11 @@ them. The push routes (WebSocket and server-sent events) are in ``producers.gate
 (``application/json``): text that does not parse is ``400 malformed_spec`` naming the line and column, a spec that
 parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. Registering the same spec
 again keeps its version; a changed spec gets the next one. A run runs the latest version at its start.
+
+DAG specs are shared by every tenant; runs are not: a run belongs to the tenant of the key that started it (its
+document's ``tenant``; its steps' jobs carry it too). Reading or cancelling another tenant's run answers the 404
+of an unknown run, and starting a run with another tenant's ``run_id`` answers ``409 run_id_taken`` and leaves
+that run alone. The operator token reads every tenant's runs.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
 from producers.gateway import ratelimit
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import check_wait
@@ -193,14 +198,19 @@ def parse_start(raw: bytes) -> StartRunRequest:
         "invalid_input`) and publishes its first steps' jobs. Idempotent on `run_id`: starting an existing run "
         "again answers `202` with that run (`created: false`) and creates nothing."
     ),
-    responses=error_responses(400, 404, 413, 422, 429, 503),
+    responses=error_responses(400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_RUN_BODY,
     dependencies=[Depends(ratelimit.limit_rate)],  # the tenant's rate limit (producers.gateway.ratelimit)
 )
-async def start_run(name: str, request: Request, state: GatewayState = Depends(gateway_state)) -> RunStarted:
+async def start_run(
+    name: str,
+    request: Request,
+    state: GatewayState = Depends(gateway_state),
+    principal: Principal = Depends(require_submitter),
+) -> RunStarted:
     runner = runner_of(state)
     body = parse_start(await read_limited_body(request, state.settings.max_body_bytes))
-    created, doc = await runner.start(name, body.input, body.run_id, body.timeout_s)
+    created, doc = await runner.start(name, body.input, body.run_id, body.timeout_s, principal.tenant)
     view = await view_doc(runner, doc)
     return RunStarted(run_id=view["run_id"], state=view["state"], created=created)
 
@@ -219,12 +229,13 @@ async def get_run(
     run_id: str,
     wait: float | None = Query(None, description="long-poll: seconds to wait for the run to end (0 < wait ≤ max)"),
     state: GatewayState = Depends(gateway_state),
+    principal: Principal = Depends(require_submitter),
 ) -> dict[str, Any]:
     runner = runner_of(state)
     if wait is not None:
         check_wait(wait, state.settings.max_long_poll_s)
-        return await view_doc(runner, await runner.wait(run_id, wait))
-    return await view_doc(runner, await runner.get(run_id))
+        return await view_doc(runner, await runner.wait(run_id, wait, principal.tenant))
+    return await view_doc(runner, await runner.get(run_id, principal.tenant))
 
 
 @router.post(
@@ -237,9 +248,11 @@ async def get_run(
     ),
     responses=error_responses(404, 409, 503),
 )
-async def cancel_run(run_id: str, state: GatewayState = Depends(gateway_state)) -> dict[str, Any]:
+async def cancel_run(
+    run_id: str, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
+) -> dict[str, Any]:
     runner = runner_of(state)
-    doc = await runner.get(run_id)
+    doc = await runner.get(run_id, principal.tenant)
     if doc.get("finished_at") is None:
         doc = await runner.cancel(run_id)
         view = await view_doc(runner, doc)

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.calls import long_poll
 from producers.gateway.errors import ApiError, error_responses
 from producers.gateway.routes_jobs import SUBMIT_BODY, check_wait, submit
@@ -93,15 +93,18 @@ async def infer(
         None, description=f"seconds to wait for the output (0 < wait ≤ max; default {c.DEFAULT_INFER_WAIT_S:g})"
     ),
     state: GatewayState = Depends(gateway_state),
+    principal: Principal = Depends(require_submitter),
 ) -> InferResponse:
     wait_s = min(c.DEFAULT_INFER_WAIT_S, state.settings.max_long_poll_s) if wait is None else wait
     check_wait(wait_s, state.settings.max_long_poll_s)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    submitted = await submit(request, state)
+    submitted = await submit(request, state, principal)
     remaining_s = deadline - loop.time()
     try:
-        record = await long_poll(state.store, submitted.job_id, max(remaining_s, 0.001), state.limits.store_timeout_s)
+        record = await long_poll(
+            state.store, submitted.job_id, max(remaining_s, 0.001), state.limits.store_timeout_s, principal.tenant
+        )
     except StoreError as exc:
         raise ApiError(
             503,

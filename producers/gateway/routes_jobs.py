@@ -19,6 +19,12 @@ finished ``succeeded`` at once with the cached output, ``cache`` and ``cache_sim
 ``finish``, so polling, long-polls, WebSockets and SSE see it as any computed job; the answer is ``202`` with
 status ``succeeded``. A miss is submitted as usual and filled when its result arrives. ``X-Cache-Control:
 bypass`` or ``"cache": false`` skips lookup and fill.
+
+Tenants (``fleet.tenancy``): a job belongs to the tenant of the key that submitted it (``JobRecord.tenant``, also
+on the wire so the worker and a reconcile republish keep it; the operator token and ``FLEET_AUTH=off`` submit as
+the default tenant). A read by id (``GET``, ``?wait``, cancel) of another tenant's job answers the 404 of an
+unknown id; the operator token reads every tenant's jobs. A submit whose job id belongs to another tenant's job
+answers ``409 job_id_taken`` with nothing of that job (not its model, state or input) and leaves it alone.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
 from fleet import constants as c
+from fleet import tenancy
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
 from fleet.store import transitions
 from producers.gateway import ratelimit
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
@@ -107,8 +114,9 @@ def _digest(value: dict[str, Any]) -> str:
         raise ApiError(422, "invalid_request", f"the input cannot be encoded as JSON: {exc}") from None
 
 
-def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
-    """The queued record and the wire message of a new job."""
+def new_job(body: SubmitRequest, now: float, tenant: str | None = None) -> tuple[JobRecord, bytes]:
+    """The queued record and the wire message of a new job of ``tenant`` (None: the default tenant)."""
+    tenant = tenancy.stored(tenant)
     job_id = body.job_id or uuid.uuid4().hex
     expires_at = now + body.timeout_s if body.timeout_s else None
     record = JobRecord(
@@ -119,6 +127,7 @@ def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
         expires_at=expires_at,
         deliveries=0,
         input_digest=_digest(body.input),
+        tenant=tenant,
     )
     message = RequestMessage(
         v=1,
@@ -130,6 +139,7 @@ def new_job(body: SubmitRequest, now: float) -> tuple[JobRecord, bytes]:
         priority=body.priority,
         cache=body.cache,
         encoding_format=body.encoding_format,
+        tenant=tenant,
     )
     return record, message.model_dump_json().encode()
 
@@ -172,11 +182,16 @@ async def _mark_published(state: GatewayState, job_id: str) -> None:
 
 
 def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
-    """Raises 409 ``job_id_conflict`` when ``record`` reuses the id of a job with another model or input.
+    """Raises 409 ``job_id_taken`` when ``record`` reuses the id of another tenant's job (saying nothing of it),
+    409 ``job_id_conflict`` when it reuses the id of a job with another model or input.
 
     A record without a digest (published straight to the topic, or written by an older Fleet) cannot be compared
     and is taken as the same job.
     """
+    if tenancy.owner(existing.tenant) != tenancy.owner(record.tenant):
+        raise ApiError(
+            409, "job_id_taken", f"job id {record.job_id!r} cannot be used; choose another id (or let Fleet choose)"
+        )
     if existing.model != record.model:
         what = f"a job of model {existing.model!r}"
     elif existing.input_digest is not None and existing.input_digest != record.input_digest:
@@ -236,14 +251,14 @@ def cache_bypassed(request: Request) -> bool:
     )
 
 
-async def _cache_lookup(state: GatewayState, spec: ModelSpec, body: SubmitRequest) -> Lookup | None:
+async def _cache_lookup(state: GatewayState, spec: ModelSpec, body: SubmitRequest, tenant: str | None) -> Lookup | None:
     """The lookup of a model that uses the caches, unless the request bypasses them (None then)."""
     if state.cache is None or not state.cache.uses(spec.name):
         return None
     if not body.cache:
         CACHE_REQUESTS.labels(spec.name, "all", "bypass").inc()
         return None
-    return await state.cache.lookup(spec, body.input, body.encoding_format)
+    return await state.cache.lookup(spec, body.input, body.encoding_format, tenancy.owner(tenant))
 
 
 async def _answer_from_cache(
@@ -273,7 +288,7 @@ async def _answer_from_cache(
     return SubmitResponse(job_id=record.job_id, status=answered.state, cache=answered.cache)
 
 
-async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
+async def _submit(request: Request, state: GatewayState, principal: Principal) -> SubmitResponse:
     settings = state.settings
     bypass = cache_bypassed(request)
     body = parse_submit(await read_limited_body(request, settings.max_body_bytes))
@@ -284,11 +299,11 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
         raise UnknownModel(body.model, list(state.specs))
     validate_input(spec, body.input)
     check_encoding(spec, body.encoding_format)
-    record, data = new_job(body, time.time())
+    record, data = new_job(body, time.time(), principal.tenant)
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
     await ratelimit.charge(request, record)  # the tenant's rate and queued-job quota: 429 when refused
-    found = await _cache_lookup(state, spec, body)
+    found = await _cache_lookup(state, spec, body, record.tenant)
     if found is not None and found.hit is not None:
         return await _answer_from_cache(state, record, data, found.hit, body.priority)
     answer = await _admit(state, body, record, data)
@@ -326,14 +341,19 @@ async def _submit(request: Request, state: GatewayState) -> SubmitResponse:
     responses=error_responses(400, 404, 409, 413, 422, 429, 503),
     openapi_extra=SUBMIT_BODY,
 )
-async def submit_job(request: Request, state: GatewayState = Depends(gateway_state)) -> SubmitResponse:
-    return await submit(request, state)
+async def submit_job(
+    request: Request,
+    state: GatewayState = Depends(gateway_state),
+    principal: Principal = Depends(require_submitter),
+) -> SubmitResponse:
+    return await submit(request, state, principal)
 
 
-async def submit(request: Request, state: GatewayState) -> SubmitResponse:
-    """Submit the job in ``request``'s body (``POST /v1/jobs`` and ``POST /v1/infer``), counting refusals."""
+async def submit(request: Request, state: GatewayState, principal: Principal) -> SubmitResponse:
+    """Submit the job in ``request``'s body for ``principal``'s tenant (``POST /v1/jobs`` and ``POST /v1/infer``),
+    counting refusals."""
     try:
-        return await ratelimit.settled(request, _submit(request, state))
+        return await ratelimit.settled(request, _submit(request, state, principal))
     except Exception as exc:
         SUBMIT_ERRORS.labels(error_type(exc)).inc()
         raise
@@ -354,20 +374,24 @@ def check_wait(wait_s: float, max_s: float) -> None:
     "/{job_id}",
     response_model=JobRecord,
     summary="Get a job",
-    description="The job's record. With `wait`, holds the request until the job ends or `wait` seconds pass.",
+    description=(
+        "The job's record. With `wait`, holds the request until the job ends or `wait` seconds pass. Another "
+        "tenant's job answers `404 job_not_found`, as an unknown id does."
+    ),
     responses=error_responses(404, 422, 503),
 )
 async def get_job(
     job_id: str,
     wait: float | None = Query(None, description="long-poll: seconds to wait for a terminal state (0 < wait ≤ max)"),
     state: GatewayState = Depends(gateway_state),
+    principal: Principal = Depends(require_submitter),
 ) -> JobRecord:
     if wait is not None:
         check_wait(wait, state.settings.max_long_poll_s)
     store, timeout_s = state.store, state.limits.store_timeout_s
     if wait is not None:
-        return await long_poll(store, job_id, wait, timeout_s)
-    return await read_job(store, job_id, timeout_s)
+        return await long_poll(store, job_id, wait, timeout_s, principal.tenant)
+    return await read_job(store, job_id, timeout_s, principal.tenant)
 
 
 def _already_ended(record: JobRecord) -> ApiError:
@@ -386,9 +410,11 @@ def _already_ended(record: JobRecord) -> ApiError:
     description="Ends a queued or running job as `cancelled`; a worker skips it or discards its result.",
     responses=error_responses(404, 409, 503),
 )
-async def cancel_job(job_id: str, state: GatewayState = Depends(gateway_state)) -> JobRecord:
+async def cancel_job(
+    job_id: str, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
+) -> JobRecord:
     store, timeout_s = state.store, state.limits.store_timeout_s
-    record = await read_job(store, job_id, timeout_s)
+    record = await read_job(store, job_id, timeout_s, principal.tenant)
     if record.terminal:
         raise _already_ended(record)
     error = JobError(type="cancelled", message=f"cancelled by a client (POST /v1/jobs/{job_id}/cancel)")

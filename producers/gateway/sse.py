@@ -10,7 +10,8 @@ only speak HTTP. The answer is ``text/event-stream``; each event's data is one l
 
 A job that ended before the request gets ``event: result`` at once. An unknown job is a plain ``404`` before any
 event, a store that cannot be reached a ``503``, both with the usual error body. Once the stream is open, a store
-outage is no error: keep-alives go on and the result comes once the store is back. ``EventSource`` reconnects when a
+outage is no error: keep-alives go on and the result comes once the store is back. Another tenant's job is the
+``404`` of an unknown job (the operator token streams every tenant's jobs). ``EventSource`` reconnects when a
 stream ends, so a browser client should ``close()`` it on ``result``.
 """
 
@@ -25,7 +26,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
 from fleet.errors import JobNotFound, StoreError
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.calls import read_job, store_call
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN
@@ -107,6 +108,8 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
         503: {"model": ErrorResponse},
     },
 )
-async def stream_job_events(job_id: str, state: GatewayState = Depends(gateway_state)) -> StreamingResponse:
-    record = await read_job(state.store, job_id, state.limits.store_timeout_s)
+async def stream_job_events(
+    job_id: str, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
+) -> StreamingResponse:
+    record = await read_job(state.store, job_id, state.limits.store_timeout_s, principal.tenant)
     return StreamingResponse(job_events(state, record), media_type="text/event-stream", headers=STREAM_HEADERS)

@@ -16,6 +16,9 @@ JSON, wrong shape, more than ``GatewayLimits.ws_max_ids_per_frame`` ids, more th
 ``ws_max_ids_per_connection`` ids watched at once, over ``ws_max_frame_bytes``) gets
 ``{"type": "error", "job_id": null, "error": {...}}`` and the connection stays open. Subscribing again to an id
 whose result was already sent sends it again. Keep-alive: uvicorn pings every ``ws_ping_interval`` (20 s).
+
+Another tenant's job is an unknown job on both routes (the same frame, the same close code 4404); the operator
+token watches every tenant's jobs (``fleet.tenancy``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
 from producers.gateway.auth import websocket_principal, ws_subprotocol
 from producers.gateway.calls import patiently, store_call
@@ -45,14 +49,17 @@ CLOSE_INTERNAL_ERROR = 1011
 CLOSE_NOT_FOUND = 4404
 
 
-async def wait_terminal(state: GatewayState, job_id: str) -> JobRecord | None:
-    """The job's terminal record, waiting as long as it takes in bounded steps; None for an unknown job.
+async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = tenancy.ALL_TENANTS) -> JobRecord | None:
+    """The job's terminal record, waiting as long as it takes in bounded steps; None for an unknown job, or one of
+    a tenant other than ``viewer`` (known from the first read: nothing is waited for).
 
     A socket has no deadline, so a store outage is waited out however long it lasts (``calls.patiently``): the
     client gets the terminal record once the store is back. Raises ``StoreError`` only when it is not retriable.
     """
     store, limits = state.store, state.limits
     record = await patiently(lambda: store_call(store, store.get(job_id), limits.store_timeout_s), job_id)
+    if record is not None and not tenancy.visible(record.tenant, viewer):
+        return None
     chunk_s = limits.ws_wait_chunk_s
     while record is not None and not record.terminal:
         record = await patiently(
@@ -84,12 +91,13 @@ async def _first_of(main: asyncio.Task[Any], websocket: WebSocket) -> bool:
 async def job_ws(websocket: WebSocket, job_id: str) -> None:
     """Push one job's terminal record, then close (1000); unknown job: an error frame and close code 4404."""
     state: GatewayState = websocket.app.state.gateway
-    if await websocket_principal(websocket) is None:
+    principal = await websocket_principal(websocket)
+    if principal is None:
         return
     await websocket.accept(subprotocol=ws_subprotocol(websocket))
     WEBSOCKETS_OPEN.inc()
     try:
-        main = asyncio.create_task(wait_terminal(state, job_id))
+        main = asyncio.create_task(wait_terminal(state, job_id, principal.tenant))
         if not await _first_of(main, websocket):
             return  # the client left first
         try:
@@ -150,11 +158,13 @@ def parse_frame(text: str, max_bytes: int, max_ids: int) -> tuple[str, list[str]
 
 
 class Multiplexer:
-    """One ``/v1/ws`` connection: a reader loop and one watcher task per subscribed job id."""
+    """One ``/v1/ws`` connection: a reader loop and one watcher task per subscribed job id, for a caller reading
+    as ``viewer`` (``fleet.tenancy``)."""
 
-    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
+    def __init__(self, websocket: WebSocket, state: GatewayState, viewer: str | None = tenancy.ALL_TENANTS) -> None:
         self.websocket = websocket
         self.state = state
+        self.viewer = viewer
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self.send_lock = asyncio.Lock()
 
@@ -207,7 +217,7 @@ class Multiplexer:
 
     async def _watch(self, job_id: str) -> None:
         try:
-            record = await wait_terminal(self.state, job_id)
+            record = await wait_terminal(self.state, job_id, self.viewer)
             if record is None:
                 error = error_json("job_not_found", JobNotFound(job_id).message, {"job_id": job_id})["error"]
                 await self.send({"type": "error", "job_id": job_id, "error": error})
@@ -231,11 +241,12 @@ class Multiplexer:
 async def multiplexed_ws(websocket: WebSocket) -> None:
     """Push the terminal records of many jobs on one connection (see the module docstring for the protocol)."""
     state: GatewayState = websocket.app.state.gateway
-    if await websocket_principal(websocket) is None:
+    principal = await websocket_principal(websocket)
+    if principal is None:
         return
     await websocket.accept(subprotocol=ws_subprotocol(websocket))
     WEBSOCKETS_OPEN.inc()
     try:
-        await Multiplexer(websocket, state).run()
+        await Multiplexer(websocket, state, principal.tenant).run()
     finally:
         WEBSOCKETS_OPEN.dec()
