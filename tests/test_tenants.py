@@ -356,9 +356,8 @@ async def test_the_publish_path_puts_the_tenant_on_the_wire(env: Env) -> None:
     assert not other.messages and "tenant" in other.errors[0].message  # a line naming another tenant is invalid
 
 
+@pytest.mark.parametrize("env", ["nats+redis"], indirect=True)  # fleet publish refuses the in-process broker
 async def test_fleet_publish_tenant_puts_the_tenant_on_the_wire(env: Env, tmp_path: Any) -> None:
-    if env.pair == "memory":
-        pytest.skip("fleet publish refuses the in-memory broker (it lives in another process): run on NATS")
     lines = tmp_path / "inputs.jsonl"
     lines.write_text('{"cli": 1}\n')
     result = await asyncio.to_thread(
