@@ -230,11 +230,12 @@ def echo_worker(gw: Limited) -> Worker:
     return Worker(with_name(EchoHandler, gw.model)(), gw.app.state.gateway.broker, gw.store, settings=settings)
 
 
+@pytest.mark.parametrize("auth", ["off", "keys"])  # the default tenant, and a key's tenant read from the records
 @pytest.mark.parametrize("pair", ["memory", "nats+redis"])
-async def test_the_quota_refuses_then_frees_places_as_jobs_finish(request: Any, pair: str, unique: str) -> None:
-    # FLEET_AUTH=off: the worker reads a job's tenant from its record, and records name no tenant but the default
-    # one until tenant isolation lands; this is the only test that gives the default tenant a quota on Redis.
-    async with limited_gateway(request, pair, unique, auth="off", tenant_max_queued=2) as gw:
+async def test_the_quota_refuses_then_frees_places_as_jobs_finish(
+    request: Any, pair: str, auth: str, unique: str
+) -> None:
+    async with limited_gateway(request, pair, unique, auth=auth, tenant_max_queued=2) as gw:
         await gw.app.state.tenant_limiter.quotas.release(
             [(gw.tenant, i) for i in await gw.app.state.tenant_limiter.quotas.members(gw.tenant, 100)]
         )  # what an earlier run against this Redis may have left
