@@ -9,5 +9,6 @@ echo "==> lint: ruff and mypy" >&2
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
 .venv/bin/mypy
-echo "==> tests (real Redis, NATS JetStream and Kafka are started on free ports)" >&2
-exec .venv/bin/python -m pytest "$@"
+echo "==> tests in two workers (each starts real Redis, NATS JetStream and Kafka on free ports)" >&2
+# Two pytest-xdist workers, one per core, each taking whole files (module fixtures stay shared within a file).
+exec .venv/bin/python -m pytest -n "${FLEET_TEST_WORKERS:-2}" --dist loadfile "$@"
