@@ -1,5 +1,6 @@
 """Schemathesis over the gateway's own OpenAPI: a real ``fleet gateway`` process on NATS + Redis with
-``FLEET_AUTH=keys``, every HTTP operation fuzzed twice, once with no key and once with an admin key.
+``FLEET_AUTH=keys`` and tenants' rate limits and quotas on (far above what the fuzz sends), every HTTP operation
+fuzzed twice, once with no key and once with an admin key.
 
 Each generated request must get an answer that is not a server error and that the OpenAPI describes: a
 documented status code, the documented content type, a body that validates against the response schema and the
@@ -64,6 +65,8 @@ def fuzzed_gateway(redis_url: str, nats_url: str, tmp_path_factory: pytest.TempP
         "FLEET_MODELS": "echo,embed,sleep",
         "FLEET_AUTH": "keys",
         "FLEET_MAX_LONG_POLL_S": "0.3",
+        "FLEET_RATE_LIMIT": "1000/s burst 5000",  # on, far above the fuzz: every submit answers RateLimit-* headers
+        "FLEET_TENANT_MAX_QUEUED": "100000",
         "FLEET_LOG_LEVEL": "WARNING",
     }
     made = run_fleet("keys", "create", "--tenant", "fuzz", "--role", "admin", env=env)

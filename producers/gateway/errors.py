@@ -146,9 +146,38 @@ def error_type(exc: BaseException) -> str:
     return "internal_error"
 
 
+def _header(description: str, kind: str = "integer") -> dict[str, Any]:
+    return {"description": description, "schema": {"type": kind}}
+
+
+RETRY_AFTER_HEADER = {"Retry-After": _header("seconds to wait before trying again")}
+# The IETF draft RateLimit headers of a route that tenants' limits count (producers.gateway.ratelimit): on every
+# answer while a rate limit applies to the caller's tenant.
+RATE_LIMIT_HEADERS = {
+    "RateLimit-Limit": _header("the tenant's burst: requests it may make at once"),
+    "RateLimit-Remaining": _header("requests left in the burst now"),
+    "RateLimit-Reset": _header("seconds until the burst is whole again"),
+    "RateLimit-Policy": _header("the policy as `<burst>;w=<window seconds>`", "string"),
+}
+
+
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for a route: each status documented with the ``ErrorResponse`` body."""
-    return {code: {"model": ErrorResponse} for code in codes}
+    """OpenAPI ``responses`` for a route: each status documented with the ``ErrorResponse`` body (and a 429's or
+    503's ``Retry-After``, a 429's ``RateLimit-*`` headers)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        out[code] = {"model": ErrorResponse}
+        if code == 429:
+            out[code]["headers"] = RETRY_AFTER_HEADER | RATE_LIMIT_HEADERS
+        elif code == 503:
+            out[code]["headers"] = dict(RETRY_AFTER_HEADER)
+    return out
+
+
+def limited_responses(success: int, *codes: int) -> dict[int | str, dict[str, Any]]:
+    """``error_responses(*codes)`` for a route that tenants' rate limits count, with the ``RateLimit-*`` headers
+    documented on its ``success`` answer too."""
+    return {success: {"headers": dict(RATE_LIMIT_HEADERS)}, **error_responses(*codes)}
 
 
 def validation_errors(exc: ValidationError | RequestValidationError, prefix: str = "") -> list[dict[str, Any]]:

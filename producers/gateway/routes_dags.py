@@ -29,7 +29,7 @@ from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
 from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
+from producers.gateway.errors import ApiError, error_responses, limited_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import check_wait
 from producers.gateway.state import GatewayState, gateway_state
@@ -198,7 +198,7 @@ def parse_start(raw: bytes) -> StartRunRequest:
         "invalid_input`) and publishes its first steps' jobs. Idempotent on `run_id`: starting an existing run "
         "again answers `202` with that run (`created: false`) and creates nothing."
     ),
-    responses=error_responses(400, 404, 409, 413, 422, 429, 503),
+    responses=limited_responses(202, 400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_RUN_BODY,
     dependencies=[Depends(ratelimit.limit_rate)],  # the tenant's rate limit (producers.gateway.ratelimit)
 )

@@ -24,7 +24,7 @@ from fleet import constants as c
 from fleet.errors import StoreError
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.calls import long_poll
-from producers.gateway.errors import ApiError, error_responses
+from producers.gateway.errors import ApiError, limited_responses
 from producers.gateway.routes_jobs import SUBMIT_BODY, check_wait, submit
 from producers.gateway.state import GatewayState, gateway_state
 from schemas.api import InferResponse
@@ -84,7 +84,7 @@ def answer(record: JobRecord, wait_s: float) -> InferResponse:
         "goes on: poll `GET /v1/jobs/{id}`). A job that ends otherwise answers `422 invalid_input`, "
         "`500 job_failed`, `409 job_cancelled` or `504 job_expired`, with its record in `details`."
     ),
-    responses=error_responses(400, 404, 409, 413, 422, 429, 500, 503, 504),
+    responses=limited_responses(200, 400, 404, 409, 413, 422, 429, 500, 503, 504),
     openapi_extra=SUBMIT_BODY,
 )
 async def infer(

@@ -48,7 +48,14 @@ from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
-from producers.gateway.errors import ApiError, error_responses, error_type, validation_errors, validation_message
+from producers.gateway.errors import (
+    ApiError,
+    error_responses,
+    error_type,
+    limited_responses,
+    validation_errors,
+    validation_message,
+)
 from producers.gateway.limits import read_limited_body
 from producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
 from producers.gateway.state import GatewayState, gateway_state
@@ -338,7 +345,7 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
         "with result caches (`FLEET_CACHE`), a cached answer is a job that is `succeeded` at once (`status` "
         '`succeeded`, `cache` the level); `X-Cache-Control: bypass` or `"cache": false` skips the caches.'
     ),
-    responses=error_responses(400, 404, 409, 413, 422, 429, 503),
+    responses=limited_responses(202, 400, 404, 409, 413, 422, 429, 503),
     openapi_extra=SUBMIT_BODY,
 )
 async def submit_job(
