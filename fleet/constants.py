@@ -103,6 +103,12 @@ def consumer_name(model: str, priority: str = DEFAULT_PRIORITY) -> str:
 KEY_PREFIX = "fleet"
 
 
+# On a Redis Cluster (fleet.store.cluster): the unpublished marks in one slot, and completion channels
+# fleet:done:{<job key>} that hash to their record's slot (sharded pub/sub).
+PENDING_KEY_CLUSTER = "fleet:{pending}"
+DONE_PREFIX_CLUSTER = "fleet:done:{"
+
+
 def job_key(job_id: str) -> str:
     return f"{KEY_PREFIX}:job:{job_id}"
 

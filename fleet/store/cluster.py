@@ -37,6 +37,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from fleet import constants as c
+
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # Prepended to a script that a cluster store runs on one node for keys of several slots. A cluster refuses a command
 # whose declared keys are in different slots before any script runs, so the key names travel in ARGV instead
@@ -51,7 +53,7 @@ local ARGV = rest
 """
 
 # The unpublished marks on a cluster: one hash tag, so a claim script sees the set and the messages together.
-PENDING_KEY_CLUSTER = "fleet:{pending}"
+PENDING_KEY_CLUSTER = c.PENDING_KEY_CLUSTER
 
 
 def pending_message_key_cluster(job_id: str) -> str:
@@ -153,13 +155,13 @@ def group_by_node(cluster: RedisCluster, keys: Sequence[bytes]) -> dict[str, tup
     return groups
 
 
-DONE_PREFIX_CLUSTER = "fleet:done:{"  # + job key + "}": the channel hashes to its record's slot
+DONE_PREFIX_CLUSTER = c.DONE_PREFIX_CLUSTER
 
 
 def done_channel_cluster(job_id: str) -> str:
     """A job's completion channel on a cluster, ``fleet:done:{fleet:job:<id>}``: its hash tag is the record's
     key, so the channel is in the record's slot and the script that writes the record can ``SPUBLISH`` on it."""
-    return f"{DONE_PREFIX_CLUSTER}fleet:job:{job_id}}}"
+    return f"{DONE_PREFIX_CLUSTER}{c.job_key(job_id)}}}"
 
 
 def job_of_channel_cluster(channel: str) -> str | None:
