@@ -32,7 +32,7 @@ from fleet.store.base import ResultStore
 from fleet.store.keys import make_key_store
 from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas, TenantLimit, make_quotas
 from producers.gateway.ratelimit import RATE_LIMITED as RATE_LIMITED_TOTAL
-from schemas.jobs import JobState
+from schemas.jobs import JobRecord, JobState
 from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -42,8 +42,8 @@ STORES = ["memory", "redis"]
 
 @contextlib.asynccontextmanager
 async def quota_store(request: Any, kind: str) -> AsyncIterator[tuple[Quotas, ResultStore]]:
-    pair = "memory" if kind == "memory" else "memory+redis"
-    settings = settings_for(pair, urls_for(request, kind) if kind == "redis" else {})
+    pair = "memory" if kind == "memory" else f"memory+{kind}"
+    settings = settings_for(pair, urls_for(request, kind) if kind != "memory" else {})
     async with connected_pair(settings) as (_, store):
         yield make_quotas(store), store
 
@@ -115,6 +115,40 @@ async def test_a_refusal_by_one_limit_consumes_neither(request: Any, kind: str, 
         assert (await quotas.admit(unique, limit, "b", 60)).remaining == 0
         assert (await quotas.admit(unique, limit, "c", 60)).verdict == RATE_LIMITED
         assert await quotas.members(unique, 10) == ["b"]  # the refused c took no place
+
+
+@pytest.mark.parametrize("kind", [*STORES, "redis_cluster"])  # one script on one Redis, two calls on a cluster
+async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: str, unique: str) -> None:
+    async with quota_store(request, kind) as (quotas, store):
+        limit = TenantLimit(rate=SLOW, burst=2, max_queued=1)
+        first, second, third = (
+            JobRecord(job_id=f"{unique}-{n}", model="echo", state=JobState.queued, tenant=unique) for n in range(3)
+        )
+        decision, created = await quotas.admit_create(store, unique, limit, True, 60, first, b"message-0")
+        assert (decision.admitted, decision.added, decision.queued, decision.remaining, created) == (
+            True,
+            True,
+            1,
+            1,
+            True,
+        )
+        stored = await store.get(first.job_id)
+        assert stored is not None and stored.state == JobState.queued and stored.tenant == unique
+        claimed = dict(await store.claim_unpublished(0.0, 10_000))  # marked unpublished, as store.create does
+        assert claimed.get(first.job_id) == b"message-0"
+
+        decision, created = await quotas.admit_create(store, unique, limit, True, 60, second, b"message-1")
+        assert decision.verdict == QUOTA_EXCEEDED and not created
+        assert await store.get(second.job_id) is None, "a refused submit must leave no record"
+
+        decision, created = await quotas.admit_create(store, unique, limit, True, 60, first, b"message-0")
+        assert decision.admitted and not decision.added and not created  # a resubmit: its place is held already
+
+        rate_only = TenantLimit(rate=SLOW, burst=2)  # the burst went to the first submit and the resubmit
+        decision, created = await quotas.admit_create(store, unique, rate_only, False, 0, third, b"message-2")
+        assert decision.verdict == RATE_LIMITED and not created
+        assert await store.get(third.job_id) is None
+        assert await quotas.members(unique, 10) == [first.job_id]
 
 
 # -- the gateway ----------------------------------------------------------------------------------------------

@@ -40,8 +40,11 @@ from typing import Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import StoreError
+from fleet.store import transitions
 from fleet.store.base import ResultStore
+from fleet.store.redis import CREATE_PENDING_LUA
 from fleet.store.redis_errors import RedisErrors, text
+from schemas.jobs import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +60,16 @@ ADMITTED, RATE_LIMITED, QUOTA_EXCEEDED = 1, 0, 2
 # admitted, 0 rate limited, 2 quota exceeded; remaining admits left in the burst (-1: no rate); reset_ms until the
 # burst is whole again; retry_ms until the next admit could pass; queued the tenant's count (-1: not counted);
 # added 1 when this call put the job id in the set (0: it was there already, or not counted).
-ADMIT_LUA = """
+# ``ADMIT_FN`` is that decision as a Lua function of (rate key, queued key, ARGV...), so that ``ADMIT_CREATE_LUA``
+# can run it in front of the store's own create script.
+ADMIT_FN = """
+local function fleet_admit(rate_key, queued_key, interval, burst, max_queued, job_id, hold)
+interval, burst, max_queued, hold = tonumber(interval), tonumber(burst), tonumber(max_queued), tonumber(hold)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local max_queued, job_id, hold = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local remaining, reset, tat = -1, 0, now
 if interval > 0 then
-  tat = tonumber(redis.call('GET', KEYS[1]) or now)
+  tat = tonumber(redis.call('GET', rate_key) or now)
   if tat < now then tat = now end
   local allow_at = tat + interval - burst * interval
   if now < allow_at then
@@ -76,20 +81,38 @@ if interval > 0 then
 end
 local queued, added = -1, 0
 if job_id ~= '' and max_queued > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now / 1000000)
-  queued = redis.call('ZCARD', KEYS[2])
-  if not redis.call('ZSCORE', KEYS[2], job_id) then
+  redis.call('ZREMRANGEBYSCORE', queued_key, '-inf', now / 1000000)
+  queued = redis.call('ZCARD', queued_key)
+  if not redis.call('ZSCORE', queued_key, job_id) then
     if queued >= max_queued then return {2, remaining, reset, 1000, queued, 0} end
-    redis.call('ZADD', KEYS[2], now / 1000000 + hold, job_id)
-    if redis.call('TTL', KEYS[2]) < hold then redis.call('EXPIRE', KEYS[2], math.ceil(hold) + 1) end
+    redis.call('ZADD', queued_key, now / 1000000 + hold, job_id)
+    if redis.call('TTL', queued_key) < hold then redis.call('EXPIRE', queued_key, math.ceil(hold) + 1) end
     queued, added = queued + 1, 1
   end
 end
 if interval > 0 then
-  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+  redis.call('SET', rate_key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
 end
 return {1, remaining, reset, 0, queued, added}
+end
 """
+ADMIT_LUA = ADMIT_FN + "return fleet_admit(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])\n"
+# KEYS: the store's job key, pending set and message key, then the rate key and the queued key. ARGV: the store's
+# create arguments (record, ttl_s, job id, message), then ADMIT_LUA's five. One round trip for a submit on one
+# Redis: the decision, and only when it admits, the store's own create (``CREATE_PENDING_LUA``, unchanged).
+# Returns ADMIT_LUA's six numbers and a seventh: 1 if the record was created (0: refused, or it existed).
+ADMIT_CREATE_LUA = (
+    ADMIT_FN
+    + "local function create()\n"
+    + CREATE_PENDING_LUA
+    + "end\n"
+    + """
+local d = fleet_admit(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+if d[1] ~= 1 then d[7] = 0 return d end
+d[7] = create()
+return d
+"""
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,10 +282,23 @@ def group_by_tenant(items: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
 # -- stores ---------------------------------------------------------------------------------------------------
 class Quotas(Protocol):
     """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``admit`` decides and, when it admits,
-    takes a place for ``job_id`` (None: the rate alone); ``release`` frees the places of (tenant, job id) pairs in
-    one call; ``members`` lists a tenant's oldest queued ids; ``forget`` removes some of them."""
+    takes a place for ``job_id`` (None: the rate alone); ``admit_create`` decides for ``job`` (a place in its quota
+    when ``counted``) and, only when it admits, creates it in ``store`` as ``store.create(job, message)`` does,
+    returning (the decision, whether the record was created); ``release`` frees the places of (tenant, job id) pairs
+    in one call; ``members`` lists a tenant's oldest queued ids; ``forget`` removes some of them."""
 
     async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
+
+    async def admit_create(
+        self,
+        store: ResultStore,
+        tenant: str,
+        limit: TenantLimit,
+        counted: bool,
+        hold_s: float,
+        job: JobRecord,
+        message: bytes,
+    ) -> tuple[Decision, bool]: ...
 
     async def release(self, items: list[tuple[str, str]]) -> None: ...
 
@@ -271,13 +307,42 @@ class Quotas(Protocol):
     async def forget(self, tenant: str, job_ids: list[str]) -> None: ...
 
 
-class RedisQuotas:
-    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per admit."""
+class TwoCalls:
+    """``admit_create`` as two calls: the decision, then ``store.create`` when it admitted (the in-memory limits,
+    and Redis limits beside a store they cannot share a script with)."""
+
+    async def admit_create(
+        self: Quotas,
+        store: ResultStore,
+        tenant: str,
+        limit: TenantLimit,
+        counted: bool,
+        hold_s: float,
+        job: JobRecord,
+        message: bytes,
+    ) -> tuple[Decision, bool]:
+        decision = await self.admit(tenant, limit, job.job_id if counted else None, hold_s)
+        if not decision.admitted:
+            return decision, False
+        try:
+            return decision, await store.create(job, message)
+        except BaseException:  # no record, so no queued job: the place goes back now (not with the job's hold)
+            if decision.added:
+                await asyncio.shield(release_quietly(self, [(tenant, job.job_id)]))
+            raise
+
+
+class RedisQuotas(TwoCalls):
+    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per admit, and
+    on one Redis one ``ADMIT_CREATE_LUA`` call per submit (a cluster has the job and the tenant in different slots:
+    two calls there)."""
 
     def __init__(self, store: Any) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
         self._admit = self.redis.register_script(ADMIT_LUA)
+        self._one_call = not store.cluster_mode
+        self._admit_create = self.redis.register_script(ADMIT_CREATE_LUA) if self._one_call else None
         from redis.exceptions import RedisError
 
         self._failures = (RedisError, OSError, TimeoutError)
@@ -289,6 +354,29 @@ class RedisQuotas:
         except self._failures as exc:
             raise StoreError(f"rate limiter at {self.display_url} could not check a tenant's limits: {exc}") from exc
         return decision_of(reply, limit)
+
+    async def admit_create(
+        self,
+        store: ResultStore,
+        tenant: str,
+        limit: TenantLimit,
+        counted: bool,
+        hold_s: float,
+        job: JobRecord,
+        message: bytes,
+    ) -> tuple[Decision, bool]:
+        if self._admit_create is None or store.scheme != "redis" or getattr(store, "redis", None) is not self.redis:
+            return await super().admit_create(store, tenant, limit, counted, hold_s, job, message)
+        job_id = job.job_id
+        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id), c.rate_key(tenant)]
+        keys.append(c.queued_key(tenant))
+        args: list[Any] = [transitions.record_json(job), store.job_ttl_s, job_id, message]  # type: ignore[attr-defined]
+        args += [limit.interval_us, limit.burst, limit.max_queued, job_id if counted else "", f"{hold_s:.3f}"]
+        try:
+            reply = await self._admit_create(keys=keys, args=args)
+        except self._failures as exc:
+            raise StoreError(f"result store at {self.display_url} could not create job {job_id!r}: {exc}") from exc
+        return decision_of(reply[:6], limit), reply[6] == 1
 
     async def release(self, items: list[tuple[str, str]]) -> None:
         if not items:
@@ -310,7 +398,7 @@ class RedisQuotas:
                 await self.redis.zrem(c.queued_key(tenant), *job_ids)
 
 
-class MemoryQuotas:
+class MemoryQuotas(TwoCalls):
     """The same contract in one process (``fleet up`` on the embedded store), on ``time.time()``."""
 
     def __init__(self, clock: Any = time.time) -> None:

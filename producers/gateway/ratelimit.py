@@ -2,11 +2,14 @@
 
 Which requests count (``FLEET_RATE_LIMIT`` and friends, ``fleet.store.quotas``; all off by default):
 
-* ``POST /v1/jobs`` and ``POST /v1/infer``: the rate and the quota, in one Redis script per submit (``charge``),
-  run once the body is known to be a valid job (a 400/404/413/422 costs nothing), before the result caches (a
-  cache hit is a submit: it counts against the rate, not the quota, since nothing is queued). The tenant is the
-  API key's (``FLEET_AUTH=off``: ``default``). ``settled`` gives the place back when the submit did not leave a
-  new queued job (a cache hit, a resubmit of an existing id, a refusal or failure further on).
+* ``POST /v1/jobs`` and ``POST /v1/infer``: the rate and the quota, in one Redis script per submit, run once the
+  body is known to be a valid job (a 400/404/413/422 costs nothing). For a model with result caches it runs
+  before the lookup (``charge``: a cache hit is a submit, it counts against the rate, not the quota, since
+  nothing is queued); otherwise after the model's queue bound (a ``queue_full`` refusal costs nothing) and
+  together with the job's creation (``charge_and_create``: on one Redis a single script, ``ADMIT_CREATE_LUA``, so
+  limits cost the submit no extra round trip). The tenant is the API key's (``FLEET_AUTH=off``: ``default``).
+  ``settled`` gives the place back when the submit did not leave a new queued job (a cache hit, a resubmit of an
+  existing id, a refusal or failure further on).
 * ``POST /v1/dags/{name}/runs``: the rate only (``limit_rate``, a route dependency); a run's steps are not
   counted against the quota.
 * Reads (polls, long-polls, WebSockets, SSE) and operator routes are not limited.
@@ -37,6 +40,7 @@ from fleet import constants as c
 from fleet.store.base import ResultStore
 from fleet.store.quotas import QUOTA_EXCEEDED, Decision, LimitPolicy, Quotas, hold_s
 from producers.gateway.auth import SUBMITTER, authenticator
+from producers.gateway.calls import store_call
 from producers.gateway.errors import ApiError
 from schemas.api import SubmitResponse
 from schemas.jobs import JobRecord, JobState
@@ -83,6 +87,19 @@ class TenantLimiter:
         if decision.verdict == QUOTA_EXCEEDED and await self._sweep(tenant):
             decision = await self.quotas.admit(tenant, limit, job.job_id, hold)
         return decision
+
+    async def admit_create(self, tenant: str, job: JobRecord, message: bytes) -> tuple[Decision | None, bool]:
+        """``admit(tenant, job)`` and, only when it admits, ``store.create(job, message)``: one round trip on one
+        Redis. Returns (the decision, None when nothing limits the tenant; whether the record was created)."""
+        limit = self.policy.for_tenant(tenant)
+        if not limit.enabled:
+            return None, await self.store.create(job, message)
+        counted = limit.max_queued > 0
+        hold = hold_s(job.expires_at, time.time(), self.job_ttl_s) if counted else 0.0
+        decision, created = await self.quotas.admit_create(self.store, tenant, limit, counted, hold, job, message)
+        if decision.verdict == QUOTA_EXCEEDED and await self._sweep(tenant):
+            decision, created = await self.quotas.admit_create(self.store, tenant, limit, counted, hold, job, message)
+        return decision, created
 
     async def _sweep(self, tenant: str) -> bool:
         """Free the places of the tenant's oldest jobs whose records are terminal or gone; True if any was."""
@@ -135,12 +152,8 @@ def refusal(tenant: str, decision: Decision) -> ApiError:
     )
 
 
-async def _decide(request: Request, job: JobRecord | None) -> None:
-    limiter = limiter_of(request)
-    if limiter is None:
-        return
-    tenant = await tenant_of(request)
-    decision = await limiter.admit(tenant, job)
+def _note(request: Request, tenant: str, decision: Decision | None, job: JobRecord | None) -> None:
+    """Leave ``decision`` for the headers and the give-back; raise the 429 when it refused."""
     if decision is None:
         return
     request.scope.setdefault("state", {})[STATE_KEY] = decision
@@ -154,9 +167,29 @@ async def _decide(request: Request, job: JobRecord | None) -> None:
         request.scope["state"][HOLD_KEY] = (tenant, job.job_id)
 
 
+async def _decide(request: Request, job: JobRecord | None) -> None:
+    limiter = limiter_of(request)
+    if limiter is None:
+        return
+    tenant = await tenant_of(request)
+    _note(request, tenant, await limiter.admit(tenant, job), job)
+
+
 async def charge(request: Request, job: JobRecord) -> None:
     """Count a submit of ``job`` against its tenant's rate and quota; raises ``ApiError`` 429 when refused."""
     await _decide(request, job)
+
+
+async def charge_and_create(request: Request, job: JobRecord, message: bytes, timeout_s: float) -> bool:
+    """``charge`` and, when it admits, ``store.create(job, message)`` (in one Redis round trip where the store and
+    the limits share one Redis); True if the record was created. Raises 429 as ``charge``, ``StoreError`` as
+    ``store_call``."""
+    limiter = limiter_of(request)
+    assert limiter is not None, "charge_and_create is for a gateway with limits"
+    tenant = await tenant_of(request)
+    decision, created = await store_call(limiter.store, limiter.admit_create(tenant, job, message), timeout_s)
+    _note(request, tenant, decision, job)
+    return created
 
 
 async def limit_rate(request: Request) -> None:

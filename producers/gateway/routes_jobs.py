@@ -309,7 +309,12 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
     record, data = new_job(body, time.time(), principal.tenant)
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
-    await ratelimit.charge(request, record)  # the tenant's rate and queued-job quota: 429 when refused
+    # The tenant's rate and queued-job quota (429 when refused): before a cache lookup, since a hit counts against
+    # the rate; otherwise together with the create, in one round trip (a submit the model's bound refuses is free).
+    limited, timeout_s = ratelimit.limiter_of(request) is not None, state.limits.store_timeout_s
+    cached = state.cache is not None and state.cache.uses(spec.name) and body.cache
+    if limited and cached:
+        await ratelimit.charge(request, record)
     found = await _cache_lookup(state, spec, body, record.tenant)
     if found is not None and found.hit is not None:
         return await _answer_from_cache(state, record, data, found.hit, body.priority)
@@ -318,7 +323,10 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
         return answer
     published = False
     try:
-        created = await store_call(state.store, state.store.create(record, data), state.limits.store_timeout_s)
+        if limited and not cached:
+            created = await ratelimit.charge_and_create(request, record, data, timeout_s)
+        else:
+            created = await store_call(state.store, state.store.create(record, data), timeout_s)
         if not created:
             return await _resubmit(state, record, data, body.priority)
         await _publish_new(state, record, data, body.priority)
