@@ -3,6 +3,7 @@ and the parsing of FLEET_CACHE."""
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 from fleet.errors import ConfigError
 from fleet.settings import FleetSettings
 from producers.gateway.cache import resolve_levels
-from producers.gateway.semantic_index import SemanticIndex, default_nlist, texts_agree
+from producers.gateway.semantic_index import SemanticIndex, default_nlist, faiss_gpus, index_device, texts_agree
 from schemas.models import BUILTIN_SPECS
 
 DIM = 32
@@ -70,6 +71,58 @@ def test_a_forgotten_entry_no_longer_answers_and_keys_are_added_once() -> None:
     assert index.search(x[3:4], ["same text"], 0.99) == [None]
     assert index.add(x[:2], ["k0", "k1"], ["same text"] * 2) == 0  # known keys: nothing added twice
     assert index.add(x[3:4], ["k3"], ["same text"]) == 1
+
+
+def test_a_mirrored_index_answers_as_the_index_through_adds_training_and_evictions() -> None:
+    """Searches on a copy (a GPU's where FAISS has one; here FAISS's own CPU clone, the same code path): adds reach
+    the copy, and it is made again only after what a GPU index cannot do in place (removals, the move to IVF)."""
+    copies: list[faiss.Index] = []
+
+    def mirror(index: faiss.Index) -> faiss.Index:
+        copies.append(faiss.clone_index(index))
+        return copies[-1]
+
+    plain = SemanticIndex(DIM, max_entries=1000, train_at=512)
+    mirrored = SemanticIndex(DIM, max_entries=1000, train_at=512, mirror=mirror)
+    x = unit(1200)
+
+    def same_answers(rows: slice) -> list[str | None]:
+        texts = ["same text"] * len(x[rows])
+        expected = keys(plain.search(near(x[rows]), texts, 0.9))
+        assert keys(mirrored.search(near(x[rows]), texts, 0.9)) == expected
+        return expected
+
+    for start in range(0, 400, 100):  # flat: one copy, made at the first search, then kept in step by the adds
+        for index in (plain, mirrored):
+            index.add(x[start : start + 100], [f"k{i}" for i in range(start, start + 100)], ["same text"] * 100)
+        assert same_answers(slice(0, start + 100)) == [f"k{i}" for i in range(start + 100)]
+    assert len(copies) == 1 and copies[0].ntotal == 400
+    for index in (plain, mirrored):  # past train_at: the move to IVF makes a new copy
+        index.add(x[400:600], [f"k{i}" for i in range(400, 600)], ["same text"] * 200)
+    assert mirrored.trained
+    same_answers(slice(0, 600))
+    assert len(copies) == 2
+    for index in (plain, mirrored):  # past the bound: a batch eviction, then a new copy without the evicted
+        index.add(x[600:1200], [f"k{i}" for i in range(600, 1200)], ["same text"] * 600)
+    assert mirrored.search(x[:1], ["same text"], 0.99) == [None]
+    same_answers(slice(0, 1200))
+    assert len(copies) == 3 and copies[-1].ntotal == len(mirrored)
+    mirrored.discard("k1199")  # forgetting alone touches no index: still skipped
+    assert mirrored.search(x[1199:], ["same text"], 0.99) == [None] and len(copies) == 3
+
+
+def test_the_index_device_follows_the_model_setting() -> None:
+    assert index_device("cpu") is None
+    assert index_device("auto") == (0 if faiss_gpus() else None)  # faiss-cpu, or no GPU: the CPU
+    with pytest.raises(ConfigError, match="not supported; use auto, cpu, cuda or cuda:N"):
+        index_device("tpu")
+    if faiss_gpus() == 0:
+        with pytest.raises(ConfigError, match=r"FAISS sees no GPU.*faiss-gpu"):
+            index_device("cuda")
+    else:
+        assert index_device("cuda") == 0
+        with pytest.raises(ConfigError, match="does not exist"):
+            index_device(f"cuda:{faiss_gpus()}")
 
 
 def test_a_match_must_agree_on_numbers_and_negations() -> None:

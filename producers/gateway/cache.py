@@ -54,6 +54,7 @@ from producers.gateway.metrics import (
     CACHE_LOOKUP_SECONDS,
     CACHE_REQUESTS,
 )
+from producers.gateway.semantic_index import gpu_mirror, index_device
 from schemas.jobs import CacheLevel, JobRecord, JobState, input_digest
 from schemas.models import EMBED_DIM, ModelSpec
 
@@ -323,6 +324,8 @@ def build_cache(
     semantic = None
     if any("l3" in lv for lv in levels.values()):
         loader = load_text_model or functools.partial(load_embed_handler, settings.device)
+        gpu = index_device(settings.device)
+        logger.info("L3 cache: FAISS searches on %s", "the CPU" if gpu is None else f"GPU {gpu}")
         options = L3Options(
             dim=EMBED_DIM,
             max_entries=settings.cache_l3_max_entries,
@@ -330,6 +333,7 @@ def build_cache(
             sync_interval_s=settings.cache_l3_sync_interval_s,
             ttl_s=settings.cache_l2_ttl_s,
             timeout_s=settings.cache_timeout_ms / 1000,
+            mirror=None if gpu is None else gpu_mirror(gpu),
         )
         semantic = SemanticLevel(store, BatchingEmbedder(loader), options)
     return ResultCache(settings, specs, store, semantic)

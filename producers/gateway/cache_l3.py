@@ -32,7 +32,7 @@ from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.store.cachestore import CacheStore, VectorEntry
 from producers.gateway.embedder import BatchingEmbedder
-from producers.gateway.semantic_index import Match, SemanticIndex
+from producers.gateway.semantic_index import Match, Mirror, SemanticIndex
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class L3Options:
     sync_interval_s: float
     ttl_s: int
     timeout_s: float
+    mirror: Mirror | None = None  # searches on a GPU copy of each index (``semantic_index.gpu_mirror``)
 
 
 class SemanticLevel:
@@ -84,7 +85,8 @@ class SemanticLevel:
             self._slots[key] = _Slot(c.cache_vectors_key(model, version), shared, lock=asyncio.Lock())
 
     def _new_index(self) -> SemanticIndex:
-        return SemanticIndex(self.options.dim, max_entries=self.options.max_entries, nprobe=self.options.nprobe)
+        options = self.options
+        return SemanticIndex(options.dim, max_entries=options.max_entries, nprobe=options.nprobe, mirror=options.mirror)
 
     def index_of(self, model: str, version: str, tenant: str | None = None) -> SemanticIndex:
         """The index of ``tenant`` (None: the shared one), created empty when it has none yet."""

@@ -10,6 +10,11 @@ batch, down to 95 % of the bound, so the O(n) removal is paid once per 5 % of gr
 whose L2 output expired) only forgets the entry; its vector stays in FAISS until the next batch eviction and is
 skipped by ``search``.
 
+Device: the index follows the model's device setting (``FLEET_DEVICE``, ``index_device``). On a GPU (the
+``faiss-gpu`` build of FAISS on a CUDA machine) searches run on a GPU copy of the index (``index_cpu_to_gpu``):
+adds go to both copies, and the GPU copy is rebuilt from the CPU one after a batch eviction or the move to IVF,
+since FAISS's GPU indexes cannot remove ids. The CPU copy stays the source of truth either way.
+
 ``texts_agree`` is the guard a match must also pass: the same numbers, the same negations and no swapped roles,
 which cosine similarity of mean-pooled embeddings does not separate ("2 tickets" and "3 tickets" embed almost
 alike; "from savings to checking" and "from checking to savings" at 0.99).
@@ -21,17 +26,22 @@ import difflib
 import math
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import faiss
 import numpy as np
 
+from fleet.errors import ConfigError
+
 SEARCH_K = 4  # neighbours read per query, so that forgotten entries and guard failures can be skipped
 EVICT_TO = 0.95  # a batch eviction leaves this share of max_entries
 NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "nowhere", "neither", "nor", "without"})
 ORDER_CHECK_WORDS = 256  # longer texts skip the word-order check (its cost grows with the square of the length)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_CUDA = re.compile(r"^cuda(?::(\d+))?$")
+Mirror = Callable[[faiss.Index], faiss.Index]  # a copy of the CPU index to search on (a GPU's)
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
@@ -83,6 +93,53 @@ def texts_agree(a: str, b: str) -> bool:
     return len(wa) > ORDER_CHECK_WORDS or len(wb) > ORDER_CHECK_WORDS or _one_move(wa, wb)
 
 
+def faiss_gpus() -> int:
+    """GPUs this FAISS build can use (always 0 with ``faiss-cpu``)."""
+    count = getattr(faiss, "get_num_gpus", None)
+    return int(count()) if count is not None else 0
+
+
+def index_device(pref: str) -> int | None:
+    """The GPU the L3 index searches on for the device preference of the models (``FLEET_DEVICE``); None: the CPU.
+
+    ``auto``: GPU 0 when FAISS can use a GPU, else the CPU (``faiss-cpu`` on a CUDA machine keeps the index on the
+    CPU, the model still on the GPU). ``cuda`` / ``cuda:N``: that GPU. ``cpu``: the CPU.
+
+    Raises:
+        ConfigError: a GPU was asked for and FAISS can use none (``faiss-cpu`` installed, or no GPU), or ``N`` is
+            not one of its GPUs.
+    """
+    pref = pref.strip().lower()
+    if pref == "cpu":
+        return None
+    found = _CUDA.match(pref)
+    if pref != "auto" and found is None:
+        raise ConfigError(f"device {pref!r} is not supported; use auto, cpu, cuda or cuda:N")
+    gpus = faiss_gpus()
+    if pref == "auto":
+        return 0 if gpus else None
+    assert found is not None
+    if not gpus:
+        raise ConfigError(
+            f"device {pref!r}: the L3 cache's FAISS sees no GPU (the faiss-cpu build, or no CUDA device); install "
+            "faiss-gpu in place of faiss-cpu, or set FLEET_DEVICE=auto to keep the index on the CPU"
+        )
+    gpu = int(found.group(1) or 0)
+    if gpu >= gpus:
+        raise ConfigError(f"device {pref!r} does not exist for FAISS: {gpus} GPU(s) visible")
+    return gpu
+
+
+def gpu_mirror(gpu: int) -> Mirror:
+    """Copies of an index on GPU ``gpu`` (FAISS's ``StandardGpuResources``, shared by the copies)."""
+    resources = faiss.StandardGpuResources()  # type: ignore[attr-defined]  # in the faiss-gpu build only
+
+    def mirror(index: faiss.Index) -> faiss.Index:
+        return faiss.index_cpu_to_gpu(resources, gpu, index)  # type: ignore[attr-defined]
+
+    return mirror
+
+
 def default_nlist(max_entries: int) -> int:
     """About ``4 * sqrt(max_entries)`` inverted lists, a power of two between 16 and 4096."""
     target = 4 * math.sqrt(max_entries)
@@ -95,8 +152,14 @@ class SemanticIndex:
     Not thread-safe: the gateway calls it from one thread at a time (its embedding worker thread).
     """
 
-    def __init__(self, dim: int, *, max_entries: int, nprobe: int = 8, train_at: int | None = None) -> None:
+    def __init__(
+        self, dim: int, *, max_entries: int, nprobe: int = 8, train_at: int | None = None, mirror: Mirror | None = None
+    ) -> None:
+        """``mirror`` (``gpu_mirror``): searches run on a copy it makes of the index, kept in step (module
+        docstring); None: on the index itself."""
         self.dim = dim
+        self._mirror = mirror
+        self._searched: faiss.Index | None = None  # the mirror's copy; None: to be made at the next search
         self.max_entries = max_entries
         self.nlist = default_nlist(max_entries)
         self.nprobe = nprobe
@@ -125,7 +188,10 @@ class SemanticIndex:
         for row_id, i in zip(ids.tolist(), fresh, strict=True):
             self._entries[row_id] = (keys[i], texts[i])
             self._ids[keys[i]] = row_id
-        self._index.add_with_ids(np.ascontiguousarray(vectors[fresh], dtype=np.float32), ids)
+        rows = np.ascontiguousarray(vectors[fresh], dtype=np.float32)
+        self._index.add_with_ids(rows, ids)
+        if self._searched is not None:
+            self._searched.add_with_ids(rows, ids)
         if not self.trained and len(self._entries) >= self.train_at and self.train_at >= self.nlist:
             self._train()
         if len(self._entries) > self.max_entries:
@@ -136,11 +202,18 @@ class SemanticIndex:
         """Per query row: the most similar entry with similarity >= ``threshold`` whose text agrees, or None."""
         if not self._entries:
             return [None] * len(texts)
-        scores, ids = self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), SEARCH_K)
+        scores, ids = self._searching().search(np.ascontiguousarray(vectors, dtype=np.float32), SEARCH_K)
         out: list[Match | None] = []
         for row_scores, row_ids, query in zip(scores.tolist(), ids.tolist(), texts, strict=True):
             out.append(self._best(row_scores, row_ids, query, threshold))
         return out
+
+    def _searching(self) -> faiss.Index:
+        if self._mirror is None:
+            return self._index
+        if self._searched is None:
+            self._searched = self._mirror(self._index)
+        return self._searched
 
     def _best(self, scores: list[float], ids: list[int], query: str, threshold: float) -> Match | None:
         for score, row_id in zip(scores, ids, strict=True):
@@ -167,6 +240,7 @@ class SemanticIndex:
         doomed.extend(self._forgotten)
         self._forgotten.clear()
         self._index.remove_ids(np.asarray(doomed, dtype=np.int64))  # type: ignore[arg-type]  # the SWIG wrapper takes ids
+        self._searched = None  # a GPU index cannot remove ids: the next search copies the index again
 
     def _train(self) -> None:
         """Move the flat index's vectors into a trained IVF index."""
@@ -183,4 +257,5 @@ class SemanticIndex:
         ivf.add_with_ids(vectors, ids)
         ivf.nprobe = self.nprobe
         self._index = ivf
+        self._searched = None
         self.trained = True
