@@ -97,6 +97,23 @@ def test_base64_is_little_endian_float32_and_round_trips_exactly() -> None:
     assert encode_vector(np.asarray(vector, dtype=">f4")) == text  # any byte order in, little-endian out
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.1, -2.5, 1e-45, 3.4e38],  # doubles that float32 rounds, a denormal, near the top of its range
+        [1, 0, -7, True],  # whole numbers and a bool, as numpy takes them
+        [1e39, -1e39, float("nan")],  # past float32's range: struct refuses, numpy gives +-inf
+        ["1.5", 2.0],  # a numeric string: struct refuses, numpy parses it
+        [],
+    ],
+)
+def test_a_list_encodes_to_the_bytes_numpy_gives(values: list[object]) -> None:
+    with np.errstate(over="ignore"):
+        expected = np.asarray(values, dtype="<f4").tobytes()
+        assert base64.b64decode(encode_vector(values)) == expected
+        assert encode_vector(values) == encode_vector(np.asarray(values, dtype="<f4"))
+
+
 @pytest.mark.parametrize("bad", ["not base64!", "AAA", base64.b64encode(b"12345").decode()])
 def test_a_bad_base64_vector_is_a_value_error(bad: str) -> None:
     with pytest.raises(ValueError, match="base64 vector"):
