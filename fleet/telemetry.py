@@ -6,7 +6,7 @@ import logging
 
 from rich.logging import RichHandler
 
-NOISY_LOGGERS = ("aiokafka", "nats", "httpx", "uvicorn.access", "transformers", "urllib3")
+NOISY_LOGGERS = ("aiokafka", "nats", "httpx", "uvicorn.access", "transformers", "urllib3", "faiss")
 
 
 def configure_logging(level: str = "INFO") -> None:
