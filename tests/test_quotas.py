@@ -124,7 +124,7 @@ async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: 
         first, second, third = (
             JobRecord(job_id=f"{unique}-{n}", model="echo", state=JobState.queued, tenant=unique) for n in range(3)
         )
-        decision, created = await quotas.admit_create(store, unique, limit, True, 60, first, b"message-0")
+        decision, created = await quotas.admit_create(store, unique, limit, 60, first, b"message-0")
         assert (decision.admitted, decision.added, decision.queued, decision.remaining, created) == (
             True,
             True,
@@ -137,15 +137,15 @@ async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: 
         claimed = dict(await store.claim_unpublished(0.0, 10_000))  # marked unpublished, as store.create does
         assert claimed.get(first.job_id) == b"message-0"
 
-        decision, created = await quotas.admit_create(store, unique, limit, True, 60, second, b"message-1")
+        decision, created = await quotas.admit_create(store, unique, limit, 60, second, b"message-1")
         assert decision.verdict == QUOTA_EXCEEDED and not created
         assert await store.get(second.job_id) is None, "a refused submit must leave no record"
 
-        decision, created = await quotas.admit_create(store, unique, limit, True, 60, first, b"message-0")
+        decision, created = await quotas.admit_create(store, unique, limit, 60, first, b"message-0")
         assert decision.admitted and not decision.added and not created  # a resubmit: its place is held already
 
         rate_only = TenantLimit(rate=SLOW, burst=2)  # the burst went to the first submit and the resubmit
-        decision, created = await quotas.admit_create(store, unique, rate_only, False, 0, third, b"message-2")
+        decision, created = await quotas.admit_create(store, unique, rate_only, 0, third, b"message-2")
         assert decision.verdict == RATE_LIMITED and not created
         assert await store.get(third.job_id) is None
         assert await quotas.members(unique, 10) == [first.job_id]

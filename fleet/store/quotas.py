@@ -23,7 +23,10 @@ Quota: ``queued_key(tenant)`` is a sorted set of the tenant's queued job ids, ea
 A crash anywhere leaks a place for at most the job's hold, never forever.
 
 Both keys carry the hash tag ``{tenant}``: one slot on Redis Cluster, so one script (``ADMIT_LUA``) checks the
-rate and the quota together, and a request refused by either consumes neither.
+rate and the quota together, and a request refused by either consumes neither. On one Redis a submit's decision
+and its record's creation are one script too (``ADMIT_CREATE_LUA``: the decision, then the store's own create
+script only when it admits); on a cluster, where the job's key and the tenant's are in different slots, they are
+two calls, and a failed create gives its place back.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from typing import Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from fleet.store import transitions
 from fleet.store.base import ResultStore
 from fleet.store.redis import CREATE_PENDING_LUA
 from fleet.store.redis_errors import RedisErrors, text
@@ -283,9 +285,10 @@ def group_by_tenant(items: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
 class Quotas(Protocol):
     """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``admit`` decides and, when it admits,
     takes a place for ``job_id`` (None: the rate alone); ``admit_create`` decides for ``job`` (a place in its quota
-    when ``counted``) and, only when it admits, creates it in ``store`` as ``store.create(job, message)`` does,
-    returning (the decision, whether the record was created); ``release`` frees the places of (tenant, job id) pairs
-    in one call; ``members`` lists a tenant's oldest queued ids; ``forget`` removes some of them."""
+    when ``limit`` has one, held ``hold_s``) and, only when it admits, creates it in ``store`` as
+    ``store.create(job, message)`` does, returning (the decision, whether the record was created); ``release``
+    frees the places of (tenant, job id) pairs in one call; ``members`` lists a tenant's oldest queued ids;
+    ``forget`` removes some of them."""
 
     async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
 
@@ -294,7 +297,6 @@ class Quotas(Protocol):
         store: ResultStore,
         tenant: str,
         limit: TenantLimit,
-        counted: bool,
         hold_s: float,
         job: JobRecord,
         message: bytes,
@@ -316,12 +318,11 @@ class TwoCalls:
         store: ResultStore,
         tenant: str,
         limit: TenantLimit,
-        counted: bool,
         hold_s: float,
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        decision = await self.admit(tenant, limit, job.job_id if counted else None, hold_s)
+        decision = await self.admit(tenant, limit, job.job_id if limit.max_queued > 0 else None, hold_s)
         if not decision.admitted:
             return decision, False
         try:
@@ -341,8 +342,7 @@ class RedisQuotas(TwoCalls):
         self.redis = store.redis
         self.display_url = store.display_url
         self._admit = self.redis.register_script(ADMIT_LUA)
-        self._one_call = not store.cluster_mode
-        self._admit_create = self.redis.register_script(ADMIT_CREATE_LUA) if self._one_call else None
+        self._admit_create = None if store.cluster_mode else self.redis.register_script(ADMIT_CREATE_LUA)
         from redis.exceptions import RedisError
 
         self._failures = (RedisError, OSError, TimeoutError)
@@ -360,18 +360,16 @@ class RedisQuotas(TwoCalls):
         store: ResultStore,
         tenant: str,
         limit: TenantLimit,
-        counted: bool,
         hold_s: float,
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        if self._admit_create is None or store.scheme != "redis" or getattr(store, "redis", None) is not self.redis:
-            return await super().admit_create(store, tenant, limit, counted, hold_s, job, message)
+        if self._admit_create is None or getattr(store, "redis", None) is not self.redis:  # not one script's reach
+            return await super().admit_create(store, tenant, limit, hold_s, job, message)
         job_id = job.job_id
-        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id), c.rate_key(tenant)]
-        keys.append(c.queued_key(tenant))
-        args: list[Any] = [transitions.record_json(job), store.job_ttl_s, job_id, message]  # type: ignore[attr-defined]
-        args += [limit.interval_us, limit.burst, limit.max_queued, job_id if counted else "", f"{hold_s:.3f}"]
+        keys, args = store.pending_create(job, message)  # type: ignore[attr-defined]  # a RedisStore: its client
+        keys += [c.rate_key(tenant), c.queued_key(tenant)]
+        args += [limit.interval_us, limit.burst, limit.max_queued, job_id if limit.max_queued else "", f"{hold_s:.3f}"]
         try:
             reply = await self._admit_create(keys=keys, args=args)
         except self._failures as exc:

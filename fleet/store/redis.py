@@ -270,8 +270,17 @@ class RedisStore:
                 return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
             if self.cluster_mode:
                 return await self._create_marked_cluster(job_id, raw, message)
-            keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id)]
-            return bool(await self._create_pending(keys=keys, args=[raw, self.job_ttl_s, job_id, message]))
+            keys, args = self.pending_create(record, message, raw)
+            return bool(await self._create_pending(keys=keys, args=args))
+
+    def pending_create(
+        self, record: JobRecord, message: bytes, raw: bytes | None = None
+    ) -> tuple[list[str], list[bytes | str | int]]:
+        """The KEYS and ARGV of ``CREATE_PENDING_LUA`` for ``create(record, message)`` on one Redis (also run, inside
+        ``fleet.store.quotas.ADMIT_CREATE_LUA``, by a gateway's limits)."""
+        job_id = record.job_id
+        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id)]
+        return keys, [raw if raw is not None else transitions.record_json(record), self.job_ttl_s, job_id, message]
 
     async def _create_marked_cluster(self, job_id: str, raw: bytes, message: bytes) -> bool:
         """``create(record, message)`` on a cluster, where the record and the marks are in different slots: the mark

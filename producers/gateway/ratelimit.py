@@ -94,11 +94,10 @@ class TenantLimiter:
         limit = self.policy.for_tenant(tenant)
         if not limit.enabled:
             return None, await self.store.create(job, message)
-        counted = limit.max_queued > 0
-        hold = hold_s(job.expires_at, time.time(), self.job_ttl_s) if counted else 0.0
-        decision, created = await self.quotas.admit_create(self.store, tenant, limit, counted, hold, job, message)
+        hold = hold_s(job.expires_at, time.time(), self.job_ttl_s) if limit.max_queued else 0.0
+        decision, created = await self.quotas.admit_create(self.store, tenant, limit, hold, job, message)
         if decision.verdict == QUOTA_EXCEEDED and await self._sweep(tenant):
-            decision, created = await self.quotas.admit_create(self.store, tenant, limit, counted, hold, job, message)
+            decision, created = await self.quotas.admit_create(self.store, tenant, limit, hold, job, message)
         return decision, created
 
     async def _sweep(self, tenant: str) -> bool:
