@@ -33,7 +33,7 @@ from fleet.store.keys import make_key_store
 from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas, TenantLimit, make_quotas
 from producers.gateway.ratelimit import RATE_LIMITED as RATE_LIMITED_TOTAL
 from schemas.jobs import JobRecord, JobState
-from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs, urls_for
+from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs, private_server, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
 SLOW = 0.2  # admits per second: a burst does not come back within a test
@@ -252,6 +252,25 @@ async def test_a_limit_holds_across_two_gateways_on_one_redis(request: Any, uniq
         assert set(codes) == {202, 429}, codes
         admitted = codes.count(202)
         assert burst <= admitted <= burst + math.ceil(elapsed * SLOW), (admitted, elapsed)
+
+
+async def test_a_redis_outage_under_limits_is_503_and_the_gateway_keeps_serving(unique: str) -> None:
+    """The one-script submit (limits and create together) answers a dead Redis as every store call does."""
+    refs, (model,) = model_refs(unique, "echo")
+    with private_server("redis") as (redis_url, proc):
+        limits = {"rate_limit": "1000/s burst 1000", "tenant_max_queued": 1000}
+        settings = FleetSettings.model_validate({"store_url": redis_url, "models": refs, **limits})
+        async with connected_pair(settings) as (broker, store), asgi_gateway(settings, broker, store) as (_, client):
+            first = await client.post("/v1/jobs", json={"model": model, "input": {"n": 1}})
+            assert first.status_code == 202 and first.headers["ratelimit-remaining"] == "999"
+            assert await make_quotas(store).members(c.DEFAULT_TENANT, 10) == [first.json()["job_id"]]
+            proc.terminate()
+            proc.wait(10)
+            for n in range(3):
+                refused = await client.post("/v1/jobs", json={"model": model, "input": {"n": n}})
+                assert refused.status_code == 503, refused.text
+                assert error_of(refused)["type"] == "store_unavailable" and refused.headers["retry-after"].isdigit()
+            assert (await client.get("/healthz")).status_code == 200
 
 
 def body(gw: Limited, n: int) -> dict[str, Any]:
