@@ -35,12 +35,19 @@ def no_vectors_message(model: str) -> str:
     )
 
 
+class Base64Vector(str):
+    """A vector as base64 of its little-endian float32 bytes, as ``encode_vector`` made it: to every reader plain
+    base64 text; ``raw`` holds the bytes themselves, which the result store keeps instead (``fleet.store.packed``)."""
+
+    raw: bytes
+
+
 @functools.lru_cache(maxsize=64)
 def _packer(length: int) -> struct.Struct:
     return struct.Struct(f"<{length}f")
 
 
-def encode_vector(vector: Any) -> str:
+def encode_vector(vector: Any) -> Base64Vector:
     """One vector (a sequence of numbers or a 1-D array) as base64 of its little-endian float32 bytes.
 
     A list of floats (what a model's ``tolist()`` gives) is packed by ``struct``, three times faster than through
@@ -54,7 +61,9 @@ def encode_vector(vector: Any) -> str:
             raw = np.asarray(vector, dtype=_LE_F4).tobytes()
     else:
         raw = np.asarray(vector, dtype=_LE_F4).tobytes()
-    return binascii.b2a_base64(raw, newline=False).decode("ascii")
+    vector = Base64Vector(binascii.b2a_base64(raw, newline=False).decode("ascii"))
+    vector.raw = raw
+    return vector
 
 
 def decode_array(text: str) -> np.ndarray:

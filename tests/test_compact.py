@@ -278,9 +278,9 @@ async def test_base64_round_trips_through_rest_websocket_and_sse(fleet: Served, 
         ids[0]: vector_of("hi"),
         ids[1]: [vector_of("a"), vector_of("b")],
     }
-    if isinstance(fleet.store, RedisStore):  # kept compact in the store: about a quarter of the float record
+    if isinstance(fleet.store, RedisStore):  # kept as its bytes in the store: under a quarter of the float record
         sizes = [await fleet.store.redis.strlen(c.job_key(job_id)) for job_id in (ids[0], ids[2])]
-        assert sizes[0] < 2600 < 6000 < sizes[1], sizes
+        assert sizes[0] <= 2200 < 6000 < sizes[1], sizes
 
 
 async def test_the_sdk_asks_for_base64_and_gives_floats_back(fleet: Served) -> None:

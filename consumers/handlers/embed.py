@@ -277,7 +277,9 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
         one, many = output.embedding, output.embeddings
         if encoding == "base64":
             one = None if one is None else encode_vector(one)
-            many = None if many is None else [encode_vector(v) for v in many]
+            if many is not None:
+                vectors: list[str] = [encode_vector(v) for v in many]
+                many = vectors
         return {"dim": output.dim, "embedding": one, "embeddings": many}
 
     def cost(self, item: EmbedInput) -> int:

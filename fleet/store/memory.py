@@ -15,6 +15,7 @@ from typing import Any
 
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
+from fleet.store.packed import parse_record
 from schemas.jobs import JobError, JobRecord, JobState
 
 
@@ -60,7 +61,7 @@ class MemoryStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = self._read(job_id)
-        return None if raw is None else JobRecord.model_validate_json(raw)
+        return None if raw is None else parse_record(raw)
 
     async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
         return [await self.get(job_id) for job_id in job_ids]
@@ -168,7 +169,7 @@ class MemoryStore:
             waiters.discard(future)
             if not waiters and self._waiters.get(job_id) is waiters:
                 del self._waiters[job_id]
-        return JobRecord.model_validate_json(raw)
+        return parse_record(raw)
 
     def _read(self, job_id: str) -> bytes | None:
         entry = self._records.get(job_id)

@@ -16,15 +16,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
 from redis import asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from fleet import constants as c
+from fleet.store.packed import parse_record
 from fleet.store.pubsub import PubSubMux
 from fleet.tasks import cancel_and_wait
-from schemas.jobs import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +106,6 @@ def _job_of_channel(channel: str) -> str | None:
 
 def _is_terminal(raw: bytes | str) -> bool:
     try:
-        return JobRecord.model_validate_json(raw).terminal
-    except ValidationError:
+        return parse_record(raw).terminal
+    except ValueError:  # pydantic's ValidationError, or a bad packed record
         return False  # the waiter's own read reports a corrupt record

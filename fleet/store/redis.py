@@ -25,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from pydantic import ValidationError
 from redis import asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
@@ -40,6 +39,7 @@ from fleet.links import link_error, redact
 from fleet.store import cluster as cl
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
+from fleet.store.packed import parse_record
 from fleet.store.pubsub import PubSubMux
 from fleet.store.recheck import RECHECK_INTERVAL_S, Rechecker
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
@@ -652,8 +652,8 @@ class RedisStore:
 
     def _parse(self, job_id: str, raw: bytes | str) -> JobRecord:
         try:
-            return JobRecord.model_validate_json(raw)
-        except ValidationError as exc:
+            return parse_record(raw)
+        except ValueError as exc:  # pydantic's ValidationError for JSON, ValueError for a bad packed record
             error = StoreError(f"the record of job {job_id!r} at {self.display_url} is not a valid job record: {exc}")
             error.retriable = False  # reading it again will not help
             raise error from exc

@@ -14,7 +14,9 @@ pydantic models dumped), no validation and no Python wrapper per float. It write
 top-level fields that are null, which the parser fills in again (every one of them defaults to null): about 100
 bytes less per record. So every reader (``JobRecord.model_validate_json``) reads records written before and after,
 and what it gives back (``model_dump``, the REST answers) has every field. What orjson cannot write (an integer
-beyond 64 bits in an output) falls back to pydantic's serializer.
+beyond 64 bits in an output) falls back to pydantic's serializer. A record whose output holds vectors a worker
+encoded as base64 is written packed, with the vectors' bytes after its JSON (``fleet.store.packed``): readers use
+``packed.parse_record``, which reads both forms.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from fleet.store.packed import pack
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 _SERIALIZER = JobRecord.__pydantic_serializer__
@@ -78,11 +81,17 @@ def _orjson_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def _dumps(values: dict[str, Any]) -> bytes:
+    return orjson.dumps(values, default=_orjson_default, option=_ORJSON_OPTIONS)
+
+
 def record_json(record: JobRecord) -> bytes:
-    """The record as UTF-8 JSON bytes: ``record.model_dump_json()`` without its null fields, at orjson's speed."""
+    """The record as stored: UTF-8 JSON bytes (``record.model_dump_json()`` without its null fields, at orjson's
+    speed), or, when its output holds vectors Fleet encoded as base64, packed with their bytes (``fleet.store.packed``;
+    read either form with ``parse_record``)."""
     try:
         values = {name: value for name, value in record.__dict__.items() if value is not None}
-        return orjson.dumps(values, default=_orjson_default, option=_ORJSON_OPTIONS)
+        return pack(values, _dumps) or _dumps(values)
     except (orjson.JSONEncodeError, TypeError):
         return _SERIALIZER.to_json(record)  # e.g. an integer past 64 bits: pydantic writes it, or says why not
 

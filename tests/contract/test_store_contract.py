@@ -12,9 +12,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fleet import constants as c
+from fleet.encoding import decode_vector, encode_vector
 from fleet.errors import ConfigError, StoreError
 from fleet.settings import FleetSettings
 from fleet.store import make_store, transitions
@@ -95,6 +97,28 @@ async def test_record_round_trips_exactly(store: ResultStore) -> None:
     stored = await store.get(job_id)
     assert stored == done
     assert stored is not None and stored.output == output
+
+
+async def test_base64_vectors_are_stored_as_their_bytes_and_read_back_as_the_same_text(store: ResultStore) -> None:
+    one, other = encode_vector([0.25] * 384), encode_vector(np.arange(8, dtype=np.float32))
+    output = {"dim": 384, "embedding": one, "embeddings": [other, one], "mixed": [other, "AAAAAA=="], "n": None}
+    job_id, later = new_id(), new_id()
+    waiter = asyncio.create_task(store.wait(job_id, 5))
+    await asyncio.sleep(0.05)
+    won, done = await succeed(store, job_id, output)
+    assert won
+    expected = {**output, "embedding": str(one), "embeddings": [str(other), str(one)]}
+    for read in (await store.get(job_id), (await store.get_many([job_id]))[0], await waiter):
+        assert read == done and read is not None and read.output == expected
+        assert decode_vector(read.output["embedding"]) == [0.25] * 384
+    lost, current = await store.finish(job_id, JobState.failed, model="echo", error=JobError(type="x", message="y"))
+    assert not lost and current == done  # a lost race reads the packed winner back
+    await store.finish_many([Finish(later, JobState.succeeded, "echo", output={"embeddings": [one] * 3})])
+    stored = await store.get(later)
+    assert stored is not None and stored.output == {"embeddings": [str(one)] * 3}
+    if isinstance(store, RedisStore):  # the bytes themselves: 384 float32 values in 1,536 bytes, not 2,048 of text
+        raw = await store.redis.get(c.job_key(later))
+        assert raw[:1] == b"\x00" and 3 * 1536 < len(raw) < 3 * 2048, len(raw)
 
 
 async def test_delete_removes_the_record(store: ResultStore) -> None:
