@@ -20,6 +20,11 @@ class Trickle:
         self.start = asyncio.get_running_loop().time()
         self.due = [(self.start + offset, FakeDelivery(1)) for offset in offsets]
 
+    def add(self, offsets: list[float]) -> None:
+        """More messages, due ``offsets`` seconds from now."""
+        now = asyncio.get_running_loop().time()
+        self.due += [(now + offset, FakeDelivery(1)) for offset in offsets]
+
     async def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -46,15 +51,18 @@ async def test_a_lone_request_does_not_wait_for_a_batch_that_will_not_come() -> 
 
 
 async def test_under_load_a_batch_waits_and_fills() -> None:
-    # 400 messages over the last 0.2 s make a rate of about 400/s: 0.05 s of waiting brings about 20 more
+    # 400 messages over 0.2 s make a rate of about 400/s: 0.05 s of waiting brings about 20 more
     burst = [i * 0.0005 for i in range(400)]
-    later = [0.25 + i * 0.001 for i in range(10)]  # arrive while the next batch is waiting to fill
-    sub = Trickle(burst + later)
+    sub = Trickle(burst)
     collector = BatchCollector(sub)
     seen = 0
     while seen < len(burst):
         seen += len(await collector.collect(BatchBounds(max_batch=64, max_wait_s=0.0), idle_timeout_s=1.0))
-    await asyncio.sleep(max(0.0, sub.start + 0.25 - asyncio.get_running_loop().time()))
+    assert seen == len(burst)
+    # Then ten more, over the next 20 ms (timed from the end of the burst's drain, however long that took): the
+    # batch that takes the first one waits for the others, since the rate says they are coming.
+    later = [0.01 + i * 0.001 for i in range(10)]
+    sub.add(later)
     batch = await collector.collect(BatchBounds(max_batch=64, max_wait_s=0.05), idle_timeout_s=1.0)
     assert len(batch) == len(later), "the batch waited for the messages that kept coming"
 
