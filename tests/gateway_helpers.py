@@ -132,7 +132,44 @@ async def served(app: FastAPI) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await asyncio.wait_for(task, 10)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_WAIT_S)
+        except TimeoutError:
+            held = _pending_stacks()  # what the gateway's shutdown is still waiting on, before cancelling it
+            task.cancel()
+            raise AssertionError(f"the gateway did not stop within {SHUTDOWN_WAIT_S:.0f}s; pending:\n{held}") from None
+
+
+# Time a served gateway gets to stop. It stops in well under a second on its own; on a loaded 2-core CI machine a
+# gateway with L3 on was seen to need more than 10 s, so a timeout here prints every pending task's await chain.
+SHUTDOWN_WAIT_S = 30.0
+
+
+def _pending_stacks() -> str:
+    """Each pending task of the loop, with the innermost coroutines of the chain it is awaiting."""
+    lines = []
+    for pending in asyncio.all_tasks():
+        if pending is asyncio.current_task():
+            continue
+        chain, coro = [], pending.get_coro()
+        while coro is not None and len(chain) < 60:
+            frame = (
+                getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+            )
+            if frame is not None:
+                chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})")
+            awaited = (
+                getattr(coro, "cr_await", None)
+                or getattr(coro, "gi_yieldfrom", None)
+                or getattr(coro, "ag_await", None)
+            )
+            if awaited is not None and not hasattr(awaited, "cr_frame") and frame is not None:
+                inner = getattr(frame.f_locals.get("self"), "gen", None)  # an @asynccontextmanager's generator
+                awaited = inner if inner is not None and hasattr(inner, "ag_frame") else awaited
+            coro = awaited
+        shown = chain if len(chain) <= 10 else ["...", *chain[-10:]]  # the innermost awaits say what it waits on
+        lines.append(f"  {pending.get_name()}: {' -> '.join(shown) or repr(pending)}")
+    return "\n".join(sorted(lines))
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
