@@ -68,7 +68,7 @@ def test_only_vectors_fleet_encoded_are_packed() -> None:
     ],
 )
 def test_a_damaged_packed_record_raises_a_value_error_that_says_what_is_wrong(raw: bytes, says: str) -> None:
-    with pytest.raises(ValueError, match=None) as caught:
+    with pytest.raises(ValueError) as caught:
         parse_record(raw)
     assert says in str(caught.value)
 

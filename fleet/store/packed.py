@@ -24,6 +24,7 @@ the REST API gives the JSON.
 from __future__ import annotations
 
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -62,7 +63,7 @@ def _layout(output: dict[str, Any]) -> tuple[list[list[Any]], list[bytes]] | Non
     return None if layout is None else (layout, blobs)
 
 
-def pack(values: dict[str, Any], dumps: Any) -> bytes | None:
+def pack(values: dict[str, Any], dumps: Callable[[dict[str, Any]], bytes]) -> bytes | None:
     """The packed form of a record's ``values`` (``dumps`` writes the JSON), or None when its output packs nothing."""
     output = values.get("output")
     if output.__class__ is not dict:

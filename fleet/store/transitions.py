@@ -12,11 +12,11 @@ produced ourselves is a large share of the store's cost.
 pydantic models dumped), no validation and no Python wrapper per float. It writes the document
 ``model_dump_json()`` writes (same fields, order and types; only the spelling of a number may differ) less the
 top-level fields that are null, which the parser fills in again (every one of them defaults to null): about 100
-bytes less per record. So every reader (``JobRecord.model_validate_json``) reads records written before and after,
-and what it gives back (``model_dump``, the REST answers) has every field. What orjson cannot write (an integer
-beyond 64 bits in an output) falls back to pydantic's serializer. A record whose output holds vectors a worker
-encoded as base64 is written packed, with the vectors' bytes after its JSON (``fleet.store.packed``): readers use
-``packed.parse_record``, which reads both forms.
+bytes less per record. So every reader (``packed.parse_record``, which validates a JSON record with
+``JobRecord.model_validate_json``) reads records written before and after, and what it gives back (``model_dump``,
+the REST answers) has every field. What orjson cannot write (an integer beyond 64 bits in an output) falls back to
+pydantic's serializer. A record whose output holds vectors a worker encoded as base64 is written packed, with the
+vectors' bytes after its JSON (``fleet.store.packed``); ``parse_record`` reads both forms.
 """
 
 from __future__ import annotations
