@@ -31,7 +31,8 @@ Groups are durable pull consumers, one per ``(subject, group)``, named ``durable
 explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries: the worker dead-letters by itself after
 ``max_deliveries`` by reading ``delivery_count``, which also covers poison messages that crash it.
 
-``publish`` waits for the JetStream PubAck. ``fetch`` is in ``fleet.brokers.nats_pull``. ``emit``/``listen`` are
+``publish`` waits for the JetStream PubAck (``fleet.brokers.nats_pubacks``: one reply subscription per connection
+instead of a nats-py request per publish). ``fetch`` is in ``fleet.brokers.nats_pull``. ``emit``/``listen`` are
 core NATS publish/subscribe. ``ping`` is a JetStream API request (account info), never ``flush``: see
 ``fleet.brokers.nats_pull`` for the nats-py failure that rules ``flush`` out and how a stuck client is revived.
 """
@@ -62,6 +63,7 @@ from nats.js.api import (
 
 from fleet import constants as c
 from fleet.brokers.nats_client import FleetNatsClient
+from fleet.brokers.nats_pubacks import PubAcks
 from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
 from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed, QueueFull
@@ -140,6 +142,7 @@ class NatsBroker:
         self._link_options = dict(link_options or {})
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
+        self._pubacks: PubAcks | None = None
         self._closed = False
         self._groups: set[tuple[str, str]] = set()
         self._subscriptions: set[NatsSubscription] = set()
@@ -175,7 +178,7 @@ class NatsBroker:
         except BaseException:
             await nc.close()
             raise
-        self._nc, self._js = nc, js
+        self._nc, self._js, self._pubacks = nc, js, PubAcks(nc)
         log.info("connected to NATS at %s", self.url)
 
     async def close(self) -> None:
@@ -188,6 +191,9 @@ class NatsBroker:
         for stream in list(self._listeners):
             await stream.close()
         nc, self._nc, self._js = self._nc, None, None
+        pubacks, self._pubacks = self._pubacks, None
+        if pubacks is not None:
+            await pubacks.close()
         if nc is not None and not nc.is_closed:
             await nc.close()
 
@@ -468,12 +474,15 @@ class NatsBroker:
         """
         if len(data) > self.max_message_bytes:
             raise PayloadTooLarge(len(data), self.max_message_bytes, what="message")
-        js = await self._live_jetstream()
+        await self._live_connection()
+        assert self._pubacks is not None
         hdrs = dict(headers) if headers else {}
         if msg_id is not None:
             hdrs[c.HEADER_MSG_ID] = msg_id
         try:
-            ack = await js.publish(subject, data, timeout=self.request_timeout_s, headers=hdrs or None)
+            duplicate = await self._pubacks.publish(
+                subject, data, headers=hdrs or None, timeout_s=self.request_timeout_s
+            )
         except nats.js.errors.NoStreamResponseError as exc:
             raise PublishFailed(f"no JetStream stream on NATS at {self.url} stores subject {subject!r}") from exc
         except nats.errors.MaxPayloadError as exc:
@@ -489,7 +498,7 @@ class NatsBroker:
             raise PublishFailed(f"JetStream at {self.url} rejected a publish to {subject}: {exc.description}") from exc
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"cannot publish to {subject} on NATS at {self.url}: {exc!r}") from exc
-        if ack.duplicate:
+        if duplicate:
             log.debug("NATS dropped a duplicate of %s on %s", msg_id, subject)
 
     async def subscribe(self, subject: str, group: str) -> NatsSubscription:
