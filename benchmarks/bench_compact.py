@@ -74,30 +74,39 @@ TITLES = {
     "base64-memory": "base64, in-memory store",
     "raw": "raw nats-py drain (no store, no model)",
 }
-_VECTOR: list[float] = (np.random.default_rng(7).standard_normal(EMBED_DIM).astype(np.float32) / 20).tolist()
+_ROW = np.random.default_rng(7).standard_normal(EMBED_DIM).astype(np.float32) / 20
 
 
 class FixedEmbed(EmbedHandler):
-    """``embed`` at zero cost: no weights, the same unit-scale vector for every text."""
+    """``embed`` at zero cost: no weights, and the forward pass replaced by the same unit-scale vector for every
+    text; the outputs are built as the real ``predict`` builds them (float32 rows of the batch's array)."""
 
     def load(self) -> None:
         """Nothing to load."""
 
-    def predict(self, batch: list[EmbedInput]) -> list[EmbedOutput | Exception]:
-        outputs: list[EmbedOutput | Exception] = []
-        for item in batch:
-            if item.text is not None:
-                outputs.append(EmbedOutput.model_construct(dim=EMBED_DIM, embedding=_VECTOR))
-            else:
-                outputs.append(EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[_VECTOR] * len(item.items())))
-        return outputs
+    def embed_array(self, texts: list[str]) -> np.ndarray:
+        return np.repeat(_ROW[None, :], len(texts), axis=0)
 
     def sample_input(self) -> None:  # type: ignore[override]
         return None
 
 
 class LegacyFixedEmbed(FixedEmbed):
-    """``FixedEmbed`` with the output path of before: the output dumped by pydantic."""
+    """``FixedEmbed`` with the output path of before: vectors as lists (the array's ``tolist``), the output dumped
+    by pydantic."""
+
+    def predict(self, batch: list[EmbedInput]) -> list[EmbedOutput | Exception]:
+        vectors = self.embed_array([t for item in batch for t in item.items()]).tolist()
+        outputs: list[EmbedOutput | Exception] = []
+        start = 0
+        for item in batch:
+            n = len(item.items())
+            vecs, start = vectors[start : start + n], start + n
+            if item.text is not None:
+                outputs.append(EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vecs[0]))
+            else:
+                outputs.append(EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=vecs))
+        return outputs
 
     def output_json(self, output: EmbedOutput, encoding: str = "float") -> Any:
         return ModelHandler.output_json(self, output, encoding)

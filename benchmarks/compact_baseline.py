@@ -40,14 +40,17 @@ async def one_run(nats_url: str, redis_url: str, jobs: int, batch: int, max_wait
     from schemas.models import EMBED_DIM, EmbedOutput
     from schemas.wire import RequestMessage
 
-    vector = (np.random.default_rng(7).standard_normal(EMBED_DIM).astype(np.float32) / 20).tolist()
+    row = np.random.default_rng(7).standard_normal(EMBED_DIM).astype(np.float32) / 20
 
     class FixedEmbed(EmbedHandler):  # type: ignore[misc, valid-type]  # the older tree's class
+        """As that tree's ``predict`` built outputs: lists from the batch's float32 array (``tolist``)."""
+
         def load(self) -> None:
             pass
 
         def predict(self, batch: list[Any]) -> list[Any]:
-            return [EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector) for _ in batch]
+            vectors = np.repeat(row[None, :], len(batch), axis=0).tolist()
+            return [EmbedOutput.model_construct(dim=EMBED_DIM, embedding=v) for v in vectors]
 
         def sample_input(self) -> None:
             return None

@@ -114,6 +114,36 @@ def test_a_list_encodes_to_the_bytes_numpy_gives(values: list[object]) -> None:
         assert encode_vector(values) == encode_vector(np.asarray(values, dtype="<f4"))
 
 
+def test_vectors_as_float32_rows_give_the_json_lists_give() -> None:
+    """``EmbedHandler.predict`` keeps vectors as rows of its float32 array; the JSON must be what lists give."""
+    handler = VecEmbed()
+    texts = ["a", "b", "c"]
+    matrix = np.asarray([vector_of(t) for t in texts], dtype=np.float32)
+    pairs = [
+        (EmbedOutput.model_construct(embedding=matrix[0]), EmbedOutput.model_construct(embedding=vector_of("a"))),
+        (
+            EmbedOutput.model_construct(embeddings=matrix[1:]),
+            EmbedOutput.model_construct(embeddings=[vector_of("b"), vector_of("c")]),
+        ),
+        (
+            EmbedOutput.model_construct(embeddings=[matrix[2], vector_of("a")]),  # rows and lists mixed
+            EmbedOutput.model_construct(embeddings=[vector_of("c"), vector_of("a")]),
+        ),
+    ]
+    for rows, lists in pairs:
+        for encoding in ("float", "base64"):
+            got, want = handler.output_json(rows, encoding), handler.output_json(lists, encoding)
+            assert got == want, encoding
+            assert transitions.record_json(record_with(got)) == transitions.record_json(record_with(want))
+        floats = handler.output_json(rows, "float")
+        values = floats["embedding"] or [x for v in floats["embeddings"] for x in v]
+        assert all(type(x) is float for x in values)  # Python floats, not numpy scalars
+
+
+def record_with(output: dict[str, Any]) -> JobRecord:
+    return JobRecord(job_id="a" * 32, model="embed", state=JobState.succeeded, output=output, created_at=1.0)
+
+
 @pytest.mark.parametrize("bad", ["not base64!", "AAA", base64.b64encode(b"12345").decode()])
 def test_a_bad_base64_vector_is_a_value_error(bad: str) -> None:
     with pytest.raises(ValueError, match="base64 vector"):

@@ -267,11 +267,16 @@ def reference() -> torch.Tensor:
     return model.encode(SENTENCES, convert_to_tensor=True, normalize_embeddings=False).float()
 
 
+_JSON = EmbedHandler(device="cpu")  # output_json needs no weights
+
+
 def vectors(outputs: list[EmbedOutput | Exception]) -> torch.Tensor:
+    """The vectors of ``outputs`` as the worker serialises them (``output_json``, float lists)."""
     rows: list[list[float]] = []
     for out in outputs:
         assert isinstance(out, EmbedOutput)
-        rows.extend([out.embedding] if out.embedding is not None else out.embeddings or [])
+        data = _JSON.output_json(out)
+        rows.extend([data["embedding"]] if data["embedding"] is not None else data["embeddings"] or [])
     return torch.tensor(rows)
 
 
@@ -294,11 +299,11 @@ def test_embed_matches_sentence_transformers(embed: EmbedHandler, reference: tor
 def test_embed_text_and_texts_jobs_in_one_batch(embed: EmbedHandler) -> None:
     outputs = embed.run([EmbedInput(text="alpha"), EmbedInput(texts=["beta", "gamma delta"]), EmbedInput(text="")])
     assert [type(o) for o in outputs] == [EmbedOutput] * 3
-    first, second, third = outputs
-    assert isinstance(first, EmbedOutput) and isinstance(second, EmbedOutput) and isinstance(third, EmbedOutput)
-    assert first.dim == 384 and first.embeddings is None and len(first.embedding or []) == 384
-    assert second.embedding is None and [len(v) for v in second.embeddings or []] == [384, 384]
-    assert len(third.embedding or []) == 384
+    first, second, third = (embed.output_json(o) for o in outputs if isinstance(o, EmbedOutput))
+    assert first["dim"] == 384 and first["embeddings"] is None and len(first["embedding"]) == 384
+    assert second["embedding"] is None and [len(v) for v in second["embeddings"]] == [384, 384]
+    assert len(third["embedding"]) == 384
+    assert all(isinstance(x, float) for x in first["embedding"] + second["embeddings"][1])
     similar = vectors(embed.run([EmbedInput(texts=["a dog runs in the park", "a puppy running in a park"])]))
     unrelated = vectors(embed.run([EmbedInput(text="quarterly tax filing deadline")]))
     assert (similar[0] @ similar[1]).item() > (similar[0] @ unrelated[0]).item() + 0.3

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from consumers.device import is_cuda, resolve_device, torch_dtype_for
 from consumers.handlers.base import ModelHandler
 from fleet.encoding import encode_vector
@@ -237,7 +239,12 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
         )
 
     def embed_texts(self, texts: list[str]) -> list[list[float]]:
-        """Embed a flat list of texts, in order. ``load`` must have been called."""
+        """Embed a flat list of texts, in order, as lists of Python floats. ``load`` must have been called."""
+        result: list[list[float]] = self.embed_array(texts).tolist()  # numpy's tolist is twice as fast as torch's
+        return result
+
+    def embed_array(self, texts: list[str]) -> np.ndarray:
+        """Embed a flat list of texts, in order: a float32 array of shape ``(len(texts), dim)``."""
         import torch
 
         if self._model is None or self._tokens is None:
@@ -252,34 +259,44 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
                 input_ids, mask = pad_batch([ids[i] for i in rows], self._tokens.pad_id, self.device)
                 hidden = self._model(input_ids=input_ids, attention_mask=mask).last_hidden_state
                 vectors[rows] = mean_pool_normalize(hidden, mask).cpu()
-        result: list[list[float]] = vectors.numpy().tolist()  # numpy's tolist is twice as fast as torch's
-        return result
+        array: np.ndarray = vectors.numpy()
+        return array
 
     def predict(self, batch: list[EmbedInput]) -> list[EmbedOutput | Exception]:
+        """The outputs hold their vectors as float32 rows of the batch's array (numpy views, not lists):
+        ``output_json`` makes lists of them, or base64 straight from their bytes, once it knows which the request
+        asked for. Built without validation: the values are the floats just computed (validating 384 of them per
+        text cost as much as the rest of the output path)."""
         texts = [item.items() for item in batch]
-        flat = self.embed_texts([t for job in texts for t in job])
+        matrix = self.embed_array([t for job in texts for t in job])
         outputs: list[EmbedOutput | Exception] = []
         start = 0
         for item, job in zip(batch, texts, strict=True):
-            vecs = flat[start : start + len(job)]
+            vecs = matrix[start : start + len(job)]
             start += len(job)
-            # Built without validation: the values are the floats just computed (validating 384 of them per text
-            # cost as much as the rest of the output path).
             if item.text is not None:
                 outputs.append(EmbedOutput.model_construct(dim=self._dim, embedding=vecs[0]))
             else:
-                outputs.append(EmbedOutput.model_construct(dim=self._dim, embeddings=vecs))
+                rows: Any = vecs  # float32 rows until output_json, as the docstring says
+                outputs.append(EmbedOutput.model_construct(dim=self._dim, embeddings=rows))
         return outputs
 
     def output_json(self, output: EmbedOutput, encoding: str = "float") -> Any:
         """The output as a plain dict, without dumping it through pydantic: ``predict`` built it from the floats it
-        just computed. With ``"base64"`` each vector becomes base64 of its little-endian float32 bytes."""
-        one, many = output.embedding, output.embeddings
+        just computed. Vectors may be float32 arrays (``predict``'s) or lists (a subclass's): ``"float"`` gives
+        lists of Python floats, ``"base64"`` base64 of each vector's little-endian float32 bytes (an array's bytes
+        are taken as they are: no list in between)."""
+        one: Any = output.embedding
+        many: Any = output.embeddings
         if encoding == "base64":
             one = None if one is None else encode_vector(one)
-            if many is not None:
-                vectors: list[str] = [encode_vector(v) for v in many]
-                many = vectors
+            many = None if many is None else [encode_vector(v) for v in many]
+        else:
+            one = _floats(one)
+            if isinstance(many, np.ndarray):
+                many = many.tolist()
+            elif many is not None:
+                many = [_floats(v) for v in many]
         return {"dim": output.dim, "embedding": one, "embeddings": many}
 
     def cost(self, item: EmbedInput) -> int:
@@ -299,3 +316,8 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
             import torch
 
             torch.cuda.empty_cache()
+
+
+def _floats(vector: Any) -> Any:
+    """A float32 array as a list of Python floats (the float32 values exactly); anything else as it is."""
+    return vector.tolist() if isinstance(vector, np.ndarray) else vector
