@@ -12,8 +12,11 @@ import pytest
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.lag import LagMonitor
+from fleet.store.cachestore import MemoryCacheStore, VectorEntry
 from fleet.store.memory import MemoryStore
 from fleet.tasks import cancel_and_wait, wait_event
+from producers.gateway.cache_l3 import L3Options, SemanticLevel
+from producers.gateway.embedder import BatchingEmbedder
 from schemas.jobs import JobState
 
 
@@ -105,3 +108,38 @@ async def test_wait_event_says_whether_the_event_was_set() -> None:
     assert await wait_event(event, 0.01) is False
     event.set()
     assert await wait_event(event, 0.01) is True
+
+
+class SwallowingCacheStore(MemoryCacheStore):
+    """The embedded cache store, with a log read that ignores a cancellation (as ``SwallowingBroker``'s lag)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def read_vectors(self, log: str, after: str, limit: int) -> list[tuple[str, VectorEntry]]:
+        self.reads += 1
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            pass
+        return await super().read_vectors(log, after, limit)
+
+
+async def test_the_l3_sync_loop_stops_even_when_its_log_read_swallows_the_cancellation() -> None:
+    """A gateway with L3 on once waited 30 s to stop: its sync task was back asleep after its cancellation."""
+    store = SwallowingCacheStore()
+    options = L3Options(dim=4, max_entries=100, nprobe=1, sync_interval_s=0.01, ttl_s=60, timeout_s=1.0)
+    level = SemanticLevel(store, BatchingEmbedder(lambda: None), options)  # type: ignore[arg-type, return-value]
+    level.serve("embed", "1")
+    await level.start()
+    while store.reads < 3:  # noqa: ASYNC110 - polled: the loop is in its reads now
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    async with asyncio.timeout(5):  # a stop that trusts its one cancellation waits here for ever
+        await level.stop()
+    assert time.monotonic() - started < 1.0
+    assert level._sync is not None and level._sync.done()
+    reads = store.reads
+    await asyncio.sleep(0.1)
+    assert store.reads == reads, "the loop must not read again after stop()"

@@ -22,7 +22,6 @@ skipped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ import numpy as np
 from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.store.cachestore import CacheStore, VectorEntry
+from fleet.tasks import cancel_and_wait, wait_event
 from producers.gateway.embedder import BatchingEmbedder
 from producers.gateway.semantic_index import Match, Mirror, SemanticIndex
 
@@ -76,6 +76,7 @@ class SemanticLevel:
         self.options = options
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._sync: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()  # watched by the sync loop too: a cancellation can be swallowed below it
 
     def serve(self, model: str, version: str, shared: bool = False) -> None:
         """Keep indexes for ``model`` at ``version`` (called at start-up for each model with L3 on): one per tenant,
@@ -106,10 +107,11 @@ class SemanticLevel:
         self._sync = asyncio.create_task(self._sync_loop(), name="l3-sync")
 
     async def stop(self) -> None:
+        """End the sync loop, even one whose cancellation a client library swallowed (a gateway's shutdown once
+        waited 30 s on a sync task back asleep after its cancel), then close the embedder."""
+        self._stopped.set()
         if self._sync is not None:
-            self._sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync
+            await cancel_and_wait([self._sync])
         self.embedder.close()
 
     async def vector(self, text: str) -> np.ndarray:
@@ -182,8 +184,7 @@ class SemanticLevel:
             await asyncio.to_thread(index.add, vectors, keys, texts)
 
     async def _sync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.sync_interval_s)
+        while not await wait_event(self._stopped, self.options.sync_interval_s):
             try:
                 await self.sync_once()
             except Exception:
