@@ -120,12 +120,18 @@ async def test_an_answer_that_is_not_a_pub_ack_is_an_api_error(nc: NATS, answer:
     await acks.close()
 
 
-async def test_close_ends_a_waiting_publish_at_once(nc: NATS) -> None:
+async def waiting_on_silence(nc: NATS) -> tuple[PubAcks, asyncio.Task[bool], str]:
+    """A publish to a subject whose only responder never answers, 0.2 s into its wait (timeout 30 s)."""
     silent = f"silent.{uuid.uuid4().hex}"
     await responder(nc, silent, None)
     acks = PubAcks(nc)
     waiting = asyncio.create_task(acks.publish(silent, b"x", headers=None, timeout_s=30))
     await asyncio.sleep(0.2)
+    return acks, waiting, silent
+
+
+async def test_close_ends_a_waiting_publish_at_once(nc: NATS) -> None:
+    acks, waiting, silent = await waiting_on_silence(nc)
     started = time.monotonic()
     await acks.close()
     with pytest.raises(nats.errors.ConnectionClosedError):
@@ -136,11 +142,7 @@ async def test_close_ends_a_waiting_publish_at_once(nc: NATS) -> None:
 
 
 async def test_a_cancelled_publish_leaves_nothing_waiting(nc: NATS) -> None:
-    silent = f"silent.{uuid.uuid4().hex}"
-    await responder(nc, silent, None)
-    acks = PubAcks(nc)
-    waiting = asyncio.create_task(acks.publish(silent, b"x", headers=None, timeout_s=30))
-    await asyncio.sleep(0.2)
+    acks, waiting, _ = await waiting_on_silence(nc)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
