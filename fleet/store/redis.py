@@ -42,6 +42,7 @@ from fleet.store.base import Finish, Start
 from fleet.store.packed import parse_record
 from fleet.store.pubsub import PubSubMux
 from fleet.store.recheck import RECHECK_INTERVAL_S, Rechecker
+from fleet.store.redis_packing import with_hiredis_packing
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
@@ -686,6 +687,7 @@ def _client(
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1),
         **link_options,
     )
+    pool.connection_class = with_hiredis_packing(pool.connection_class)  # before any connection is made
     return aioredis.Redis.from_pool(pool)
 
 
