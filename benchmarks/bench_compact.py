@@ -48,7 +48,7 @@ import nats
 import numpy as np
 import redis.asyncio as aioredis
 
-from benchmarks.common import best_of, pooled, services, show, write_results
+from benchmarks.common import best_of, fetch_and_ack, pooled, services, show, write_results
 from consumers.handlers import with_name
 from consumers.handlers.base import ModelHandler
 from consumers.handlers.embed import EmbedHandler
@@ -218,16 +218,8 @@ async def raw_run(urls: dict[str, str], args: argparse.Namespace) -> dict[str, A
 
         await pooled(bodies, 256, publish)
         sub = await js.pull_subscribe(subject, durable=f"raw-{token}", stream=stream)
-        done = 0
         started = time.perf_counter()
-        while done < args.jobs:
-            try:
-                msgs = await sub.fetch(args.batch, timeout=1)
-            except nats.errors.TimeoutError:
-                continue
-            for msg in msgs:
-                await msg.ack()
-            done += len(msgs)
+        await fetch_and_ack(sub, args.jobs, args.batch)
         seconds = time.perf_counter() - started
     finally:
         await js.delete_stream(stream)

@@ -30,7 +30,7 @@ import nats
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from benchmarks.common import Timer, best_of, percentiles_ms, pooled, services, show, write_results
+from benchmarks.common import Timer, best_of, fetch_and_ack, percentiles_ms, pooled, services, show, write_results
 from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
@@ -67,19 +67,8 @@ async def raw_jetstream(nats_url: str, n: int, batch: int, concurrency: int) -> 
     async def publish_one(i: int) -> None:
         await js.publish(subject, payloads[i], headers={"Nats-Msg-Id": f"{token}-{i}"})
 
-    async def consume() -> None:
-        done = 0
-        while done < n:
-            try:
-                msgs = await psub.fetch(batch, timeout=1)
-            except nats.errors.TimeoutError:
-                continue
-            for msg in msgs:
-                await msg.ack()
-            done += len(msgs)
-
     with Timer() as t:
-        await asyncio.gather(consume(), pooled(list(range(n)), concurrency, publish_one))
+        await asyncio.gather(fetch_and_ack(psub, n, batch), pooled(list(range(n)), concurrency, publish_one))
     await js.delete_stream(stream)
     await nc.close()
     return n / t.seconds

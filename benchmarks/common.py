@@ -79,6 +79,22 @@ def best_of(runs: list[float]) -> float:
     return max(runs)
 
 
+async def fetch_and_ack(psub: Any, n: int, batch: int) -> None:
+    """Drain ``n`` messages from a nats-py pull subscription, ``batch`` a fetch, acking each: the raw loops of
+    ``bench_pipeline`` and ``bench_compact``."""
+    import nats.errors
+
+    done = 0
+    while done < n:
+        try:
+            msgs = await psub.fetch(batch, timeout=1)
+        except nats.errors.TimeoutError:
+            continue
+        for msg in msgs:
+            await msg.ack()
+        done += len(msgs)
+
+
 class Timer:
     def __enter__(self) -> Timer:
         self.start = time.perf_counter()

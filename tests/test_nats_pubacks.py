@@ -24,6 +24,7 @@ from fleet.brokers.nats import NatsBroker
 from fleet.brokers.nats_pubacks import PubAcks
 from fleet.errors import PublishFailed
 from fleet.settings import FleetSettings
+from tests.aof_redis import restartable
 from tests.contract.conftest import broker_settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -108,6 +109,9 @@ async def test_no_answer_in_time_is_a_timeout_and_the_late_answer_is_ignored(nc:
         (b'{"error": "no code"}', None),
         (b'{"error": {"code": 400, "err_code": 10077, "description": "maximum messages per subject exceeded"}}', 10077),
         (b'{"error": {"code": 503, "description": "JetStream not enabled"}}', None),
+        (b"[" * 100_000, None),  # nested past any parser's limit
+        (b'{"error": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", None),
+        (b"\xff\xfe not utf-8", None),
     ],
 )
 async def test_an_answer_that_is_not_a_pub_ack_is_an_api_error(nc: NATS, answer: bytes, err_code: int | None) -> None:
@@ -164,3 +168,39 @@ async def test_the_broker_says_which_publish_went_unacknowledged(nats_url: str, 
             await broker.publish(f"nostream.{uuid.uuid4().hex}", b"x")
     finally:
         await broker.close()
+
+
+async def test_a_server_killed_mid_publish_times_it_out_and_publishing_works_again_after_the_restart() -> None:
+    """The reply subscription is sent again on reconnect: publishes after a restart are matched to their PubAcks."""
+    with restartable("nats") as server:  # started
+        client = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+        try:
+            token = uuid.uuid4().hex[:8]
+            await client.jetstream().add_stream(name=f"PUBACKS_{token}", subjects=[f"kill.{token}"])
+            acks = PubAcks(client)
+            assert await acks.publish(f"kill.{token}", b"before", headers=None, timeout_s=5) is False
+            silent = f"silent.{token}"
+            await responder(client, silent, None)
+            waiting = asyncio.create_task(acks.publish(silent, b"x", headers=None, timeout_s=1.0))
+            await asyncio.sleep(0.2)
+            server.kill()
+            with pytest.raises(nats.errors.TimeoutError):  # its answer went with the old connection
+                await waiting
+            server.start()
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    duplicate = await acks.publish(
+                        f"kill.{token}", b"after", headers={"Nats-Msg-Id": "after"}, timeout_s=1.0
+                    )
+                    break
+                except (nats.errors.TimeoutError, nats.errors.Error):
+                    assert time.monotonic() < deadline, "no PubAck within 20 s of the restart"
+                    await asyncio.sleep(0.2)
+            assert duplicate is False
+            info = await client.jetstream().stream_info(f"PUBACKS_{token}")
+            assert info.state.messages == 2  # the file store kept "before"; "after" is new
+            assert acks._waiting == {}
+            await acks.close()
+        finally:
+            await client.close()

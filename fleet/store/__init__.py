@@ -1,7 +1,8 @@
 """Result stores: the ``ResultStore`` seam (``base``), Redis (``redis``) and the embedded one (``memory``); beside
 them the DAG store (``dagstore``), the dead-letter store (``deadletters``) and the result caches' store
 (``cachestore``: L2 entries and the L3 vector logs), in the same Redis or in memory. Every store writes a job's
-record through ``transitions.record_json``: JSON, or packed with its base64 vectors' bytes (``packed``)."""
+record through ``transitions.record_json``: JSON, or packed with its base64 vectors' bytes (``packed``). The
+single-Redis client packs its commands with hiredis (``redis_packing``)."""
 
 from __future__ import annotations
 
