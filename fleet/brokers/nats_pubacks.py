@@ -66,18 +66,14 @@ class PubAcks:
         return _duplicate(reply)
 
     async def close(self) -> None:
-        """End every waiting publish with ``ConnectionClosedError`` and drop the subscription. Idempotent."""
+        """End every waiting publish with ``ConnectionClosedError``. Idempotent. The subscription is left to the
+        connection's own close (no round trip to the server on the way out)."""
         self._closed = True
+        self._sub = None
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             if not waiter.done():
                 waiter.set_exception(nats.errors.ConnectionClosedError())
-        sub, self._sub = self._sub, None
-        if sub is not None and not self._nc.is_closed:
-            try:
-                await sub.unsubscribe()
-            except nats.errors.Error:
-                pass  # the connection is going away: its subscriptions go with it
 
     async def _start(self) -> None:
         async with self._starting:
