@@ -16,6 +16,9 @@ Contract (checked by ``tests/contract/test_broker_contract.py`` on every impleme
   delivered again, with ``delivery_count`` one higher. Delivery is at-least-once.
 * ``lag(subject, group)`` counts messages not yet acked by the group: waiting plus in flight. Acks may be sent
   without waiting for a confirmation (NATS), so lag reflects an ack within milliseconds rather than at once.
+* ``publish_many(messages)`` (optional: Kafka has it) publishes a list of ``Outgoing`` messages with ``publish``'s
+  guarantees, de-duplication and errors, in fewer broker round trips; ``producers.publish.publish_all`` uses it
+  where a broker has it.
 * ``emit``/``listen`` carry best-effort control events (heartbeats, idle announcements): no durability, no acks.
   Subjects use NATS wildcards in ``listen``: ``*`` one token, ``>`` the rest.
 """
@@ -24,7 +27,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message for ``publish_many``: what ``Broker.publish`` takes, as one value."""
+
+    subject: str
+    data: bytes
+    msg_id: str | None = None
+    headers: Mapping[str, str] | None = None
 
 
 @runtime_checkable

@@ -11,7 +11,8 @@ A consumer group is the ``group`` given to ``subscribe`` (``fleet-<model>`` for 
 Guarantees (the contract in ``fleet.brokers.base``, as Kafka can give it):
 
 * ``publish`` uses an idempotent producer with ``acks=all`` and returns once the record is written; the job id
-  (``msg_id``) is the record key and the other metadata rides in headers.
+  (``msg_id``) is the record key and the other metadata rides in headers. ``publish_many`` writes a list of
+  messages the same way, in record batches (``kafka_batches``): one produce future per batch of a partition.
 * De-duplication: Kafka's idempotent producer only removes its own retries. A republish of a ``msg_id`` that this
   broker object published within ``dedup_window_s`` is dropped before it is sent; a copy that still reaches the
   topic (published by another process) is dropped by the consumer that owns the partition when its record
@@ -38,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -48,6 +49,8 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.structs import OffsetAndMetadata
 
 from fleet import constants as c
+from fleet.brokers.base import Outgoing
+from fleet.brokers.kafka_batches import KeyPartitioner, Record, send_batches
 from fleet.brokers.kafka_events import EVENTS_TOPIC, KafkaEventStream
 from fleet.brokers.kafka_names import bootstrap_servers, start_client, stop_client, stopping_clients, topic_for
 from fleet.brokers.kafka_subscription import KafkaSubscription
@@ -169,6 +172,7 @@ class KafkaBroker:
             producer = AIOKafkaProducer(
                 enable_idempotence=True,
                 acks="all",
+                partitioner=KeyPartitioner(),
                 max_request_size=self.settings.max_message_bytes + HEADROOM_BYTES,
                 **self._client_options("producer"),
             )
@@ -365,14 +369,103 @@ class KafkaBroker:
         producer = self._producer
         if producer is None:
             raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
-        encoded = [(k, v.encode()) for k, v in (headers or {}).items()]
         try:
-            sent = await producer.send(topic, data, key=key.encode() if key else None, headers=encoded)
+            sent = await producer.send(topic, data, key=key.encode() if key else None, headers=_encoded(headers))
             await sent
-        except (KafkaConnectionError, KafkaTimeoutError) as exc:
-            raise BrokerUnavailable(f"Kafka at {self.url} did not take the record on {topic!r}: {exc!r}") from exc
         except KafkaError as exc:
-            raise PublishFailed(f"Kafka at {self.url} refused the record on {topic!r}: {exc!r}") from exc
+            raise self._publish_error(topic, exc) from exc
+
+    def _publish_error(self, topic: str, exc: Exception) -> Exception:
+        """Fleet's error for a record Kafka did not take: unreachable (retriable) or refused."""
+        if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
+            return BrokerUnavailable(f"Kafka at {self.url} did not take the record on {topic!r}: {exc!r}")
+        if isinstance(exc, KafkaError):
+            return PublishFailed(f"Kafka at {self.url} refused the record on {topic!r}: {exc!r}")
+        return exc
+
+    async def publish_many(self, messages: Sequence[Outgoing]) -> None:
+        """Publish each message as ``publish`` does (the same records, de-duplication and errors), in record batches.
+
+        Returns once every message is written with ``acks=all``. Nothing is sent when a message is too large
+        (``PayloadTooLarge``); otherwise every message is tried and the first error is raised at the end: messages
+        written before it stay written, and publishing the same ids again is de-duplicated.
+        """
+        for message in messages:
+            if len(message.data) > self.settings.max_message_bytes:
+                raise PayloadTooLarge(len(message.data), self.settings.max_message_bytes, what="message")
+        producer = self._producer
+        if producer is None:
+            raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
+        by_topic, shared, mine = await self._claim(messages)
+        failures: list[Exception] = []
+        interrupted: BaseException | None = None
+        try:
+            for topic, batch in by_topic.items():
+                records = [Record(m.msg_id.encode() if m.msg_id else None, m.data, _encoded(m.headers)) for m in batch]
+                outcomes = await send_batches(producer, topic, records)
+                now = time.monotonic()
+                for message, outcome in zip(batch, outcomes, strict=True):
+                    error = None if outcome is None else self._publish_error(topic, outcome)
+                    if error is not None:
+                        failures.append(error)
+                    if message.msg_id is not None:
+                        if error is None:
+                            self._recent.add(message.msg_id, now)
+                        mine.discard(message.msg_id)
+                        _settle_waiters(self._publishing.pop(message.msg_id) or [], error)
+        except BaseException as exc:
+            interrupted = exc
+            raise
+        finally:  # cancelled or failed before every outcome was known: the ids still claimed share that
+            for msg_id in mine:
+                _settle_waiters(self._publishing.pop(msg_id, None) or [], interrupted)
+        for msg_id in shared:
+            try:
+                await self._outcome_of(msg_id)
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    async def _claim(self, messages: Sequence[Outgoing]) -> tuple[dict[str, list[Outgoing]], list[str], set[str]]:
+        """Sort ``messages`` into what to send per topic, dropping ids published within the window or earlier in
+        the list: returns (messages per topic, ids another publish is sending now, ids claimed for this one)."""
+        by_topic: dict[str, list[Outgoing]] = {}
+        shared: list[str] = []
+        mine: set[str] = set()
+        now = time.monotonic()
+        try:
+            for message in messages:
+                topic = self._topic_names.get(message.subject) or self._topic_name(message.subject)
+                if topic not in self._topics:
+                    await self._ensure_topic(topic)
+                self._sort(message, topic, now, by_topic, shared, mine)
+        except BaseException as exc:  # nothing was sent: publishes that joined a claimed id meanwhile share the error
+            for msg_id in mine:
+                _settle_waiters(self._publishing.pop(msg_id, None) or [], exc)
+            raise
+        return by_topic, shared, mine
+
+    def _sort(
+        self,
+        message: Outgoing,
+        topic: str,
+        now: float,
+        by_topic: dict[str, list[Outgoing]],
+        shared: list[str],
+        mine: set[str],
+    ) -> None:
+        msg_id = message.msg_id
+        if msg_id is not None:
+            if msg_id in mine or self._recent.seen(msg_id, now):
+                return
+            if msg_id in self._publishing:
+                if msg_id not in shared:
+                    shared.append(msg_id)
+                return
+            mine.add(msg_id)
+            self._publishing[msg_id] = None
+        by_topic.setdefault(topic, []).append(message)
 
     # -- consume ----------------------------------------------------------------------------------------------
 
@@ -513,6 +606,10 @@ class KafkaBroker:
             await stream.close()
             raise
         return stream
+
+
+def _encoded(headers: Mapping[str, str] | None) -> list[tuple[str, bytes]]:
+    return [(k, v.encode()) for k, v in (headers or {}).items()]
 
 
 def _settle_waiters(waiters: list[asyncio.Future[None]], outcome: BaseException | None) -> None:
