@@ -55,6 +55,14 @@ async def drain(sub: KafkaSubscription, at_least: int, settle_s: float = 0.5) ->
     return got
 
 
+async def model_on(make_broker: BrokerFactory, unique: str, **overrides: object) -> tuple[KafkaBroker, str]:
+    """A broker with a fresh model's topics created, and the model's request subject."""
+    broker = await make_broker(**overrides)
+    model = f"k{unique}"
+    await broker.ensure_model(model)
+    return broker, c.request_subject(model)
+
+
 def outgoing(subject: str, ids: list[str]) -> list[Outgoing]:
     return [Outgoing(subject, f"body of {i}".encode(), i, {c.HEADER_JOB_ID: i, "n": str(n)}) for n, i in enumerate(ids)]
 
@@ -82,13 +90,10 @@ def test_keyed_records_go_where_aiokafkas_default_partitioner_puts_them(key: byt
 async def test_publish_many_writes_each_message_once_with_its_key_headers_and_partition(
     make_broker: BrokerFactory, unique: str
 ) -> None:
-    broker = await make_broker(kafka_partitions=4)
-    model = f"k{unique}"
-    await broker.ensure_model(model)
-    subject = c.request_subject(model)
+    broker, subject = await model_on(make_broker, unique, kafka_partitions=4)
     ids = [f"job-{unique}-{i}" for i in range(700)]  # several record batches on each of the 4 partitions
     await broker.publish_many(outgoing(subject, ids))
-    sub = await broker.subscribe(subject, c.consumer_name(model))
+    sub = await broker.subscribe(subject, "g")
     got = await drain(sub, len(ids))
     assert sorted(d.msg_id or "" for d in got) == sorted(ids)
     by_id = {d.msg_id: d for d in got}
@@ -107,10 +112,7 @@ async def test_publish_many_writes_each_message_once_with_its_key_headers_and_pa
 async def test_publish_many_drops_ids_repeated_in_the_list_or_published_in_the_window(
     make_broker: BrokerFactory, unique: str
 ) -> None:
-    broker = await make_broker(kafka_partitions=2)
-    model = f"k{unique}"
-    await broker.ensure_model(model)
-    subject = c.request_subject(model)
+    broker, subject = await model_on(make_broker, unique, kafka_partitions=2)
     await broker.publish(subject, b"first", msg_id="a")
     await broker.publish_many(outgoing(subject, ["a", "b", "b", "c"]))
     await broker.publish_many(outgoing(subject, ["c", "d"]))
@@ -125,10 +127,7 @@ async def test_publish_many_drops_ids_repeated_in_the_list_or_published_in_the_w
 async def test_a_single_publish_of_an_id_in_flight_in_publish_many_shares_its_outcome(
     make_broker: BrokerFactory, unique: str
 ) -> None:
-    broker = await make_broker(kafka_partitions=2)
-    model = f"k{unique}"
-    await broker.ensure_model(model)
-    subject = c.request_subject(model)
+    broker, subject = await model_on(make_broker, unique, kafka_partitions=2)
     ids = [f"j{i}" for i in range(300)]
     many = asyncio.create_task(broker.publish_many(outgoing(subject, ids)))
     await asyncio.sleep(0)  # publish_many has claimed its ids
@@ -141,10 +140,7 @@ async def test_a_single_publish_of_an_id_in_flight_in_publish_many_shares_its_ou
 
 
 async def test_a_message_larger_than_a_record_batch_is_sent_on_its_own(make_broker: BrokerFactory, unique: str) -> None:
-    broker = await make_broker(kafka_partitions=1, max_message_bytes=200_000)
-    model = f"k{unique}"
-    await broker.ensure_model(model)
-    subject = c.request_subject(model)
+    broker, subject = await model_on(make_broker, unique, kafka_partitions=1, max_message_bytes=200_000)
     big = Outgoing(subject, b"x" * 100_000, "big")  # past the producer's 16 KB batch size
     await broker.publish_many([*outgoing(subject, ["s1", "s2"]), big, *outgoing(subject, ["s3"])])
     sub = await broker.subscribe(subject, "g")
@@ -157,10 +153,7 @@ async def test_a_message_larger_than_a_record_batch_is_sent_on_its_own(make_brok
 async def test_an_oversized_message_fails_the_call_before_anything_is_sent(
     make_broker: BrokerFactory, unique: str
 ) -> None:
-    broker = await make_broker(kafka_partitions=1, max_message_bytes=2048)
-    model = f"k{unique}"
-    await broker.ensure_model(model)
-    subject = c.request_subject(model)
+    broker, subject = await model_on(make_broker, unique, kafka_partitions=1, max_message_bytes=2048)
     with pytest.raises(PayloadTooLarge, match="over the limit of 2048"):
         await broker.publish_many([*outgoing(subject, ["ok"]), Outgoing(subject, b"x" * 2049, "big")])
     assert await broker.lag(subject, "g") == 0
