@@ -4,7 +4,9 @@ Kafka broker, and the key hash that must place a job id where every Java-compati
 from __future__ import annotations
 
 import asyncio
+import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
 
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from fleet import constants as c
 from fleet.brokers.base import Outgoing
 from fleet.brokers.kafka import KafkaBroker
-from fleet.brokers.kafka_batches import KeyPartitioner, Record, murmur2, partition_of, send_batches
+from fleet.brokers.kafka_batches import KeyPartitioner, Record, murmur2, murmur2_many, partition_of, send_batches
 from fleet.brokers.kafka_subscription import KafkaDelivery, KafkaSubscription
 from fleet.errors import BrokerUnavailable, PayloadTooLarge
 from fleet.settings import FleetSettings
@@ -74,6 +76,20 @@ def outgoing(subject: str, ids: list[str]) -> list[Outgoing]:
 @given(st.binary(max_size=300))
 def test_murmur2_is_the_java_clients_hash_bit_for_bit(data: bytes) -> None:
     assert murmur2(data) == aiokafka_murmur2(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=40), st.sampled_from([b"a" * 32, b"b" * 32, b"abcdefg"])), max_size=40))
+def test_hashing_many_keys_at_once_gives_each_keys_hash(keys: list[bytes]) -> None:
+    keys += [uuid.uuid4().hex.encode() for _ in range(len(keys) % 20)]  # a run of one length: the numpy path
+    assert murmur2_many(keys) == [aiokafka_murmur2(key) for key in keys]
+
+
+def test_hashing_runs_of_every_tail_length_at_once_gives_each_keys_hash() -> None:
+    rng = random.Random(14)
+    keys = [rng.randbytes(length) for length in range(14) for _ in range(12)]  # numpy runs, tails of 0-3 bytes
+    rng.shuffle(keys)
+    assert murmur2_many(keys) == [aiokafka_murmur2(key) for key in keys]
 
 
 @settings(max_examples=200, deadline=None)

@@ -19,11 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from aiokafka import AIOKafkaProducer
 
 SEED = 0x9747B28C
 MIX = 0x5BD1E995
 MASK = 0xFFFFFFFF
+VECTOR_MIN_KEYS = 8  # keys of one length hashed together with numpy from this many on
 _words: dict[int, Callable[[bytes], tuple[int, ...]]] = {}  # word count -> struct unpacker of that many words
 
 
@@ -50,6 +52,48 @@ def murmur2(data: bytes) -> int:
     h ^= h >> 13
     h = (h * MIX) & MASK
     return h ^ (h >> 15)
+
+
+def murmur2_many(keys: Sequence[bytes]) -> list[int]:
+    """``[murmur2(key) for key in keys]``, the keys of one length hashed together as numpy columns (job ids mostly
+    share one length): about a quarter of the time a key for a batch of 128."""
+    out = [0] * len(keys)
+    by_length: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_length.setdefault(len(key), []).append(i)
+    for length, idx in by_length.items():
+        if len(idx) < VECTOR_MIN_KEYS:
+            for i in idx:
+                out[i] = murmur2(keys[i])
+            continue
+        for i, value in zip(idx, _murmur2_rows(b"".join([keys[i] for i in idx]), len(idx), length), strict=True):
+            out[i] = value
+    return out
+
+
+def _murmur2_rows(joined: bytes, rows: int, length: int) -> list[int]:
+    """murmur2 of each of ``rows`` keys of ``length`` bytes laid end to end in ``joined``; the steps of ``murmur2``
+    on uint64 columns (a 32-bit value times MIX stays under 2**63)."""
+    data: Any = np.frombuffer(joined, dtype=np.uint8).reshape(rows, length)
+    count = length >> 2
+    words: Any = np.ascontiguousarray(data[:, : count * 4]).view("<u4").astype(np.uint64)
+    h: Any = np.full(rows, SEED ^ length, dtype=np.uint64)
+    for j in range(count):
+        k = (words[:, j] * MIX) & MASK
+        k = ((k ^ (k >> 24)) * MIX) & MASK
+        h = ((h * MIX) & MASK) ^ k
+    tail = length & 3
+    if tail:
+        base = length - tail
+        if tail == 3:
+            h ^= data[:, base + 2].astype(np.uint64) << 16
+        if tail >= 2:
+            h ^= data[:, base + 1].astype(np.uint64) << 8
+        h = ((h ^ data[:, base]) * MIX) & MASK
+    h ^= h >> 13
+    h = (h * MIX) & MASK
+    h ^= h >> 15
+    return list(h.tolist())
 
 
 def partition_of(key: bytes | None, partitions: Sequence[int]) -> int:
@@ -83,9 +127,14 @@ async def send_batches(producer: AIOKafkaProducer, topic: str, records: Sequence
     batch. A record too large for a batch of its own goes alone through ``producer.send``. Cancelling cancels the
     waiting, not batches already handed to the producer."""
     partitions = sorted(await producer.partitions_for(topic))
+    hashes = iter(murmur2_many([record.key for record in records if record.key is not None]))
     placed: dict[int, list[int]] = {}
-    for i, record in enumerate(records):
-        placed.setdefault(partition_of(record.key, partitions), []).append(i)
+    for i, record in enumerate(records):  # in list order, which each partition keeps
+        if record.key is None:
+            partition = random.choice(partitions)
+        else:
+            partition = partitions[(next(hashes) & 0x7FFFFFFF) % len(partitions)]
+        placed.setdefault(partition, []).append(i)
     outcomes: list[Exception | None] = [None] * len(records)
     await asyncio.gather(*(_send_partition(producer, topic, p, records, idx, outcomes) for p, idx in placed.items()))
     return outcomes
