@@ -3,9 +3,11 @@
 ``admit`` (while the previous batch computes) parses every message on its own (``consumers.requests``: a body
 that breaks a parser is one invalid message, never a failed batch), reads the batch's records in one round trip and
 settles at once what must not run: invalid or poison messages, jobs that already ended (a redelivery, a cancel),
-jobs whose deadline passed, and jobs that started ``max_deliveries`` runs without finishing one. A DAG step's first
-delivery is not read: the runner publishes it without a record, and the start's compare-and-set finds one that
-exists after all (a cancel, a duplicate), so a chain of steps costs one store round trip less per step. ``start`` (when
+jobs whose deadline passed, and jobs that started ``max_deliveries`` runs without finishing one. The first delivery
+of a job published without a record is not read: a DAG step (the runner makes none) and a request whose producer
+says so (header ``fleet-record: none``: ``fleet publish``, ``publish_all``). The start's compare-and-set finds a
+record that exists after all (a cancel, a duplicate, a re-publish of a finished job), so such a batch costs one
+store round trip less. ``start`` (when
 the batch is about to go to the device) checks the deadlines again and moves the jobs to ``running``: a job is
 ``running`` only while it computes, and one that waits in the worker past its deadline ends ``expired``.
 
@@ -24,6 +26,7 @@ from consumers.acks import exhausted, poisoned
 from consumers.requests import Job, parse_delivery
 from consumers.settle import Settler, runs_allowed
 from fleet.brokers.base import Delivery
+from fleet.constants import HEADER_RECORD, RECORD_NONE
 from fleet.errors import StoreError
 from fleet.store.base import Start
 from schemas.jobs import JobError, JobRecord
@@ -35,6 +38,13 @@ log = logging.getLogger(__name__)
 def _tenant(job: Job) -> str | None:
     """The tenant the request message names (None: the default tenant, or no valid request)."""
     return job.request.tenant if job.request is not None else None
+
+
+def _unrecorded(job: Job) -> bool:
+    """Whether the job was published without a record: a DAG step, or a producer's ``fleet-record: none``."""
+    if job.request is None:
+        return False
+    return job.request.dag is not None or job.delivery.headers.get(HEADER_RECORD) == RECORD_NONE
 
 
 class Admission:
@@ -98,8 +108,8 @@ class Admission:
 
     async def _check_records(self, jobs: list[Job], rejected: list[tuple[Job, JobError]]) -> list[Job]:
         settler = self.settler
-        for job in jobs:  # a DAG step's first delivery has no record yet: its start's compare-and-set checks that
-            job.unread = job.delivery.delivery_count == 1 and job.request is not None and job.request.dag is not None
+        for job in jobs:  # a first delivery published without a record: its start's compare-and-set checks that
+            job.unread = job.delivery.delivery_count == 1 and _unrecorded(job)
         unread = [job for job in jobs if job.unread]
         jobs = [job for job in jobs if not job.unread]
         records: list[JobRecord | None] = []

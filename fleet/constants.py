@@ -34,6 +34,10 @@ HEADER_DELIVERIES = "fleet-deliveries"
 HEADER_DISPATCHER = "fleet-dispatcher"  # on an inbox message: the dispatcher that assigned it
 HEADER_CACHE_CONTROL = "X-Cache-Control"  # on POST /v1/jobs: 'bypass' skips the result caches
 HEADER_TOKEN = "fleet-idle-token"  # on an inbox message: the worker's idle token it used, when it used one
+# On a request: what its producer knows of its record. RECORD_NONE (``fleet publish``, ``publish_all``): the producer
+# made none, so the worker's start creates it without reading first (a copy finds the record all the same).
+HEADER_RECORD = "fleet-record"
+RECORD_NONE = "none"
 
 
 # Priority levels, highest first. Each has its own request subject (topic on Kafka) and group, so that a worker can

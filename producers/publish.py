@@ -213,4 +213,5 @@ def _outgoing(message: RequestMessage) -> Outgoing:
 
 
 def _headers(message: RequestMessage) -> dict[str, str]:
-    return {c.HEADER_JOB_ID: message.job_id, c.HEADER_MODEL: message.model}
+    # No record is made here: the header tells the worker not to read one at its first delivery (it creates it).
+    return {c.HEADER_JOB_ID: message.job_id, c.HEADER_MODEL: message.model, c.HEADER_RECORD: c.RECORD_NONE}
