@@ -10,7 +10,11 @@ The raw loops are the honest equivalent of what the fleet asks of each broker:
   member that commits once per fetched batch, on a topic with as many partitions as Fleet's request topic.
 
 Both sides run in this one process, on the same server, with the same payloads, batch size and number of publishes
-in flight; the fleet side also moves every job to running and writes its result to Redis before acking. A single
+in flight; the fleet side also moves every job to running and writes its result to Redis before acking. The fleet
+side publishes with ``publish_all``, as ``fleet publish`` does: on Kafka that hands the same records to the same
+idempotent ``acks=all`` producer in record batches (``KafkaBroker.publish_many``), and on NATS it awaits each
+PubAck through one reply subscription (``fleet.brokers.nats_pubacks``). Each side runs once uncounted first
+(``--warmups``), then the sides alternate who goes first in each of ``--repeats`` rounds. A single
 fleet run with the in-memory store shows what the broker path alone reaches (the gap to (a) is the Redis store).
 Services come from FLEET_BENCH_{NATS,KAFKA,REDIS}_URL or are started locally as in the tests.
 """
@@ -152,6 +156,10 @@ async def fleet_echo(settings: FleetSettings, n: int, concurrency: int) -> tuple
     return n / t.seconds, settings
 
 
+async def fleet_rate(settings: FleetSettings, n: int, concurrency: int) -> float:
+    return (await fleet_echo(settings, n, concurrency))[0]
+
+
 async def latency_at(settings: FleetSettings, rate_per_s: float, duration_s: float) -> dict[str, Any]:
     """Poisson arrivals at ``rate_per_s``; end-to-end latency from the publish call to the stored result."""
     broker, store = make_broker(settings), make_store(settings)
@@ -190,17 +198,25 @@ async def latency_at(settings: FleetSettings, rate_per_s: float, duration_s: flo
 
 
 async def compare(kind: str, urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    """(a) and (d) on one broker: interleaved raw and fleet runs (best of each), then latency at 70 % of (a)."""
+    """(a) and (d) on one broker: interleaved raw and fleet runs, the order alternating (best and median of each),
+    then latency at 70 % of (a)."""
     settings = FleetSettings(
         broker_url=urls[kind], store_url=urls["redis"], max_batch=args.batch, max_wait_ms=args.max_wait_ms
     )
     for _ in range(args.warmups):  # both sides once, uncounted: the broker's JVM (Kafka) compiles its hot paths
         await raw_loop(kind, settings, args.messages, args.batch, args.concurrency)
         await fleet_echo(settings, args.messages, args.concurrency)
-    raw_runs, fleet_runs = [], []
-    for _ in range(args.repeats):
-        raw_runs.append(await raw_loop(kind, settings, args.messages, args.batch, args.concurrency))
-        fleet_runs.append((await fleet_echo(settings, args.messages, args.concurrency))[0])
+    raw_runs: list[float] = []
+    fleet_runs: list[float] = []
+    for repeat in range(args.repeats):
+        order = [
+            (raw_runs, lambda: raw_loop(kind, settings, args.messages, args.batch, args.concurrency)),
+            (fleet_runs, lambda: fleet_rate(settings, args.messages, args.concurrency)),
+        ]
+        if repeat % 2:  # alternate who goes first: a server slowing down over the run weighs on both sides alike
+            order.reverse()
+        for runs, side in order:
+            runs.append(await side())
     in_memory = settings.model_copy(update={"store_url": "memory://"})
     broker_path = (await fleet_echo(in_memory, args.messages, args.concurrency))[0]
     raw, fleet = best_of(raw_runs), best_of(fleet_runs)
