@@ -13,7 +13,8 @@ two sides alternates from round to round; the best round of each is kept):
   job TTL, no transaction), and returns; FastStream then acks the batch. That is all: no running state, no
   duplicate or cancel check, no attempt count, no dead letters, no completion notice, no heartbeats.
 * **fleet**: one in-process ``Worker`` for ``echo`` (``fleet worker --model echo`` minus the process), batch 64,
-  every guarantee on: admission (parse, validate, read the records), the compare-and-set to ``running``, the
+  every guarantee on: admission (parse, validate; the requests come from ``publish_all``, which says they have no
+  record, so none is read first), the compare-and-set to ``running`` (it finds a record that exists after all), the
   terminal compare-and-set with its completion notice, acks only once the result is stored, dead letters.
 
 Each round times the drain from the moment the side starts consuming until the last result is in Redis (the peer:
