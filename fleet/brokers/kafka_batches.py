@@ -156,13 +156,13 @@ async def _send_partition(
     try:
         for position, i in enumerate(indices):  # noqa: B007 - position names what was not handed over on an error
             record = records[i]
-            if batch.append(key=record.key, value=record.value, timestamp=None, headers=record.headers) is not None:
+            if _append(batch, record):
                 members.append(i)
                 continue
             if members:  # full: send it and start the next batch with this record
                 sent.append((members, await producer.send_batch(batch, topic, partition=partition)))
                 members, batch = [], producer.create_batch()
-                if batch.append(key=record.key, value=record.value, timestamp=None, headers=record.headers):
+                if _append(batch, record):
                     members.append(i)
                     continue
             # larger than a batch: the producer sends it as a request of its own (up to max_request_size)
@@ -180,3 +180,8 @@ async def _send_partition(
         except Exception as exc:
             for i in batch_members:
                 outcomes[i] = exc
+
+
+def _append(batch: Any, record: Record) -> bool:
+    """Add ``record`` to an aiokafka ``BatchBuilder``; False when it does not fit."""
+    return batch.append(key=record.key, value=record.value, timestamp=None, headers=record.headers) is not None
