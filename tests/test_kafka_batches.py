@@ -25,6 +25,7 @@ from fleet.errors import BrokerUnavailable, PayloadTooLarge
 from fleet.settings import FleetSettings
 from producers.publish import publish_all
 from schemas.wire import RequestMessage
+from tests.aof_redis import restartable
 
 BrokerFactory = Callable[..., Awaitable[KafkaBroker]]
 
@@ -191,10 +192,10 @@ async def test_records_a_closed_producer_did_not_take_are_reported_failed(kafka_
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
     await producer.start()
     records = [Record(f"r{i}".encode(), b"v", []) for i in range(10)]
-    assert await send_batches(producer, topic, records) == [None] * 10
+    assert await send_batches(producer, topic, records, timeout_s=10) == [None] * 10
     await producer.partitions_for(topic)
     await producer.stop()
-    outcomes = await send_batches(producer, topic, records)
+    outcomes = await send_batches(producer, topic, records, timeout_s=10)
     assert len(outcomes) == 10 and all(isinstance(o, Exception) for o in outcomes)
     await admin.delete_topics([topic])
     await admin.close()
@@ -222,3 +223,35 @@ async def test_publish_all_on_kafka_publishes_in_slices_and_reports_each_message
     assert sorted(RequestMessage.model_validate_json(d.data).job_id for d in got) == sorted(ids)
     assert all(d.headers[c.HEADER_JOB_ID] == d.msg_id for d in got)
     await sub.close()
+
+
+@pytest.mark.timeout(300)
+async def test_publish_many_through_a_kafka_kill_and_restart_says_so_in_time_and_loses_nothing(unique: str) -> None:
+    with restartable("kafka") as server:
+        settings = FleetSettings.model_validate({"broker_url": server.url, "kafka_partitions": 2})
+        broker = KafkaBroker(server.url, settings=settings, request_timeout_ms=3000, heartbeat_interval_ms=200)
+        await broker.connect()
+        try:
+            model = f"k{unique}"
+            await broker.ensure_model(model)
+            subject = c.request_subject(model)
+            ids = [f"job-{i}" for i in range(1000)]
+            await broker.publish_many(outgoing(subject, ids[:500]))
+            server.kill()
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailable, match="did not acknowledge"):  # aiokafka alone would wait it out
+                await asyncio.wait_for(broker.publish_many(outgoing(subject, ids[500:])), 60)
+            with pytest.raises(BrokerUnavailable, match="did not acknowledge"):
+                await asyncio.wait_for(broker.publish(subject, b"one", msg_id="single"), 60)
+            assert time.monotonic() - started < 20, "each publish said it failed within about its 3 s timeout"
+            server.start()
+            # The same list again, as a re-run of `fleet publish` would: what Kafka acknowledged is not sent again,
+            # and what it may have written without acknowledging is dropped by the partition's consumer.
+            await broker.publish_many(outgoing(subject, ids))
+            assert await broker.lag(subject, "g") >= len(ids), "no record lost"
+            sub = await broker.subscribe(subject, "g")
+            got = await drain(sub, len(ids) + 1)
+            assert sorted(d.msg_id or "" for d in got) == sorted([*ids, "single"])
+            await sub.close()
+        finally:
+            await broker.close()

@@ -371,13 +371,18 @@ class KafkaBroker:
             raise BrokerUnavailable(f"Kafka broker {self.url} is not connected: call connect() first")
         try:
             sent = await producer.send(topic, data, key=key.encode() if key else None, headers=_encoded(headers))
-            await sent
+            await _acknowledged(sent, self._request_timeout_ms / 1000)
         except KafkaError as exc:
             raise self._publish_error(topic, exc) from exc
 
     def _publish_error(self, topic: str, exc: Exception) -> Exception:
         """Fleet's error for a record Kafka did not take: unreachable (retriable) or refused."""
-        if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
+        if isinstance(exc, KafkaTimeoutError):
+            return BrokerUnavailable(
+                f"Kafka at {self.url} did not acknowledge the record on {topic!r} ({exc}): it may or may not be "
+                "written; publishing it again with the same id is safe"
+            )
+        if isinstance(exc, KafkaConnectionError):
             return BrokerUnavailable(f"Kafka at {self.url} did not take the record on {topic!r}: {exc!r}")
         if isinstance(exc, KafkaError):
             return PublishFailed(f"Kafka at {self.url} refused the record on {topic!r}: {exc!r}")
@@ -402,7 +407,7 @@ class KafkaBroker:
         try:
             for topic, batch in by_topic.items():
                 records = [Record(m.msg_id.encode() if m.msg_id else None, m.data, _encoded(m.headers)) for m in batch]
-                outcomes = await send_batches(producer, topic, records)
+                outcomes = await send_batches(producer, topic, records, timeout_s=self._request_timeout_ms / 1000)
                 now = time.monotonic()
                 for message, outcome in zip(batch, outcomes, strict=True):
                     error = None if outcome is None else self._publish_error(topic, outcome)
@@ -606,6 +611,15 @@ class KafkaBroker:
             await stream.close()
             raise
         return stream
+
+
+async def _acknowledged(sent: asyncio.Future[Any], timeout_s: float) -> None:
+    """Wait for a record's acknowledgement at most ``timeout_s``: aiokafka retries a record for as long as its
+    partition's leader is known (a whole outage of a one-broker cluster), and a publish must say it failed."""
+    done, _ = await asyncio.wait({sent}, timeout=timeout_s)  # the future is not cancelled: it may still succeed
+    if not done:
+        raise KafkaTimeoutError(f"no acknowledgement within {timeout_s:g}s")
+    sent.result()
 
 
 def _encoded(headers: Mapping[str, str] | None) -> list[tuple[str, bytes]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaTimeoutError
 
 SEED = 0x9747B28C
 MIX = 0x5BD1E995
@@ -121,10 +122,13 @@ class Record:
     headers: list[tuple[str, bytes]]
 
 
-async def send_batches(producer: AIOKafkaProducer, topic: str, records: Sequence[Record]) -> list[Exception | None]:
+async def send_batches(
+    producer: AIOKafkaProducer, topic: str, records: Sequence[Record], *, timeout_s: float
+) -> list[Exception | None]:
     """Write ``records`` to ``topic``, each on its key's partition, in record batches; wait until every batch is
-    written (or failed) and return each record's outcome in order: ``None`` once written, else the error of its
-    batch. A record too large for a batch of its own goes alone through ``producer.send``. Cancelling cancels the
+    written or failed, at most ``timeout_s``, and return each record's outcome in order: ``None`` once written, else
+    the error of its batch (``KafkaTimeoutError`` when unacknowledged in time: written or not, as a timed-out publish
+    on NATS). A record too large for a batch of its own goes alone through ``producer.send``. Cancelling cancels the
     waiting, not batches already handed to the producer."""
     partitions = sorted(await producer.partitions_for(topic))
     hashes = iter(murmur2_many([record.key for record in records if record.key is not None]))
@@ -136,20 +140,26 @@ async def send_batches(producer: AIOKafkaProducer, topic: str, records: Sequence
             partition = partitions[(next(hashes) & 0x7FFFFFFF) % len(partitions)]
         placed.setdefault(partition, []).append(i)
     outcomes: list[Exception | None] = [None] * len(records)
-    await asyncio.gather(*(_send_partition(producer, topic, p, records, idx, outcomes) for p, idx in placed.items()))
+    parts = [_hand_over(producer, topic, p, records, idx, outcomes) for p, idx in placed.items()]
+    handed = await asyncio.gather(*parts)
+    await _await_acks([sent for part in handed for sent in part], outcomes, timeout_s)
     return outcomes
 
 
-async def _send_partition(
+Sent = tuple[list[int], "asyncio.Future[Any]"]  # the indices of a batch's records, and the batch's future
+
+
+async def _hand_over(
     producer: AIOKafkaProducer,
     topic: str,
     partition: int,
     records: Sequence[Record],
     indices: list[int],
     outcomes: list[Exception | None],
-) -> None:
-    """Batch the records at ``indices`` (all of ``partition``) in order and record each one's outcome."""
-    sent: list[tuple[list[int], asyncio.Future[Any]]] = []
+) -> list[Sent]:
+    """Batch the records at ``indices`` (all of ``partition``) in order and hand the batches to the producer; the
+    records it did not take get their error in ``outcomes``."""
+    sent: list[Sent] = []
     members: list[int] = []
     batch = producer.create_batch()
     position = 0
@@ -174,12 +184,23 @@ async def _send_partition(
     except Exception as exc:  # not handed over (producer closed, queue full past the timeout): these failed
         for i in [*members, *indices[position:]]:
             outcomes[i] = exc
-    for batch_members, future in sent:
-        try:
-            await future
-        except Exception as exc:
-            for i in batch_members:
-                outcomes[i] = exc
+    return sent
+
+
+async def _await_acks(sent: list[Sent], outcomes: list[Exception | None], timeout_s: float) -> None:
+    """Wait for the batches' acknowledgements, at most ``timeout_s`` (aiokafka itself retries a batch for as long
+    as its partition's leader is known, a whole outage of a one-broker cluster), and record each one's outcome."""
+    if not sent:
+        return
+    await asyncio.wait({future for _, future in sent}, timeout=timeout_s)  # the futures are not cancelled
+    for members, future in sent:
+        if not future.done() or future.cancelled():
+            error: BaseException | None = KafkaTimeoutError(f"no acknowledgement within {timeout_s:g}s")
+        else:
+            error = future.exception()
+        if error is not None:
+            for i in members:
+                outcomes[i] = error if isinstance(error, Exception) else KafkaTimeoutError(repr(error))
 
 
 def _append(batch: Any, record: Record) -> bool:
