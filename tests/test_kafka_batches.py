@@ -255,3 +255,46 @@ async def test_publish_many_through_a_kafka_kill_and_restart_says_so_in_time_and
             await sub.close()
         finally:
             await broker.close()
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["normal", "high", "low"]),
+            st.one_of(st.none(), st.sampled_from(["a", "b", "job-1", "ré.7", "x:y"]), st.text(min_size=1, max_size=6)),
+            st.binary(max_size=300),
+        ),
+        max_size=60,
+    )
+)
+async def test_generated_lists_land_once_per_id_on_their_own_topics(
+    kafka_url: str, published: list[tuple[str, str | None, bytes]]
+) -> None:
+    """Any mix of levels (topics), repeated ids, messages without an id and bodies: each id lands once, on the topic
+    of its first message, with that message's body; each message without an id lands once."""
+    settings = FleetSettings.model_validate({"broker_url": kafka_url, "kafka_partitions": 3})
+    broker = KafkaBroker(kafka_url, settings=settings)
+    await broker.connect()
+    try:
+        model = f"g{uuid.uuid4().hex[:10]}"
+        await broker.ensure_model(model)
+        messages = [Outgoing(c.request_subject(model, level), body, msg_id) for level, msg_id, body in published]
+        await broker.publish_many(messages)
+        expected: dict[str, list[bytes]] = {}
+        first: set[str] = set()
+        for message in messages:
+            if message.msg_id is None or message.msg_id not in first:
+                expected.setdefault(message.subject, []).append(message.data)
+                if message.msg_id is not None:
+                    first.add(message.msg_id)
+        for level in c.PRIORITIES:
+            subject = c.request_subject(model, level)
+            want = sorted(expected.get(subject, []))
+            assert await broker.lag(subject, "g") == len(want)
+            if want:
+                sub = await broker.subscribe(subject, "g")
+                assert sorted(d.data for d in await drain(sub, len(want), settle_s=0.2)) == want
+                await sub.close()
+    finally:
+        await broker.close()
