@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.aof_redis import restartable
 from tests.infra import count_completions
 from tests.processes import fleet_process, stop, wait_http_ready
 from tests.services import free_port
@@ -29,31 +30,41 @@ def sleep_replicas(http: httpx.Client) -> dict[str, Any]:
 async def test_fleet_up_scales_out_on_a_burst_and_back_in_without_losing_a_job(
     kind: str, request: pytest.FixtureRequest, redis_url: str, tmp_path: Path
 ) -> None:
-    broker_url = request.getfixturevalue(f"{kind}_url")
+    with contextlib.ExitStack() as servers:
+        if kind == "nats":  # a server of its own: other tests' `sleep` requests on the shared one would be served first
+            broker_url = servers.enter_context(restartable("nats")).url
+        else:
+            broker_url = request.getfixturevalue("kafka_url")
+        await _scale_through_a_burst(broker_url, redis_url, tmp_path)
+
+
+async def _scale_through_a_burst(broker_url: str, redis_url: str, tmp_path: Path) -> None:
     counts: collections.Counter[str] = collections.Counter()
     ready = asyncio.Event()
     counter = asyncio.create_task(count_completions(redis_url, ready, counts))
-    await ready.wait()
-    port, log = free_port(), tmp_path / "up.log"
-    env = {
-        "FLEET_AUTOSCALE_INTERVAL_S": "0.5",
-        "FLEET_AUTOSCALE_MAX_REPLICAS": "3",
-        "FLEET_AUTOSCALE_STABILIZATION_S": "3",
-        # The burst is 15 s of work for one worker: with a 3 s drain target its backlog alone asks for more workers,
-        # however slowly a loaded machine lets the arrival rate be seen.
-        "FLEET_AUTOSCALE_TARGET_DRAIN_S": "3",
-        "FLEET_HEARTBEAT_INTERVAL_S": "0.5",
-        "FLEET_KAFKA_PARTITIONS": "3",
-    }
-    args = ("up", "--port", str(port), "--models", "sleep", "--broker", broker_url, "--store", redis_url)
-    with fleet_process(*args, env=env, log=log) as proc:
-        base = f"http://127.0.0.1:{port}"
-        await asyncio.to_thread(wait_http_ready, f"{base}/readyz", proc, log)
-        result = await asyncio.to_thread(_burst_and_watch, base)
-        assert await asyncio.to_thread(stop, proc) == 0, log.read_text()[-3000:]
-    counter.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await counter
+    try:
+        await ready.wait()
+        port, log = free_port(), tmp_path / "up.log"
+        env = {
+            "FLEET_AUTOSCALE_INTERVAL_S": "0.5",
+            "FLEET_AUTOSCALE_MAX_REPLICAS": "3",
+            "FLEET_AUTOSCALE_STABILIZATION_S": "3",
+            # The burst is 15 s of work for one worker: with a 3 s drain target its backlog alone asks for more workers,
+            # however slowly a loaded machine lets the arrival rate be seen.
+            "FLEET_AUTOSCALE_TARGET_DRAIN_S": "3",
+            "FLEET_HEARTBEAT_INTERVAL_S": "0.5",
+            "FLEET_KAFKA_PARTITIONS": "3",
+        }
+        args = ("up", "--port", str(port), "--models", "sleep", "--broker", broker_url, "--store", redis_url)
+        with fleet_process(*args, env=env, log=log) as proc:
+            base = f"http://127.0.0.1:{port}"
+            await asyncio.to_thread(wait_http_ready, f"{base}/readyz", proc, log)
+            result = await asyncio.to_thread(_burst_and_watch, base)
+            assert await asyncio.to_thread(stop, proc) == 0, log.read_text()[-3000:]
+    finally:  # also when the test fails: a task left pending fails the next test of this process
+        counter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await counter
     ids, states, peak, final = result
     assert states == ["succeeded"] * len(ids), log.read_text()[-3000:]
     assert {j: counts[j] for j in ids} == dict.fromkeys(ids, 1), "exactly one terminal result per job"
