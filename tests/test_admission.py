@@ -10,7 +10,7 @@ from fleet import constants as c
 from producers.publish import publish_all
 from schemas.jobs import JobRecord, JobState
 from schemas.wire import RequestMessage
-from tests.infra import eventually, request_bytes, wait_terminal
+from tests.infra import drain_subject, eventually, request_bytes, wait_terminal
 from tests.test_worker import infra, make_worker, settings  # noqa: F401  (fixtures: every broker/store pair)
 
 
@@ -117,3 +117,27 @@ async def test_a_job_with_a_queued_record_published_as_recordless_runs_once_from
 
 async def _lag_is_zero(broker: Any, model: str) -> bool:
     return await broker.lag(c.request_subject(model), c.consumer_name(model)) == 0
+
+
+async def test_odd_record_headers_and_garbage_bodies_claiming_no_record_change_nothing(infra, settings, unique) -> None:  # noqa: F811
+    """Only the exact value ``none`` skips the read; any other value is read as usual, and a body that is no
+    request is dead-lettered whatever the header claims."""
+    broker, store = infra
+    model = f"items-{unique}"
+    await broker.ensure_model(model)
+    subject = c.request_subject(model)
+    odd = ["NONE", "", "none-ish", "x" * 10_000, "nöne"]  # (NATS strips the spaces around a value)
+    ids = [f"{unique}-odd-{i}" for i in range(len(odd))]
+    for i, (job_id, value) in enumerate(zip(ids, odd, strict=True)):
+        headers = {c.HEADER_RECORD: value}
+        await broker.publish(subject, request_bytes(model, job_id, {"value": i}), msg_id=job_id, headers=headers)
+    garbage = [b"{", b'{"job_id": "' + unique.encode() + b'-g", "model": 7}', b"\xff\xfe", b"[" * 5000]
+    for n, body in enumerate(garbage):
+        await broker.publish(subject, body, msg_id=f"{unique}-g{n}", headers={c.HEADER_RECORD: c.RECORD_NONE})
+    read = reads_of(store)
+    async with make_worker(infra, settings, model, max_batch=16, max_wait_ms=20):
+        records = await wait_terminal(store, ids)
+        letters = await drain_subject(broker, c.dlq_subject(model), f"dlq-{unique}", timeout_s=10)
+    assert {r.state for r in records.values()} == {JobState.succeeded}
+    assert sorted(read) == sorted(ids), "every odd header value was read first, as without the header"
+    assert len(letters) == len(garbage), "each garbage body was dead-lettered"
