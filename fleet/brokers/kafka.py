@@ -13,6 +13,9 @@ Guarantees (the contract in ``fleet.brokers.base``, as Kafka can give it):
 * ``publish`` uses an idempotent producer with ``acks=all`` and returns once the record is written; the job id
   (``msg_id``) is the record key and the other metadata rides in headers. ``publish_many`` writes a list of
   messages the same way, in record batches (``kafka_batches``): one produce future per batch of a partition.
+  Both wait for the acknowledgement at most ``request_timeout_ms`` (aiokafka alone retries for as long as the
+  partition's leader is known, a whole outage of a one-broker cluster), then raise ``BrokerUnavailable``: the
+  record may or may not be written, and publishing the same id again is safe.
 * De-duplication: Kafka's idempotent producer only removes its own retries. A republish of a ``msg_id`` that this
   broker object published within ``dedup_window_s`` is dropped before it is sent; a copy that still reaches the
   topic (published by another process) is dropped by the consumer that owns the partition when its record
@@ -81,7 +84,8 @@ class KafkaBroker:
             de-duplication window and message size limit.
         session_timeout_ms, heartbeat_interval_ms: consumer-group liveness; a dead member's partitions move after
             the session timeout, a live member learns of a rebalance within a heartbeat.
-        request_timeout_ms: for every Kafka request; ``connect_timeout_s`` bounds ``connect`` and ``ping``.
+        request_timeout_ms: for every Kafka request and a publish's acknowledgement; ``connect_timeout_s`` bounds
+            ``connect`` and ``ping``.
         replication_factor: of the topics Fleet creates; ``None`` takes min(3, brokers in the cluster).
         count_commit_wait_ms: how long ``fetch`` waits for the commit of a batch's delivery counts before it hands
             the batch out anyway (see ``kafka_subscription``).
