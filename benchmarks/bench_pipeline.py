@@ -14,9 +14,10 @@ in flight; the fleet side also moves every job to running and writes its result 
 side publishes with ``publish_all``, as ``fleet publish`` does: on Kafka that hands the same records to the same
 idempotent ``acks=all`` producer in record batches (``KafkaBroker.publish_many``), and on NATS it awaits each
 PubAck through one reply subscription (``fleet.brokers.nats_pubacks``). Each side runs once uncounted first
-(``--warmups``), then the sides alternate who goes first in each of ``--repeats`` rounds. A single
-fleet run with the in-memory store shows what the broker path alone reaches (the gap to (a) is the Redis store).
-Services come from FLEET_BENCH_{NATS,KAFKA,REDIS}_URL or are started locally as in the tests.
+(``--warmups``), then the sides alternate who goes first in each of ``--repeats`` rounds; the ratio is printed of
+the best runs, of the medians, and as the median of the rounds' own ratios (the two sides of a round share its
+load). A single fleet run with the in-memory store shows what the broker path alone reaches (the gap to (a) is the
+Redis store). Services come from FLEET_BENCH_{NATS,KAFKA,REDIS}_URL or are started locally as in the tests.
 """
 
 from __future__ import annotations
@@ -34,7 +35,17 @@ import nats
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from benchmarks.common import Timer, best_of, fetch_and_ack, percentiles_ms, pooled, services, show, write_results
+from benchmarks.common import (
+    Timer,
+    best_of,
+    fetch_and_ack,
+    paired_median,
+    percentiles_ms,
+    pooled,
+    services,
+    show,
+    write_results,
+)
 from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
@@ -227,6 +238,7 @@ async def compare(kind: str, urls: dict[str, str], args: argparse.Namespace) -> 
             "raw_msgs_per_s": raw,
             "ratio": fleet / raw,
             "median_ratio": statistics.median(fleet_runs) / statistics.median(raw_runs),
+            "paired_ratio": paired_median(fleet_runs, raw_runs),
             "target": TARGETS[kind],
             "fleet_runs": fleet_runs,
             "raw_runs": raw_runs,
@@ -244,6 +256,7 @@ def rows_for(kind: str, result: dict[str, Any]) -> list[tuple[str, str, str]]:
         (f"(a) {kind}: {RAW_TITLES[kind]}", f"{a['raw_msgs_per_s']:,.0f}", ""),
         (f"(a) {kind}: ratio fleet / raw (best)", f"{a['ratio']:.2f}", f">= {TARGETS[kind]}"),
         (f"(a) {kind}: ratio fleet / raw (medians)", f"{a['median_ratio']:.2f}", ""),
+        (f"(a) {kind}: ratio fleet / raw (median of rounds)", f"{a['paired_ratio']:.2f}", ""),
         (
             f"    {kind}: in-memory store jobs/s (ratio)",
             f"{a['fleet_memory_store_jobs_per_s']:,.0f} ({a['memory_store_ratio']:.2f})",
@@ -290,7 +303,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=256, help="publishes awaiting their ack at once")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="interleaved runs of each side; the best and the median are reported"
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved rounds of both sides: the ratio of the best runs, of the medians and of the median round",
     )
     parser.add_argument(
         "--warmups", type=int, default=1, help="uncounted runs of each side first (a cold Kafka runs slower)"

@@ -79,6 +79,18 @@ def best_of(runs: list[float]) -> float:
     return max(runs)
 
 
+def paired_median(numerators: list[float], denominators: list[float]) -> float:
+    """The median of the per-round ratios ``numerators[i] / denominators[i]`` of two sides run back to back.
+
+    On a shared machine a whole round can run slower (another tenant's load): that moves both sides of the round
+    alike, so the ratio within a round keeps its meaning where the best (or the median) of each side, taken from
+    different rounds, mixes a quiet round with a loud one.
+    """
+    if not numerators or len(numerators) != len(denominators):
+        raise ValueError(f"need as many rounds on each side, got {len(numerators)} and {len(denominators)}")
+    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
+
+
 async def fetch_and_ack(psub: Any, n: int, batch: int) -> None:
     """Drain ``n`` messages from a nats-py pull subscription, ``batch`` a fetch, acking each: the raw loops of
     ``bench_pipeline`` and ``bench_compact``."""
