@@ -116,13 +116,15 @@ class NatsDelivery:
 
     __slots__ = ("_msg", "_nc", "_settled", "_timeout_s", "data", "delivery_count", "headers", "msg_id", "subject")
 
-    def __init__(self, msg: Msg, nc: NATS, timeout_s: float) -> None:
+    def __init__(self, msg: Msg, nc: NATS, timeout_s: float, delivered: int = 0) -> None:
+        """``delivered``: the message's delivery count when the caller has read it off the ack subject already
+        (0: read it here)."""
         headers = dict(msg.headers) if msg.headers else {}
         self.msg_id: str | None = headers.pop(c.HEADER_MSG_ID, None)
         self.headers: dict[str, str] = headers
         self.subject: str = msg.subject
         self.data: bytes = msg.data
-        self.delivery_count: int = _delivered(msg)
+        self.delivery_count: int = delivered or _delivered(msg)
         self._msg = msg
         self._nc = nc
         self._timeout_s = timeout_s
@@ -238,7 +240,8 @@ class NatsSubscription:
         self._inbox = nc.new_inbox()
         self._settle_timeout_s = settle_timeout_s
         self._max_buffered_s = ack_wait_s * BUFFERED_SHARE_OF_ACK_WAIT
-        self._ready: deque[tuple[Msg, float]] = deque()  # (message, loop time of arrival), in arrival order
+        # (message, loop time of arrival, delivery count (0: unknown), num_pending (None: unknown)), in arrival order
+        self._ready: deque[tuple[Msg, float, int, int | None]] = deque()
         self._pull: _Pull | None = None
         self._seq = 0
         self._last_pending: int | None = None  # num_pending of the latest message received (None: unknown)
@@ -280,7 +283,7 @@ class NatsSubscription:
         if self._pull is not None:
             self._pull.finish()
         self._drop_stale()
-        pending, self._ready = [msg for msg, _ in self._ready], deque()
+        pending, self._ready = [entry[0] for entry in self._ready], deque()
         try:
             if self._sub is not None:
                 await self._sub.unsubscribe()
@@ -291,10 +294,10 @@ class NatsSubscription:
 
     def _more_pending(self) -> bool:
         """Whether the consumer had more messages when the server sent the latest one (its ``num_pending``)."""
-        try:
-            return bool(reply_counts(self._ready[-1][0].reply)[1])
-        except (IndexError, ValueError, AttributeError):  # not a JetStream delivery we can read: ask
+        if not self._ready:
             return True
+        pending = self._ready[-1][3]
+        return pending is None or pending > 0  # None: not a JetStream delivery we can read: ask
 
     @property
     def _drained(self) -> bool:
@@ -308,7 +311,8 @@ class NatsSubscription:
             return out
         self._drop_stale()
         while self._ready and len(out) < max_messages:
-            out.append(NatsDelivery(self._ready.popleft()[0], self._nc, self._settle_timeout_s))
+            msg, _, delivered, _ = self._ready.popleft()
+            out.append(NatsDelivery(msg, self._nc, self._settle_timeout_s, delivered))
         return out
 
     def _drop_stale(self) -> None:
@@ -361,11 +365,12 @@ class NatsSubscription:
                     pull.failure = f"status {status} {description}".strip()
                 pull.finish()
             return
-        self._ready.append((msg, asyncio.get_running_loop().time()))
-        try:
-            self._last_pending = reply_counts(msg.reply)[1]
+        try:  # the ack subject is read once here: the delivery count goes with the message to its NatsDelivery
+            delivered, pending = reply_counts(msg.reply)
         except (ValueError, AttributeError):
-            self._last_pending = None
+            delivered, pending = 0, None
+        self._ready.append((msg, asyncio.get_running_loop().time(), delivered, pending))
+        self._last_pending = pending
         if pull is not None:
             pull.got += 1
             if pull.got >= pull.batch:
