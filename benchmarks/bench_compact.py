@@ -49,6 +49,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from benchmarks.common import best_of, fetch_and_ack, pooled, services, show, write_results
+from benchmarks.compact_baseline import callgrind_window
 from consumers.handlers import with_name
 from consumers.handlers.base import ModelHandler
 from consumers.handlers.embed import EmbedHandler
@@ -154,9 +155,10 @@ async def one_run(mode: str, urls: dict[str, str], args: argparse.Namespace, red
         with legacy_records(mode == "legacy"):
             cpu0 = await redis_cpu_s(redis)
             started = time.perf_counter()
-            async with Worker(handler, broker, store, settings=settings):
-                await drained(store, messages[-1].job_id, broker, model)
-                seconds = time.perf_counter() - started
+            with callgrind_window():
+                async with Worker(handler, broker, store, settings=settings):
+                    await drained(store, messages[-1].job_id, broker, model)
+                    seconds = time.perf_counter() - started
             cpu_s = await redis_cpu_s(redis) - cpu0
         last = messages[-1].job_id
         record = await store.get(last)

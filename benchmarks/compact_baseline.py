@@ -1,5 +1,6 @@
 """One ``bench_compact`` run of an older Fleet: run with that Fleet's tree first on ``sys.path`` (``bench_compact``
-exports the tree with ``git archive`` and starts this file inside it), never imported by today's code.
+exports the tree with ``git archive`` and starts this file inside it). Today's code imports only
+``callgrind_window`` from it, which imports no Fleet module.
 
     python compact_baseline.py NATS_URL REDIS_URL JOBS BATCH MAX_WAIT_MS
 
@@ -12,10 +13,14 @@ zero-cost ``embed`` model until the last record is terminal. Prints one JSON lin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -52,7 +57,7 @@ async def one_run(nats_url: str, redis_url: str, jobs: int, batch: int, max_wait
             vectors = np.repeat(row[None, :], len(batch), axis=0).tolist()
             return [EmbedOutput.model_construct(dim=EMBED_DIM, embedding=v) for v in vectors]
 
-        def sample_input(self) -> None:
+        def sample_input(self) -> None:  # type: ignore[override]  # no warm-up input: nothing is loaded
             return None
 
     settings = FleetSettings(broker_url=nats_url, store_url=redis_url, max_batch=batch, max_wait_ms=max_wait_ms)
@@ -67,11 +72,12 @@ async def one_run(nats_url: str, redis_url: str, jobs: int, batch: int, max_wait
         await publish_all(broker, messages, concurrency=256)
         cpu0 = await redis_cpu_s(redis)
         started = time.perf_counter()
-        async with Worker(with_name(FixedEmbed, model)(), broker, store, settings=settings):
-            while await broker.lag(c.request_subject(model), c.consumer_name(model)) > 0:  # noqa: ASYNC110 - polled
-                await asyncio.sleep(0.02)
-            record = await store.wait(messages[-1].job_id, 60)
-            seconds = time.perf_counter() - started
+        with callgrind_window():
+            async with Worker(with_name(FixedEmbed, model)(), broker, store, settings=settings):
+                while await broker.lag(c.request_subject(model), c.consumer_name(model)) > 0:  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+                record = await store.wait(messages[-1].job_id, 60)
+                seconds = time.perf_counter() - started
         cpu_s = await redis_cpu_s(redis) - cpu0
         assert record is not None and record.state == "succeeded", record
         key = c.job_key(messages[-1].job_id)
@@ -81,6 +87,25 @@ async def one_run(nats_url: str, redis_url: str, jobs: int, batch: int, max_wait
         await store.close()
         await broker.close()
     return {"jobs_per_s": jobs / seconds, "redis_cpu_us": 1e6 * cpu_s / jobs, "strlen": strlen, "mem": usage}
+
+
+CALLGRIND_ENV = "FLEET_BENCH_CALLGRIND"
+
+
+@contextlib.contextmanager
+def callgrind_window() -> Iterator[None]:
+    """Under ``bench_instructions`` (the process started by ``valgrind --tool=callgrind --instr-atstart=no`` with
+    ``FLEET_BENCH_CALLGRIND`` set) count instructions only inside this block; a no-op otherwise. Defined here, in
+    the file that runs inside the older tree too, so both sides of the comparison open the same window."""
+    if not os.environ.get(CALLGRIND_ENV):
+        yield
+        return
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["callgrind_control", "--instr=off", pid], check=True, capture_output=True)
 
 
 async def redis_cpu_s(redis: Any) -> float:
