@@ -20,11 +20,15 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import numpy as np
+import pybase64
 
 EncodingFormat = Literal["float", "base64"]
 ENCODING_FORMATS: tuple[str, ...] = ("float", "base64")
 DEFAULT_ENCODING: EncodingFormat = "float"
 _LE_F4 = np.dtype("<f4")
+# Standard base64 with padding, as text: the characters binascii.b2a_base64 writes, by pybase64's SIMD encoder
+# (0.4 µs for 384 floats against 3 µs; in a zero-cost embed worker binascii was 6 % of every instruction).
+_b64_text = pybase64.b64encode_as_string
 
 
 def no_vectors_message(model: str) -> str:
@@ -61,7 +65,7 @@ def encode_vector(vector: Any) -> Base64Vector:
             raw = np.asarray(vector, dtype=_LE_F4).tobytes()
     else:
         raw = np.asarray(vector, dtype=_LE_F4).tobytes()
-    vector = Base64Vector(binascii.b2a_base64(raw, newline=False).decode("ascii"))
+    vector = Base64Vector(_b64_text(raw))
     vector.raw = raw
     return vector
 

@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumers.handlers import with_name
 from consumers.handlers.echo import EchoHandler
@@ -34,6 +36,7 @@ from fleet.settings import FleetSettings
 from fleet.store import transitions
 from fleet.store.base import ResultStore
 from fleet.store.memory import MemoryStore
+from fleet.store.packed import _text as packed_text
 from fleet.store.redis import RedisStore
 from producers.gateway import create_app
 from producers.publish import prepare_line
@@ -112,6 +115,17 @@ def test_a_list_encodes_to_the_bytes_numpy_gives(values: list[object]) -> None:
         expected = np.asarray(values, dtype="<f4").tobytes()
         assert base64.b64decode(encode_vector(values)) == expected
         assert encode_vector(values) == encode_vector(np.asarray(values, dtype="<f4"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=5000), st.integers(0, 8))
+def test_base64_text_is_the_standard_librarys_for_any_bytes(data: bytes, offset: int) -> None:
+    # Vectors are written by pybase64 (SIMD), in the worker and when a packed record is read back: the text must be
+    # what base64.b64encode writes, padding included, for every length and wherever the bytes start.
+    expected = base64.b64encode(data).decode("ascii")
+    assert packed_text(b"x" * offset + data + b"y", offset, len(data)) == expected
+    vector = np.frombuffer(data[: len(data) - len(data) % 4], dtype="<f4")
+    assert encode_vector(vector) == base64.b64encode(vector.tobytes()).decode("ascii")
 
 
 def test_vectors_as_float32_rows_give_the_json_lists_give() -> None:

@@ -23,17 +23,17 @@ the REST API gives the JSON.
 
 from __future__ import annotations
 
-import binascii
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pybase64
 
 from fleet.encoding import Base64Vector
 from schemas.jobs import JobRecord
 
 MARK = b"\x00"
-_b2a = binascii.b2a_base64
+_b64_text = pybase64.b64encode_as_string  # what fleet.encoding.encode_vector writes
 _validate_json = JobRecord.model_validate_json
 _validate = JobRecord.model_validate
 
@@ -126,4 +126,4 @@ def parse_record(raw: bytes | str) -> JobRecord:
 def _text(data: bytes, at: int, size: int) -> str:
     if size < 0 or at + size > len(data):
         raise ValueError(f"a packed record's layout runs past its {len(data)} bytes")
-    return _b2a(data[at : at + size], newline=False).decode("ascii")
+    return _b64_text(memoryview(data)[at : at + size])
