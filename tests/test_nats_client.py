@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nats.aio.client import Client
 
 from fleet.brokers.nats_client import FleetNatsClient
@@ -38,3 +40,15 @@ def test_a_fleet_request_header_block_is_parsed() -> None:
         "Fleet-Job-Id": "j1",
         "Fleet-Model": "embed",
     }
+
+
+_PIECES = [b"\r\n", b":", b" ", b"\t", b"\x1c", b"\x0b", b"\r", b"\n", b"Nats-Msg-Id", b"a", b"Z9"]
+_PIECES += [b"\xc3\xa9", b"\xff"]  # UTF-8 and not
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40).map(b"".join))
+def test_generated_header_blocks_parse_as_the_library_parses_them(block: bytes) -> None:
+    # ASCII blocks take the decode-once path, the others the line-by-line one: both must agree with nats-py on
+    # separators, stray CR or LF, whitespace inside or around names and values (\x1c included), and bad UTF-8.
+    assert FleetNatsClient._parse_header_lines(block) == Client._parse_header_lines(block)
