@@ -28,6 +28,7 @@ from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Delivery, ack_all
 from fleet.brokers.nats import NatsBroker
+from fleet.brokers.nats_client import FleetNatsClient
 from fleet.brokers.nats_pull import NatsDelivery, NatsSubscription, reply_counts
 from fleet.errors import BrokerUnavailable, ConfigError
 from fleet.settings import FleetSettings
@@ -327,3 +328,72 @@ async def test_ack_many_settles_a_batch_in_one_write_and_skips_what_is_settled(b
     assert [(d.data, d.delivery_count) for d in again] == [(b"0", 2)]
     await ack_all(again)
     await lag_becomes(broker, subject, sub.group, 0)
+
+
+async def test_the_pull_inbox_takes_messages_straight_from_the_read_loop(broker: NatsBroker, unique: str) -> None:
+    subject, sub = await worker_queue(broker, f"d{unique}")
+    nc = broker._nc
+    assert isinstance(nc, FleetNatsClient) and sub._sub is not None
+    for i in range(5):
+        await broker.publish(subject, b"%d" % i, msg_id=f"{unique}-{i}", headers={"k": f"v{i}"})
+    got: list[Delivery] = []
+    while len(got) < 5:
+        got += await sub.fetch(5 - len(got), timeout_s=5.0)
+    assert [(d.data, d.msg_id, d.headers, d.delivery_count) for d in got] == [
+        (b"%d" % i, f"{unique}-{i}", {"k": f"v{i}"}, 1) for i in range(5)
+    ]
+    assert sub._sub._received == 0  # nats-py's own path counts each message it queues: none went that way
+    await ack_all(got)
+    await lag_becomes(broker, subject, sub.group, 0)
+
+
+async def test_a_pull_inbox_on_a_plain_nats_py_client_gets_its_messages_through_the_callback(
+    broker: NatsBroker, server: PrivateNats, unique: str
+) -> None:
+    subject, fleet_sub = await worker_queue(broker, f"p{unique}")
+    nc = await nats.connect(server.url)  # nats-py's own client: no direct hand-over
+    sub = NatsSubscription(
+        nc, stream=c.REQ_STREAM, durable=fleet_sub.durable, subject=subject, group=fleet_sub.group,
+        settle_timeout_s=2.0, ack_wait_s=ACK_WAIT_S,
+    )  # fmt: skip
+    try:
+        await sub.start()
+        await broker.publish(subject, b"plain", msg_id=f"{unique}-p", headers={"k": "v"})
+        got = await sub.fetch(1, timeout_s=5.0)
+        assert [(d.data, d.msg_id, d.headers, d.delivery_count) for d in got] == [
+            (b"plain", f"{unique}-p", {"k": "v"}, 1)
+        ]
+        assert sub._sub is not None and sub._sub._received >= 1  # it came the library's way
+        await ack_all(got)
+        await lag_becomes(broker, subject, fleet_sub.group, 0)
+    finally:
+        await sub.close()
+        await nc.close()
+
+
+async def test_a_direct_handler_that_raises_loses_its_message_but_the_client_keeps_reading(
+    broker: NatsBroker, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    nc = broker._nc
+    assert isinstance(nc, FleetNatsClient)
+    seen: list[bytes] = []
+
+    def handle(subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
+        if data == b"bad":
+            raise RuntimeError("handler bug")
+        seen.append(data)
+
+    core = await nc.subscribe(f"direct.{unique}")
+    nc.deliver_directly(core, handle)
+    for body in (b"bad", b"good"):
+        await nc.publish(f"direct.{unique}", body)
+    deadline = time.monotonic() + 5.0
+    while seen != [b"good"]:
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.02)
+    assert "could not be handled" in caplog.text
+    await broker.ping()  # a request round trip: the read loop is alive
+    await core.unsubscribe()
+    await nc.publish(f"direct.{unique}", b"after")  # no subscription now: the message is dropped, not handed
+    await broker.ping()
+    assert seen == [b"good"] and core._id not in nc._direct

@@ -44,6 +44,7 @@ from nats.errors import StaleConnectionError
 from fleet import constants as c
 from fleet.brokers.base import Delivery
 from fleet.brokers.events import QueuedEvents
+from fleet.brokers.nats_client import FleetNatsClient
 from fleet.errors import BrokerUnavailable
 
 log = logging.getLogger(__name__)
@@ -103,29 +104,46 @@ def reply_counts(reply: str) -> tuple[int, int]:
     raise ValueError(f"not a JetStream ack subject: {reply!r}")
 
 
-def _delivered(msg: Msg) -> int:
+def _delivered(nc: NATS, subject: str, reply: str, data: bytes) -> int:
     try:
-        return reply_counts(msg.reply)[0] or 1
+        return reply_counts(reply)[0] or 1
     except (ValueError, AttributeError):  # not a subject we know: let nats-py say what it makes of it
-        return msg.metadata.num_delivered or 1
+        return Msg(_client=nc, subject=subject, reply=reply, data=data).metadata.num_delivered or 1
+
+
+class Arrived:
+    """A message as the pull inbox received it, until a fetch hands it out."""
+
+    __slots__ = ("at", "data", "delivered", "headers", "pending", "reply", "subject")
+
+    def __init__(self, subject: str, reply: str, data: bytes, headers: dict[str, str] | None, at: float) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.data = data
+        self.headers = headers
+        self.at = at  # loop time of arrival
+        self.delivered: int = 0  # read once, here, off the ack subject (0: unknown); it goes to the NatsDelivery
+        self.pending: int | None = None  # the consumer's num_pending when the server sent it (None: unknown)
+        try:
+            self.delivered, self.pending = reply_counts(reply)
+        except (ValueError, AttributeError):
+            pass
 
 
 class NatsDelivery:
     """A JetStream message. ``nak`` and ``term`` wait for the server's confirmation; ``ack`` and ``in_progress``
     are sent without one; ``ack_many`` acks a batch in one write."""
 
-    __slots__ = ("_msg", "_nc", "_settled", "_timeout_s", "data", "delivery_count", "headers", "msg_id", "subject")
+    __slots__ = ("_nc", "_reply", "_settled", "_timeout_s", "data", "delivery_count", "headers", "msg_id", "subject")
 
-    def __init__(self, msg: Msg, nc: NATS, timeout_s: float, delivered: int = 0) -> None:
-        """``delivered``: the message's delivery count when the caller has read it off the ack subject already
-        (0: read it here)."""
-        headers = dict(msg.headers) if msg.headers else {}
+    def __init__(self, msg: Arrived, nc: NATS, timeout_s: float) -> None:
+        headers = msg.headers or {}  # the inbox's own dictionary of this message: no one else holds it
         self.msg_id: str | None = headers.pop(c.HEADER_MSG_ID, None)
         self.headers: dict[str, str] = headers
         self.subject: str = msg.subject
         self.data: bytes = msg.data
-        self.delivery_count: int = delivered or _delivered(msg)
-        self._msg = msg
+        self.delivery_count: int = msg.delivered or _delivered(nc, msg.subject, msg.reply, msg.data)
+        self._reply = msg.reply
         self._nc = nc
         self._timeout_s = timeout_s
         self._settled = False
@@ -137,7 +155,7 @@ class NatsDelivery:
         if self._settled:
             return
         try:
-            await self._nc.publish(self._msg.reply, b"+ACK")
+            await self._nc.publish(self._reply, b"+ACK")
         except NatsError as exc:
             raise BrokerUnavailable(f"could not ack a message on {self.subject}: {exc!r}") from exc
         self._settled = True
@@ -156,7 +174,7 @@ class NatsDelivery:
             for delivery in todo:
                 await delivery.ack()
             return
-        command = b"".join([b"PUB %s 4\r\n+ACK\r\n" % d._msg.reply.encode() for d in todo])
+        command = b"".join([b"PUB %s 4\r\n+ACK\r\n" % d._reply.encode() for d in todo])
         try:
             await nc._send_command(command)  # what nats-py's publish does, once for the batch
             await nc._flush_pending()
@@ -181,7 +199,7 @@ class NatsDelivery:
         if self._settled:
             return
         try:
-            await self._nc.publish(self._msg.reply, b"+WPI")
+            await self._nc.publish(self._reply, b"+WPI")
         except NatsError as exc:
             raise BrokerUnavailable(f"could not extend the ack wait of a message on {self.subject}: {exc!r}") from exc
 
@@ -189,7 +207,7 @@ class NatsDelivery:
         if self._settled:
             return
         try:
-            await self._nc.request(self._msg.reply, body, timeout=self._timeout_s)
+            await self._nc.request(self._reply, body, timeout=self._timeout_s)
         except (TimeoutError, NatsError) as exc:
             raise BrokerUnavailable(
                 f"NATS did not confirm the {what} of a message on {self.subject} ({exc!r}); "
@@ -240,8 +258,7 @@ class NatsSubscription:
         self._inbox = nc.new_inbox()
         self._settle_timeout_s = settle_timeout_s
         self._max_buffered_s = ack_wait_s * BUFFERED_SHARE_OF_ACK_WAIT
-        # (message, loop time of arrival, delivery count (0: unknown), num_pending (None: unknown)), in arrival order
-        self._ready: deque[tuple[Msg, float, int, int | None]] = deque()
+        self._ready: deque[Arrived] = deque()  # in arrival order
         self._pull: _Pull | None = None
         self._seq = 0
         self._last_pending: int | None = None  # num_pending of the latest message received (None: unknown)
@@ -255,6 +272,8 @@ class NatsSubscription:
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_msg)
+        if isinstance(self._nc, FleetNatsClient):  # each message straight to _on_message, not through a queue
+            self._nc.deliver_directly(self._sub, self._on_message)
 
     async def fetch(self, max_messages: int, timeout_s: float) -> list[Delivery]:
         """Up to ``max_messages`` messages as soon as one is available, or ``[]`` after ``timeout_s``."""
@@ -283,12 +302,12 @@ class NatsSubscription:
         if self._pull is not None:
             self._pull.finish()
         self._drop_stale()
-        pending, self._ready = [entry[0] for entry in self._ready], deque()
+        pending, self._ready = [arrived.reply for arrived in self._ready], deque()
         try:
             if self._sub is not None:
                 await self._sub.unsubscribe()
-            for msg in pending:
-                await self._nc.publish(msg.reply, b"-NAK")
+            for reply in pending:
+                await self._nc.publish(reply, b"-NAK")
         except NatsError as exc:
             log.debug("closing subscription %s/%s: %r", self.subject, self.group, exc)
 
@@ -296,7 +315,7 @@ class NatsSubscription:
         """Whether the consumer had more messages when the server sent the latest one (its ``num_pending``)."""
         if not self._ready:
             return True
-        pending = self._ready[-1][3]
+        pending = self._ready[-1].pending
         return pending is None or pending > 0  # None: not a JetStream delivery we can read: ask
 
     @property
@@ -311,14 +330,13 @@ class NatsSubscription:
             return out
         self._drop_stale()
         while self._ready and len(out) < max_messages:
-            msg, _, delivered, _ = self._ready.popleft()
-            out.append(NatsDelivery(msg, self._nc, self._settle_timeout_s, delivered))
+            out.append(NatsDelivery(self._ready.popleft(), self._nc, self._settle_timeout_s))
         return out
 
     def _drop_stale(self) -> None:
         """Forget buffered messages whose ack wait is (nearly) over: the server redelivers them, maybe elsewhere."""
         arrived_before = asyncio.get_running_loop().time() - self._max_buffered_s
-        while self._ready and self._ready[0][1] < arrived_before:
+        while self._ready and self._ready[0].at < arrived_before:
             self._ready.popleft()
             self.dropped_stale += 1
             log.info(
@@ -351,26 +369,26 @@ class NatsSubscription:
             raise BrokerUnavailable(f"pull from {self.subject} (group {self.group}) failed: {pull.failure}")
 
     async def _on_msg(self, msg: Msg) -> None:
+        """nats-py's callback, where the client cannot hand messages over directly (not a ``FleetNatsClient``)."""
+        self._on_message(msg.subject, msg.reply, msg.data, dict(msg.headers) if msg.headers else None)
+
+    def _on_message(self, subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
         pull = self._pull
-        if msg.subject.startswith(self._inbox):  # a status for one of our requests: 404, 408, 409, 100
-            if pull is not None and msg.subject == pull.reply:
-                headers = msg.headers or {}
-                status = headers.get("Status")
+        if subject.startswith(self._inbox):  # a status for one of our requests: 404, 408, 409, 100
+            if pull is not None and subject == pull.reply:
+                status = headers.get("Status") if headers else None
                 if status == "100":  # idle heartbeat
                     return
-                description = headers.get("Description", "")
+                description = headers.get("Description", "") if headers else ""
                 if description in _TRANSIENT:
                     log.info("pull on %s (group %s) ended: %s", self.subject, self.group, description)
                 elif status not in _NO_MORE:
                     pull.failure = f"status {status} {description}".strip()
                 pull.finish()
             return
-        try:  # the ack subject is read once here: the delivery count goes with the message to its NatsDelivery
-            delivered, pending = reply_counts(msg.reply)
-        except (ValueError, AttributeError):
-            delivered, pending = 0, None
-        self._ready.append((msg, asyncio.get_running_loop().time(), delivered, pending))
-        self._last_pending = pending
+        arrived = Arrived(subject, reply, data, headers, asyncio.get_running_loop().time())
+        self._ready.append(arrived)
+        self._last_pending = arrived.pending
         if pull is not None:
             pull.got += 1
             if pull.got >= pull.batch:
