@@ -158,6 +158,35 @@ def record_with(output: dict[str, Any]) -> JobRecord:
     return JobRecord(job_id="a" * 32, model="embed", state=JobState.succeeded, output=output, created_at=1.0)
 
 
+class RowEmbed(VecEmbed):
+    """``embed``'s own ``predict`` over a deterministic matrix (``vector_of`` per text)."""
+
+    predict = EmbedHandler.predict
+
+    def embed_array(self, texts: list[str]) -> np.ndarray:
+        return np.asarray([vector_of(t) for t in texts], dtype=np.float32)
+
+
+def test_predict_builds_the_outputs_model_construct_builds() -> None:
+    handler = RowEmbed()
+    batch = [EmbedInput(text="a"), EmbedInput(texts=["b", "c"]), EmbedInput(text="d"), EmbedInput(texts=["e"])]
+    outputs = handler.predict(batch)
+    expected = [
+        EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector_of("a")),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[vector_of("b"), vector_of("c")]),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector_of("d")),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[vector_of("e")]),
+    ]
+    for got, want in zip(outputs, expected, strict=True):
+        assert isinstance(got, EmbedOutput)
+        assert got.model_fields_set == want.model_fields_set
+        assert got.__pydantic_extra__ is None and got.__pydantic_private__ is None
+        assert handler.output_json(got) == handler.output_json(want)  # the same floats, the same fields
+        assert handler.output_json(got, "base64") == handler.output_json(want, "base64")
+    ran = handler.run(batch)  # what the worker calls: its check of the output types passes them
+    assert [type(out) for out in ran] == [EmbedOutput] * len(batch)
+
+
 @pytest.mark.parametrize("bad", ["not base64!", "AAA", base64.b64encode(b"12345").decode()])
 def test_a_bad_base64_vector_is_a_value_error(bad: str) -> None:
     with pytest.raises(ValueError, match="base64 vector"):
