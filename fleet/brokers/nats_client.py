@@ -78,7 +78,7 @@ class FleetNatsClient(Client):
             if not sep:
                 continue
             key = name.strip(_ASCII_WHITESPACE)
-            if _WHITESPACE.search(key):
+            if (" " in key or not key.isprintable()) and _WHITESPACE.search(key):  # the search only when it may hit
                 continue
             out[key] = value.strip(_ASCII_WHITESPACE)
         return out

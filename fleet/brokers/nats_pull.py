@@ -111,39 +111,49 @@ def _delivered(nc: NATS, subject: str, reply: str, data: bytes) -> int:
         return Msg(_client=nc, subject=subject, reply=reply, data=data).metadata.num_delivered or 1
 
 
-class Arrived:
-    """A message as the pull inbox received it, until a fetch hands it out."""
-
-    __slots__ = ("at", "data", "delivered", "headers", "pending", "reply", "subject")
-
-    def __init__(self, subject: str, reply: str, data: bytes, headers: dict[str, str] | None, at: float) -> None:
-        self.subject = subject
-        self.reply = reply
-        self.data = data
-        self.headers = headers
-        self.at = at  # loop time of arrival
-        self.delivered: int = 0  # read once, here, off the ack subject (0: unknown); it goes to the NatsDelivery
-        self.pending: int | None = None  # the consumer's num_pending when the server sent it (None: unknown)
-        try:
-            self.delivered, self.pending = reply_counts(reply)
-        except (ValueError, AttributeError):
-            pass
-
-
 class NatsDelivery:
     """A JetStream message. ``nak`` and ``term`` wait for the server's confirmation; ``ack`` and ``in_progress``
     are sent without one; ``ack_many`` acks a batch in one write."""
 
-    __slots__ = ("_nc", "_reply", "_settled", "_timeout_s", "data", "delivery_count", "headers", "msg_id", "subject")
+    __slots__ = (
+        "_nc",
+        "_reply",
+        "_settled",
+        "_timeout_s",
+        "arrived_at",
+        "data",
+        "delivery_count",
+        "headers",
+        "msg_id",
+        "pending",
+        "subject",
+    )
 
-    def __init__(self, msg: Arrived, nc: NATS, timeout_s: float) -> None:
-        headers = msg.headers or {}  # the inbox's own dictionary of this message: no one else holds it
+    def __init__(
+        self,
+        subject: str,
+        reply: str,
+        data: bytes,
+        headers: dict[str, str] | None,
+        nc: NATS,
+        timeout_s: float,
+        arrived_at: float = 0.0,
+    ) -> None:
+        """A message as the pull inbox received it; ``headers`` becomes its own (``msg_id`` taken out of it)."""
+        headers = headers if headers is not None else {}
         self.msg_id: str | None = headers.pop(c.HEADER_MSG_ID, None)
         self.headers: dict[str, str] = headers
-        self.subject: str = msg.subject
-        self.data: bytes = msg.data
-        self.delivery_count: int = msg.delivered or _delivered(nc, msg.subject, msg.reply, msg.data)
-        self._reply = msg.reply
+        self.subject = subject
+        self.data = data
+        self.arrived_at = arrived_at  # loop time
+        self.pending: int | None = None  # the consumer's num_pending when the server sent it (None: unknown)
+        delivered = 0
+        try:  # the ack subject, read once
+            delivered, self.pending = reply_counts(reply)
+        except (ValueError, AttributeError):
+            pass
+        self.delivery_count: int = delivered or _delivered(nc, subject, reply, data)
+        self._reply = reply
         self._nc = nc
         self._timeout_s = timeout_s
         self._settled = False
@@ -258,7 +268,7 @@ class NatsSubscription:
         self._inbox = nc.new_inbox()
         self._settle_timeout_s = settle_timeout_s
         self._max_buffered_s = ack_wait_s * BUFFERED_SHARE_OF_ACK_WAIT
-        self._ready: deque[Arrived] = deque()  # in arrival order
+        self._ready: deque[NatsDelivery] = deque()  # received, not handed out yet; in arrival order
         self._pull: _Pull | None = None
         self._seq = 0
         self._last_pending: int | None = None  # num_pending of the latest message received (None: unknown)
@@ -302,7 +312,7 @@ class NatsSubscription:
         if self._pull is not None:
             self._pull.finish()
         self._drop_stale()
-        pending, self._ready = [arrived.reply for arrived in self._ready], deque()
+        pending, self._ready = [arrived._reply for arrived in self._ready], deque()
         try:
             if self._sub is not None:
                 await self._sub.unsubscribe()
@@ -330,13 +340,13 @@ class NatsSubscription:
             return out
         self._drop_stale()
         while self._ready and len(out) < max_messages:
-            out.append(NatsDelivery(self._ready.popleft(), self._nc, self._settle_timeout_s))
+            out.append(self._ready.popleft())
         return out
 
     def _drop_stale(self) -> None:
         """Forget buffered messages whose ack wait is (nearly) over: the server redelivers them, maybe elsewhere."""
         arrived_before = asyncio.get_running_loop().time() - self._max_buffered_s
-        while self._ready and self._ready[0].at < arrived_before:
+        while self._ready and self._ready[0].arrived_at < arrived_before:
             self._ready.popleft()
             self.dropped_stale += 1
             log.info(
@@ -386,7 +396,9 @@ class NatsSubscription:
                     pull.failure = f"status {status} {description}".strip()
                 pull.finish()
             return
-        arrived = Arrived(subject, reply, data, headers, asyncio.get_running_loop().time())
+        arrived = NatsDelivery(
+            subject, reply, data, headers, self._nc, self._settle_timeout_s, asyncio.get_running_loop().time()
+        )
         self._ready.append(arrived)
         self._last_pending = arrived.pending
         if pull is not None:
