@@ -211,6 +211,7 @@ def test_embed_weighs_a_request_in_estimated_tokens_without_its_tokenizer() -> N
 
     handler = EmbedHandler()  # not loaded: the estimate needs no tokenizer
     assert handler.cost(EmbedInput(text="word " * 8)) == 2 + 10
+    assert handler.cost(EmbedInput(text="x" * 5000)) == 256, "one text is capped at truncation too"
     assert handler.cost(EmbedInput(texts=["abcd" * 10, "x" * 5000])) == (2 + 10) + 256, "capped at truncation"
     biggest = EmbedInput(texts=["x" * 5000] * 64)
     assert EMBED.max_batch_cost is not None and handler.cost(biggest) <= EMBED.max_batch_cost

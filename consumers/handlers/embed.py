@@ -318,6 +318,8 @@ class EmbedHandler(ModelHandler[EmbedInput, EmbedOutput]):
         """Estimated tokens, without running the tokenizer (``predict`` runs it once, on the whole batch): per
         text its 2 special tokens plus one per ``CHARS_PER_TOKEN`` characters, at most the truncation length."""
         cap = self._max_seq_tokens
+        if item.text is not None:  # one text: the common request, without a generator
+            return min(cap, 2 + math.ceil(len(item.text) / CHARS_PER_TOKEN))
         return sum(min(cap, 2 + math.ceil(len(text) / CHARS_PER_TOKEN)) for text in item.items())
 
     def sample_input(self) -> EmbedInput:

@@ -64,7 +64,9 @@ def _layout(output: dict[str, Any]) -> tuple[list[list[Any]], list[bytes]] | Non
 
 
 def pack(values: dict[str, Any], dumps: Callable[[dict[str, Any]], bytes]) -> bytes | None:
-    """The packed form of a record's ``values`` (``dumps`` writes the JSON), or None when its output packs nothing."""
+    """The packed form of a record's ``values`` (``dumps`` writes the JSON), or None when its output packs nothing.
+    ``values`` may be changed: its ``output`` is replaced (by a copy with the packed fields set to null) and a
+    ``packed`` entry added."""
     output = values.get("output")
     if output.__class__ is not dict:
         return None
@@ -72,7 +74,7 @@ def pack(values: dict[str, Any], dumps: Callable[[dict[str, Any]], bytes]) -> by
     if found is None:
         return None
     layout, blobs = found
-    head = dict(values)
+    head = values
     head["output"] = packed_output = dict(output)
     for name, _ in layout:
         packed_output[name] = None

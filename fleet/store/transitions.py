@@ -91,7 +91,11 @@ def record_json(record: JobRecord) -> bytes:
     read either form with ``parse_record``)."""
     try:
         values = {name: value for name, value in record.__dict__.items() if value is not None}
-        return pack(values, _dumps) or _dumps(values)
+        if values.get("output").__class__ is dict:  # may hold base64 vectors to pack
+            packed = pack(values, _dumps)
+            if packed is not None:
+                return packed
+        return _dumps(values)
     except (orjson.JSONEncodeError, TypeError):
         return _SERIALIZER.to_json(record)  # e.g. an integer past 64 bits: pydantic writes it, or says why not
 
