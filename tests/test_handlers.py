@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from consumers.device import resolve_device, torch_dtype_for
@@ -22,7 +24,16 @@ from consumers.handlers.echo import EchoHandler
 from consumers.handlers.embed import EmbedHandler, forward_chunks, packaged_model_path
 from consumers.handlers.sleep import SleepHandler, draw_service_ms
 from fleet.errors import ConfigError, InvalidInput, ModelError, UnknownModel
-from schemas.models import SLEEP_MAX_MS, EchoInput, EmbedInput, EmbedOutput, ModelSpec, SleepInput, SleepOutput
+from schemas.models import (
+    SLEEP_MAX_MS,
+    EchoInput,
+    EchoOutput,
+    EmbedInput,
+    EmbedOutput,
+    ModelSpec,
+    SleepInput,
+    SleepOutput,
+)
 
 
 # -- a user model, resolved by import path ----------------------------------------------------------------------
@@ -361,3 +372,23 @@ def test_embed_without_weights_is_a_config_error(tmp_path: Path) -> None:
         handler.load()
     with pytest.raises(ConfigError, match="is not a directory"):
         EmbedHandler(model_path=str(tmp_path / "missing")).load()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _JSON, max_size=6))
+def test_echo_outputs_are_what_validating_and_dumping_them_gives(body: dict[str, Any]) -> None:
+    # echo builds its outputs without validating them again and gives their object back as the JSON: both must be
+    # what pydantic's own construction and dump give, for any JSON object a request can carry (JSON has no
+    # infinities: a NaN or Infinity that a lenient parser let in is written null by orjson either way).
+    handler = EchoHandler()
+    [out] = handler.run([EchoInput.model_validate(body)])
+    assert isinstance(out, EchoOutput)
+    assert out == EchoOutput(root=body) and out.model_fields_set == {"root"}
+    assert handler.output_json(out) == EchoOutput(root=body).model_dump(mode="json") == body
