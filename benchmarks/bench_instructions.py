@@ -1,4 +1,5 @@
-"""Instructions per job of a zero-cost ``embed`` worker: today against Fleet at filing, counted by callgrind.
+"""Instructions per job of a zero-cost ``embed`` worker, and Redis's per result: today against Fleet at filing,
+counted by callgrind.
 
     python -m benchmarks.bench_instructions [--jobs 2000,6000]
 
@@ -9,7 +10,10 @@ worker's start to the last terminal record (``compact_baseline.callgrind_window`
 Callgrind counts the same instructions for the same work whatever else the machine does. Each side drains two
 backlogs (``--jobs``, default 2,000 and 6,000 prefilled requests); the difference of the two counts divided by the
 difference of the jobs is the cost of one more job, without the worker's start and stop. The NATS and Redis
-servers run outside valgrind: their work is not counted (``bench_compact`` reports Redis's CPU per result).
+servers run outside valgrind there. Then the same drains run again with the worker outside valgrind and a
+redis-server of their own under it (counting from its start to its shutdown, so the difference of the two drains
+is again the cost of one more result): the instructions Redis spends per result, the counted form of
+``bench_compact``'s Redis CPU per result.
 
 * ``base64``: today's worker, ``encoding_format: base64`` (``bench_compact``'s ``base64`` run);
 * ``float``: today's worker, float outputs;
@@ -17,7 +21,7 @@ servers run outside valgrind: their work is not counted (``bench_compact`` repor
 
 Instructions are not time (a cache miss costs more than an add), so the jobs/s ratios of ``bench_compact`` stay the
 measure of the issue's targets; this one says how much work per job went away, repeatably. Needs valgrind
-(Debian's ``valgrind``). Under valgrind a worker runs about 50 times slower: about four minutes in all.
+(Debian's ``valgrind``). Under valgrind a process runs about 50 times slower: about eight minutes in all.
 Writes ``benchmarks/results/instructions.json``.
 """
 
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,7 @@ import redis.asyncio as aioredis
 from benchmarks import bench_compact as bc
 from benchmarks.common import services, show, write_results
 from benchmarks.compact_baseline import CALLGRIND_ENV
+from tests import services as svc
 
 SIDES = ("base64", "float", "filing")
 TITLES = {"base64": "base64, today", "float": "float, today", "filing": f"float, at filing ({bc.FILING_COMMIT})"}
@@ -52,14 +59,33 @@ def totals(out_file: Path) -> int:
     raise RuntimeError(f"{out_file} has no totals line: did callgrind finish?")
 
 
-def run_counted(argv: list[str], cwd: Path, pythonpath: Path, out_file: Path) -> dict[str, Any]:
-    """``argv`` (a Python command printing one JSON line last) under callgrind; its JSON and the instructions."""
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}", *argv]
-    env = {**os.environ, "PYTHONPATH": str(pythonpath), CALLGRIND_ENV: "1"}
+def run_side(argv: list[str], cwd: Path, pythonpath: Path, out_file: Path | None) -> dict[str, Any]:
+    """``argv`` (a Python command printing one JSON line last), under callgrind when ``out_file`` is given (then
+    with the instructions it counted); its JSON."""
+    command, env = argv, {**os.environ, "PYTHONPATH": str(pythonpath)}
+    if out_file is not None:
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}", *argv]
+        env[CALLGRIND_ENV] = "1"
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:3])}... under callgrind failed:\n{done.stderr[-2000:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "instructions": totals(out_file)}
+        raise RuntimeError(f"{' '.join(argv[:3])}... failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if out_file is not None:
+        result["instructions"] = totals(out_file)
+    return result
+
+
+@contextlib.contextmanager
+def counted_redis(out_file: Path) -> Iterator[str]:
+    """A redis-server of its own under callgrind, configured as the tests' (no persistence); its URL. Its counts
+    are in ``out_file`` once the block ends (the server is stopped with SIGTERM and shuts down cleanly)."""
+    binary = svc.require_binary("redis-server", "redis-server")
+    port = svc.free_port()
+    with tempfile.TemporaryDirectory(prefix="fleet-redis-counted-") as tmp:
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", binary, "--port", str(port)]
+        argv += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp]
+        with svc._server(argv, port, Path(tmp), "redis-server under callgrind", timeout_s=120):
+            yield f"redis://127.0.0.1:{port}/0"
 
 
 def child(mode: str, nats_url: str, redis_url: str, jobs: int) -> None:
@@ -76,38 +102,70 @@ def child(mode: str, nats_url: str, redis_url: str, jobs: int) -> None:
     print(json.dumps(asyncio.run(main())))
 
 
+def side_argv(side: str, tree: Path | None, nats_url: str, redis_url: str, jobs: int) -> tuple[list[str], Path]:
+    """The command of one drain of ``side`` and the directory (and import root) it runs in."""
+    if side == "filing":
+        assert tree is not None
+        return [sys.executable, "compact_baseline.py", nats_url, redis_url, str(jobs), "64", "2.0"], tree
+    argv = [sys.executable, "-m", "benchmarks.bench_instructions", "--child", side, nats_url, redis_url, str(jobs)]
+    return argv, bc.REPO
+
+
 def measure(args: argparse.Namespace, tree: Path | None, tmp: Path) -> None:
     small, large = args.jobs
     sides = [side for side in SIDES if side != "filing" or tree is not None]
-    counts: dict[str, dict[int, int]] = {side: {} for side in sides}
+    worker: dict[str, dict[int, int]] = {side: {} for side in sides}
+    redis: dict[str, dict[int, int]] = {side: {} for side in sides}
     with services(nats=True, redis=True) as urls:
         for side in sides:
             for jobs in (small, large):
-                out_file = tmp / f"callgrind.{side}.{jobs}.out"
-                if side == "filing":
-                    assert tree is not None
-                    argv = [sys.executable, "compact_baseline.py", urls["nats"], urls["redis"], str(jobs), "64", "2.0"]
-                    result = run_counted(argv, tree, tree, out_file)
-                else:
-                    argv = [sys.executable, "-m", "benchmarks.bench_instructions", "--child", side]
-                    argv += [urls["nats"], urls["redis"], str(jobs)]
-                    result = run_counted(argv, bc.REPO, bc.REPO, out_file)
-                counts[side][jobs] = result["instructions"]
-                print(f"  {TITLES[side]}, {jobs:,} jobs: {result['instructions']:,} instructions", flush=True)
-    per_job = {side: (c[large] - c[small]) / (large - small) for side, c in counts.items()}
-    rows = [(f"{TITLES[s]}: instructions / job", f"{per_job[s]:,.0f}", "") for s in sides]
-    ratios: dict[str, float] = {"float_over_base64": per_job["float"] / per_job["base64"]}
+                argv, root = side_argv(side, tree, urls["nats"], urls["redis"], jobs)
+                worker[side][jobs] = run_side(argv, root, root, tmp / f"worker.{side}.{jobs}.out")["instructions"]
+                print(f"  {TITLES[side]}, {jobs:,} jobs: worker {worker[side][jobs]:,} instructions", flush=True)
+        for side in sides:
+            for jobs in (small, large):
+                out_file = tmp / f"redis.{side}.{jobs}.out"
+                with counted_redis(out_file) as redis_url:
+                    argv, root = side_argv(side, tree, urls["nats"], redis_url, jobs)
+                    run_side(argv, root, root, None)
+                redis[side][jobs] = totals(out_file)
+                print(f"  {TITLES[side]}, {jobs:,} jobs: redis-server {redis[side][jobs]:,} instructions", flush=True)
+    per_job = {side: (c[large] - c[small]) / (large - small) for side, c in worker.items()}
+    per_result = {side: (c[large] - c[small]) / (large - small) for side, c in redis.items()}
+    rows = [(f"{TITLES[s]}: worker instructions / job", f"{per_job[s]:,.0f}", "") for s in sides]
+    rows += [(f"{TITLES[s]}: Redis instructions / result", f"{per_result[s]:,.0f}", "") for s in sides]
+    ratios: dict[str, float] = {
+        "worker_float_over_base64": per_job["float"] / per_job["base64"],
+        "redis_base64_over_float": per_result["base64"] / per_result["float"],
+    }
     if "filing" in per_job:
-        ratios["filing_over_base64"] = per_job["filing"] / per_job["base64"]
-        ratios["filing_over_float"] = per_job["filing"] / per_job["float"]
+        ratios["worker_filing_over_base64"] = per_job["filing"] / per_job["base64"]
+        ratios["worker_filing_over_float"] = per_job["filing"] / per_job["float"]
+        ratios["redis_base64_over_filing"] = per_result["base64"] / per_result["filing"]
         rows += [
-            ("ratio at filing / base64 (work per job gone)", f"{ratios['filing_over_base64']:.2f}", ""),
-            ("ratio at filing / float", f"{ratios['filing_over_float']:.2f}", ""),
+            (
+                "ratio worker at filing / base64 (work per job gone)",
+                f"{ratios['worker_filing_over_base64']:.2f}",
+                "",
+            ),
+            ("ratio worker at filing / float", f"{ratios['worker_filing_over_float']:.2f}", ""),
+            ("ratio Redis base64 / at filing", f"{ratios['redis_base64_over_filing']:.2f}", ""),
         ]
-    rows.append(("ratio float / base64", f"{ratios['float_over_base64']:.2f}", ""))
-    show(f"Worker instructions per job, callgrind ({small:,} and {large:,} jobs a side)", rows)
-    results = {"counts": counts, "instructions_per_job": per_job, "ratios": ratios, "params": vars(args)}
-    print(json.dumps({"instructions_per_job": per_job, "ratios": ratios}))
+    rows += [
+        ("ratio worker float / base64", f"{ratios['worker_float_over_base64']:.2f}", ""),
+        ("ratio Redis base64 / float", f"{ratios['redis_base64_over_float']:.2f}", ""),
+    ]
+    show(f"Instructions per job, callgrind ({small:,} and {large:,} jobs a side)", rows)
+    results = {
+        "worker_counts": worker,
+        "redis_counts": redis,
+        "worker_instructions_per_job": per_job,
+        "redis_instructions_per_result": per_result,
+        "ratios": ratios,
+        "params": vars(args),
+    }
+    print(json.dumps({"worker_instructions_per_job": per_job, "redis_instructions_per_result": per_result}))
+    print(json.dumps({"ratios": ratios}))
     print(f"wrote {write_results('instructions', results)}")
 
 
