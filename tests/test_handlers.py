@@ -374,7 +374,7 @@ def test_embed_without_weights_is_a_config_error(tmp_path: Path) -> None:
         EmbedHandler(model_path=str(tmp_path / "missing")).load()
 
 
-_JSON = st.recursive(
+_JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
@@ -382,7 +382,7 @@ _JSON = st.recursive(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.text(max_size=8), _JSON, max_size=6))
+@given(st.dictionaries(st.text(max_size=8), _JSON_VALUES, max_size=6))
 def test_echo_outputs_are_what_validating_and_dumping_them_gives(body: dict[str, Any]) -> None:
     # echo builds its outputs without validating them again and gives their object back as the JSON: both must be
     # what pydantic's own construction and dump give, for any JSON object a request can carry (JSON has no
