@@ -23,10 +23,10 @@ interleaved in one process against the same servers, ``--repeats`` times each (t
 Rounds run every configuration once, in the order above; the jobs/s ratio against Fleet at filing is printed for the
 best runs and as the median of each round's own ratio. Each run publishes ``--jobs`` requests to a fresh subject
 first (no worker running), then starts one in-process worker and times the drain until the last record is
-terminal. Redis CPU per result is the growth of
-``used_cpu_sys + used_cpu_user`` (``INFO cpu``) over the drain divided by the jobs; bytes per result is the
-``STRLEN`` and ``MEMORY USAGE`` of a finished record's key. Services come from FLEET_BENCH_{NATS,REDIS}_URL or
-are started as in the tests. Writes ``benchmarks/results/compact.json``.
+terminal. Redis CPU per result is the growth of ``used_cpu_sys + used_cpu_user`` (``INFO cpu``) over the drain
+divided by the jobs; bytes per result is the ``STRLEN`` and ``MEMORY USAGE`` of a finished record's key.
+Services come from FLEET_BENCH_{NATS,REDIS}_URL or are started as in the tests.
+Writes ``benchmarks/results/compact.json``.
 """
 
 from __future__ import annotations

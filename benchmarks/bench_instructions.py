@@ -36,7 +36,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,21 +74,15 @@ def run_side(argv: list[str], cwd: Path, pythonpath: Path, out_file: Path | None
     return result
 
 
-@contextlib.contextmanager
-def counted_redis(out_file: Path) -> Iterator[str]:
-    """A redis-server of its own under callgrind, configured as the tests' (no persistence); its URL. Its counts
-    are in ``out_file`` once the block ends (the server is stopped with SIGTERM and shuts down cleanly)."""
-    binary = svc.require_binary("redis-server", "redis-server")
-    port = svc.free_port()
-    with tempfile.TemporaryDirectory(prefix="fleet-redis-counted-") as tmp:
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", binary, "--port", str(port)]
-        argv += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp]
-        with svc._server(argv, port, Path(tmp), "redis-server under callgrind", timeout_s=120):
-            yield f"redis://127.0.0.1:{port}/0"
+def counted_redis(out_file: Path) -> contextlib.AbstractContextManager[str]:
+    """A redis-server of its own under callgrind, as the tests start one; its URL. Its counts are in ``out_file``
+    once the block ends (the server is stopped with SIGTERM and shuts down cleanly)."""
+    wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}"]
+    return svc.redis_server(wrapper=wrapper, timeout_s=120)
 
 
 def child(mode: str, nats_url: str, redis_url: str, jobs: int) -> None:
-    """One ``bench_compact`` run of ``mode`` in this process (the side ``run_counted`` starts under callgrind)."""
+    """One ``bench_compact`` run of ``mode`` in this process (the command ``side_argv`` gives for today's tree)."""
 
     async def main() -> dict[str, Any]:
         redis = aioredis.Redis.from_url(redis_url)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from fleet.errors import ServiceUnavailable
@@ -93,16 +93,18 @@ def _server(argv: list[str], port: int, workdir: Path, what: str, timeout_s: flo
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
+def redis_server(wrapper: Sequence[str] = (), timeout_s: float = 20) -> Iterator[str]:
+    """A redis-server without persistence (FLEET_TEST_REDIS_URL's instead, unless ``wrapper`` is given: a command
+    the server runs under, such as valgrind for ``benchmarks.bench_instructions``); its URL."""
     url = os.environ.get("FLEET_TEST_REDIS_URL")
-    if url:
+    if url and not wrapper:
         yield url
         return
     binary = require_binary("redis-server", "redis-server")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="fleet-redis-") as tmp:
         argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp]
-        with _server(argv, port, Path(tmp), "redis-server"):
+        with _server([*wrapper, *argv], port, Path(tmp), "redis-server", timeout_s):
             yield f"redis://127.0.0.1:{port}/0"
 
 

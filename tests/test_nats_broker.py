@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import nats
 import nats.errors
@@ -30,8 +31,9 @@ from fleet.brokers.base import Delivery, ack_all
 from fleet.brokers.nats import NatsBroker
 from fleet.brokers.nats_client import FleetNatsClient
 from fleet.brokers.nats_pull import NatsDelivery, NatsSubscription, reply_counts
-from fleet.errors import BrokerUnavailable, ConfigError
+from fleet.errors import BrokerError, BrokerUnavailable, ConfigError
 from fleet.settings import FleetSettings
+from tests.aof_redis import restartable
 from tests.contract.conftest import ACK_WAIT_S, broker_settings
 from tests.services import free_port, require_binary, wait_port
 
@@ -397,3 +399,35 @@ async def test_a_direct_handler_that_raises_loses_its_message_but_the_client_kee
     await nc.publish(f"direct.{unique}", b"after")  # no subscription now: the message is dropped, not handed
     await broker.ping()
     assert seen == [b"good"] and core._id not in nc._direct
+
+
+async def test_the_direct_hand_over_outlives_a_server_killed_and_restarted(unique: str) -> None:
+    # nats-py subscribes again under the same id after a reconnect: the inbox must keep its direct hand-over (and
+    # its messages must not start going through the library's queue, nor be lost).
+    with restartable("nats") as server:
+        broker = nats_broker(server.url)
+        await broker.connect()
+        try:
+            subject, sub = await worker_queue(broker, f"r{unique}")
+            await round_trip_works(broker, sub, subject, b"before")
+            server.kill()
+            server.start()
+            deadline = time.monotonic() + 20.0
+            while True:  # reconnected once a publish is acknowledged by the new process
+                try:
+                    await broker.publish(subject, b"after", msg_id=f"{unique}-after")
+                    break
+                except BrokerError:  # unavailable, or no PubAck in time (a retry with the same id is de-duplicated)
+                    assert time.monotonic() < deadline, "no reconnect within 20s"
+                    await asyncio.sleep(0.2)
+            got: list[Delivery] = []
+            while not got:
+                assert time.monotonic() < deadline, "nothing fetched after the restart"
+                with contextlib.suppress(BrokerError):
+                    got = await sub.fetch(1, timeout_s=1.0)
+            assert [(d.data, d.msg_id) for d in got] == [(b"after", f"{unique}-after")]
+            await ack_all(got)
+            assert sub._sub is not None and sub._sub._received == 0
+            assert sub._sub._id in cast(FleetNatsClient, broker._nc)._direct
+        finally:
+            await broker.close()

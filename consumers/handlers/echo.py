@@ -5,19 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from consumers.handlers.base import ModelHandler
+from schemas.construct import built
 from schemas.models import ECHO, EchoInput, EchoOutput
-
-_set = object.__setattr__
 
 
 def _echo_output(root: dict[str, Any]) -> EchoOutput:
     """``EchoOutput(root=root)`` without validating ``root`` again: it is an ``EchoInput``'s, validated already."""
-    out: EchoOutput = EchoOutput.__new__(EchoOutput)
-    _set(out, "__dict__", {"root": root})
-    _set(out, "__pydantic_fields_set__", {"root"})
-    _set(out, "__pydantic_extra__", None)
-    _set(out, "__pydantic_private__", None)
-    return out
+    return built(EchoOutput, {"root": root}, {"root"})
 
 
 class EchoHandler(ModelHandler[EchoInput, EchoOutput]):

@@ -27,6 +27,7 @@ from consumers.device import is_cuda, resolve_device, torch_dtype_for
 from consumers.handlers.base import ModelHandler
 from fleet.encoding import encode_vector
 from fleet.errors import ConfigError
+from schemas.construct import built
 from schemas.models import EMBED, EMBED_DIM, EmbedInput, EmbedOutput
 
 if TYPE_CHECKING:
@@ -34,20 +35,14 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
-_set = object.__setattr__
 _ONE, _MANY = frozenset({"dim", "embedding"}), frozenset({"dim", "embeddings"})
 
 
 def _embed_output(dim: int, one: Any, many: Any) -> EmbedOutput:
-    """``EmbedOutput.model_construct(dim=dim, embedding=one)`` (or ``embeddings=many`` when ``many`` is given): the
-    same object, at half its cost (pydantic's ``model_construct`` resolves every field's default on each call; this
-    runs once per text, on the model thread)."""
-    out: EmbedOutput = EmbedOutput.__new__(EmbedOutput)
-    _set(out, "__dict__", {"dim": dim, "embedding": one, "embeddings": many})
-    _set(out, "__pydantic_fields_set__", set(_ONE if many is None else _MANY))
-    _set(out, "__pydantic_extra__", None)
-    _set(out, "__pydantic_private__", None)
-    return out
+    """``EmbedOutput.model_construct(dim=dim, embedding=one)`` (or ``embeddings=many`` when ``many`` is given) at
+    half its cost: this runs once per text, on the model thread."""
+    values = {"dim": dim, "embedding": one, "embeddings": many}
+    return built(EmbedOutput, values, set(_ONE if many is None else _MANY))
 
 
 DEFAULT_MAX_SEQ_TOKENS = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2

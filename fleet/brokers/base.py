@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
-@dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x
+@dataclass(slots=True)  # not frozen: built for every message published, and a frozen __init__ costs 3x
 class Outgoing:
     """One message for ``publish_many``: what ``Broker.publish`` takes, as one value."""
 

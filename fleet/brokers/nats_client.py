@@ -5,8 +5,8 @@ each character in a generator; with the three headers a Fleet request carries (`
 model) that check was the largest single cost of receiving a message in a worker's profile, more than decoding
 the JSON body. ``FleetNatsClient`` replaces only that function with one that returns the same dictionary (one
 regular-expression search instead of a generator per name, and an all-ASCII block decoded once rather than each
-name and value on its own). ``tests/test_nats_client.py`` holds it to the
-library's own parser on ordinary, malformed and non-ASCII header blocks, so a change in nats-py shows up there.
+name and value on its own). ``tests/test_nats_client.py`` holds it to the library's own parser on ordinary,
+malformed, non-ASCII and generated header blocks, so a change in nats-py shows up there.
 
 A subscription with a callback gets each message from nats-py through a queue and a task: a ``Msg`` built, put on
 the queue, taken off by the task, and a coroutine of the callback started, for every message. A worker's pull

@@ -104,13 +104,6 @@ def reply_counts(reply: str) -> tuple[int, int]:
     raise ValueError(f"not a JetStream ack subject: {reply!r}")
 
 
-def _delivered(nc: NATS, subject: str, reply: str, data: bytes) -> int:
-    try:
-        return reply_counts(reply)[0] or 1
-    except (ValueError, AttributeError):  # not a subject we know: let nats-py say what it makes of it
-        return Msg(_client=nc, subject=subject, reply=reply, data=data).metadata.num_delivered or 1
-
-
 class NatsDelivery:
     """A JetStream message. ``nak`` and ``term`` wait for the server's confirmation; ``ack`` and ``in_progress``
     are sent without one; ``ack_many`` acks a batch in one write."""
@@ -147,12 +140,11 @@ class NatsDelivery:
         self.data = data
         self.arrived_at = arrived_at  # loop time
         self.pending: int | None = None  # the consumer's num_pending when the server sent it (None: unknown)
-        delivered = 0
         try:  # the ack subject, read once
             delivered, self.pending = reply_counts(reply)
-        except (ValueError, AttributeError):
-            pass
-        self.delivery_count: int = delivered or _delivered(nc, subject, reply, data)
+        except (ValueError, AttributeError):  # not a subject we know: let nats-py say what it makes of it
+            delivered = Msg(_client=nc, subject=subject, reply=reply, data=data).metadata.num_delivered
+        self.delivery_count: int = delivered or 1
         self._reply = reply
         self._nc = nc
         self._timeout_s = timeout_s

@@ -27,26 +27,18 @@ import orjson
 from pydantic import BaseModel
 
 from fleet.store.packed import pack
+from schemas.construct import built
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 _SERIALIZER = JobRecord.__pydantic_serializer__
 _FIELDS = set(JobRecord.model_fields)
 _RUNNING = JobState.running
-_set = object.__setattr__
 
 
 def trusted(values: dict[str, Any]) -> JobRecord:
-    """A record from values of the right types for every field, without validating them again.
-
-    This is what ``JobRecord.model_construct`` does for a model without extras or private attributes, minus its
-    per-field default handling (every field is given), at a quarter of its cost.
-    """
-    record = JobRecord.__new__(JobRecord)
-    _set(record, "__dict__", values)
-    _set(record, "__pydantic_fields_set__", _FIELDS.copy())
-    _set(record, "__pydantic_extra__", None)
-    _set(record, "__pydantic_private__", None)
-    return record
+    """A record from values of the right types for every field, without validating them again: what
+    ``JobRecord.model_construct`` makes, at a quarter of its cost (``schemas.construct.built``)."""
+    return built(JobRecord, values, _FIELDS.copy())
 
 
 def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
