@@ -5,6 +5,11 @@ cd "$(dirname "$0")/.."
 bash scripts/services.sh
 bash scripts/venv.sh
 export PYTHONUNBUFFERED=1
+echo "==> uv.lock agrees with pyproject.toml" >&2
+if ! .venv/bin/uv lock --check --quiet; then
+  echo "error: uv.lock does not match pyproject.toml's dependencies: run 'make lock' and commit uv.lock" >&2
+  exit 1
+fi
 echo "==> lint: ruff and mypy" >&2
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .

@@ -16,6 +16,9 @@ from fleet.store.redis_packing import HiredisPacking, with_hiredis_packing
 
 PLAIN = Connection()
 FAST = with_hiredis_packing(Connection)()
+# redis-py's own packer in Python: from redis-py 8 on, ``pack_command`` itself packs with hiredis when it is
+# installed, so the Python loop the bytes are held to is the private ``_pack_command_python``
+PYTHON_PACK = getattr(PLAIN, "_pack_command_python", PLAIN.pack_command)
 
 arguments = st.one_of(
     st.binary(max_size=300),
@@ -30,11 +33,15 @@ def packed(connection: Connection, *args: object) -> bytes:
     return b"".join(connection.pack_command(*args))
 
 
+def python_packed(*args: object) -> bytes:
+    return b"".join(PYTHON_PACK(*args))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(["EVALSHA", "SET", b"MGET", "SCRIPT LOAD", "CLIENT SETINFO"]), st.lists(arguments, max_size=40))
 def test_hiredis_packs_the_bytes_redis_py_packs(command: str | bytes, args: list[object]) -> None:
     try:
-        expected = packed(PLAIN, command, *args)
+        expected = python_packed(command, *args)
     except UnicodeEncodeError:
         with pytest.raises(UnicodeEncodeError):
             packed(FAST, command, *args)
@@ -59,7 +66,8 @@ def test_another_encoding_is_left_to_redis_py() -> None:
 
 def test_each_connection_kind_gets_its_own_packing_subclass() -> None:
     big = b"x" * 7000
-    assert len(FAST.pack_command("SET", "k", big)) == 1 < len(PLAIN.pack_command("SET", "k", big))  # hiredis packed it
+    assert len(PYTHON_PACK("SET", "k", big)) > 1  # redis-py's Python loop sends a big value as a chunk of its own
+    assert FAST.pack_command("SET", "k", big) == [python_packed("SET", "k", big)]  # hiredis packed it whole
     for kind in (Connection, SSLConnection, UnixDomainSocketConnection):
         fast = with_hiredis_packing(kind)
         assert issubclass(fast, kind) and issubclass(fast, HiredisPacking)

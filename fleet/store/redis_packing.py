@@ -3,7 +3,9 @@
 redis-py's asyncio connection builds each command's bytes in Python: one encode call, one length and one join per
 argument. A micro-batch's compare-and-set script has about 130 arguments (keys, record values, the expected
 values' layout), three such commands a batch, so packing was the largest single cost in a worker's store path
-(py-spy: 12 % of its samples). hiredis, installed with ``redis[hiredis]``, packs the same bytes in C.
+(py-spy: 12 % of its samples). hiredis, installed with ``redis[hiredis]``, packs the same bytes in C. From
+redis-py 8 on, ``pack_command`` uses hiredis too, but first encodes every argument through the encoder in a Python
+generator: for that script's command the subclass below is still about 6x faster.
 
 ``with_hiredis_packing(cls)`` is a subclass of a redis-py connection class (plain, TLS or Unix socket) whose
 ``pack_command`` uses hiredis while redis-py's encoder is at its defaults (UTF-8, strict). It splits a command
