@@ -10,6 +10,7 @@ against a real gateway and a real worker continuing DAG runs, with the API keys 
   A's spec (the replacement attack); A's DAG is to B one that does not exist. A run start may pin a version.
 - Run ids are per tenant: A's run id is a free id to B (no ``409 run_id_taken`` oracle); each tenant's
   re-submission stays idempotent.
+- A run the code before keys and namespaces wrote goes on with its old ids (a rolling upgrade).
 - A run that is over at its start (an empty ``for_each``, every ``when`` false, a fan-out over the bound) answers
   every waiter at once: ``?wait``, the WebSocket, SSE, ``fleet dag run --wait`` and a start on ``fleet.req._dagrun``.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
 import httpx
@@ -27,6 +29,7 @@ import pytest
 from typer.testing import CliRunner
 from websockets.asyncio.client import connect as ws_connect
 
+from dags import evaluate
 from dags.runner import DagRunner
 from dags.starter import DagStarter
 from dags.state import MAX_FAN_OUT, parse_job_id
@@ -288,3 +291,29 @@ async def test_a_run_over_at_its_start_through_the_raw_starter_ends_at_once(env:
     finally:
         with contextlib.suppress(Exception):
             await starter.stop()
+
+
+# -- upgrade --------------------------------------------------------------------------------------------------
+async def test_a_run_written_before_keys_and_namespaces_goes_on_with_its_old_ids(env: Env) -> None:
+    """Mid-upgrade: a run document the old code wrote (under the bare run id, no key, its spec under the bare DAG
+    name) is continued by the new worker with its old step ids, and its tenant reads, waits on and re-starts it."""
+    dag, run_id = f"legacy-{env.unique}", f"legacy-run-{env.unique}"
+    runner = DagRunner(env.broker, env.store, make_dag_store(env.store), env.gw.app.state.gateway.specs)
+    await runner.register(echo_dag(dag, env.echo))  # the bare name: where every spec lived before namespaces
+    version, compiled = await runner.compiled(dag)
+    state, _ = evaluate.advance(compiled, evaluate.new_run(compiled, run_id, {"old": True}))
+    old_doc = {"run": state.to_dict(), "version": version, "created_at": time.time(), "deadline": None}
+    old_doc.update({"finished_at": None, "times": {}, "tenant": env.tenant_a})
+    assert (await runner.dags.create_run(run_id, old_doc))[0]
+    old_id = f"{run_id}.s.0"  # published as the old runner did
+    context = DagContext(run=run_id, dag=dag, version=version, step="s", index=0)
+    message = RequestMessage(job_id=old_id, model=env.echo, input={"old": True}, dag=context, tenant=env.tenant_a)
+    await env.broker.publish(c.request_subject(env.echo), message.model_dump_json().encode(), msg_id=old_id)
+    view = (await env.a.get(f"/v1/runs/{run_id}", params={"wait": 20})).json()
+    assert (view["state"], view["output"], view["steps"]["s"]["job_ids"]) == ("succeeded", {"old": True}, [old_id])
+    again = await env.a.post(f"/v1/dags/{dag}/runs", json={"input": {}, "run_id": run_id})
+    assert again.status_code == 404  # the spec of the bare name is the default tenant's now: A registers its own
+    await register(env.a, echo_dag(dag, env.echo))
+    again = await env.a.post(f"/v1/dags/{dag}/runs", json={"input": {}, "run_id": run_id})
+    assert again.status_code == 202 and again.json()["created"] is False, again.text
+    assert (await env.b.get(f"/v1/runs/{run_id}")).status_code == 404
