@@ -37,7 +37,9 @@ from dags.state import MAX_FAN_OUT, parse_job_id
 from fleet import constants as c
 from fleet.cli import app as cli_app
 from fleet.store.dagstore import make_dag_store
+from producers.publish import prepare
 from producers.sdk import FleetClient, ws_url
+from schemas.models import BUILTIN_SPECS
 from schemas.wire import DagContext, DagStartMessage, RequestMessage
 from tests.gateway_helpers import error_of
 from tests.infra import eventually
@@ -334,3 +336,20 @@ async def test_a_run_written_before_keys_and_namespaces_goes_on_with_its_old_ids
     again = await env.a.post(f"/v1/dags/{dag}/runs", json={"input": {}, "run_id": run_id})
     assert again.status_code == 202 and again.json()["created"] is False, again.text
     assert (await env.b.get(f"/v1/runs/{run_id}")).status_code == 404
+
+
+def test_fleet_publish_refuses_a_step_id_and_a_dag_context() -> None:
+    """``fleet publish --requests`` lines go straight to the broker: a step's id shape or a ``dag`` context (the
+    runner's alone) is an invalid line naming the rule."""
+    spec = BUILTIN_SPECS["echo"]
+    ctx = {"run": "nightly-9", "dag": "d", "version": 1, "step": "s", "index": 0}
+    lines = [
+        json.dumps({"job_id": "nightly-9.s.0", "model": "echo", "input": {}}),
+        json.dumps({"job_id": "nightly-9.s.0.0123456789abcdef", "model": "echo", "input": {}}),
+        json.dumps({"job_id": "mine-1", "model": "echo", "input": {}, "dag": ctx}),
+        json.dumps({"job_id": "mine-2", "model": "echo", "input": {}}),
+    ]
+    prepared = prepare(lines, spec, requests=True)
+    assert [m.job_id for m in prepared.messages] == ["mine-2"]
+    messages = [e.message for e in prepared.errors]
+    assert RESERVED in messages[0] and RESERVED in messages[1] and "dag context" in messages[2], messages
