@@ -130,6 +130,8 @@ class DagRunner:
         given = run_id is not None
         run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
         version, dag = await self.compiled(name, version, tenant)
+        if dag.name != name:  # a store name (``<tenant>:<name>``) read as every tenant's: not a DAG to run
+            raise UnknownDag(name, None)
         if given and tenancy.stored(tenant) is not None and (old := await self._legacy(run_id, tenant)) is not None:
             await self._publish_outstanding(old)
             return False, old

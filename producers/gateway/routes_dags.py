@@ -143,8 +143,8 @@ def own_name(stored: str, viewer: str | None) -> str | None:
     token (``viewer`` None) sees every name as stored, ``<tenant>:<name>``."""
     if viewer is None:
         return stored
-    tenant, _, name = stored.rpartition(":")
-    return name if scoped(name, viewer) == stored and (tenant or name == stored) else None
+    name = stored.rpartition(":")[2]
+    return name if scoped(name, viewer) == stored else None
 
 
 @router.get("/v1/dags", response_model=DagList, summary="List DAGs", responses=error_responses(503))
