@@ -4,7 +4,8 @@
 - ``dags.expressions``: ``${...}`` JMESPath expressions, what they read, their rendering into inputs.
 - ``dags.validate``: ``validate(spec, models) -> CompiledDag`` or one ``fleet.errors.DagInvalid`` naming every
   problem's step and path.
-- ``dags.state``: ``RunState``, JSON-friendly, and deterministic job ids ``<run>.<step>.<index>``.
+- ``dags.state``: ``RunState``, JSON-friendly, deterministic job ids ``<run>.<step>.<index>.<key>`` (the key is the
+  run's secret, so no client can claim a step's id) and the per-tenant namespaces of DAG names and run ids.
 - ``dags.evaluate``: what runs next, as pure functions of ``(CompiledDag, RunState)``: ``new_run``, ``advance``,
   ``apply_result``, ``cancel``, ``run_state``, ``run_view``.
 - ``dags.graph``: nodes, edges and Mermaid text of a DAG.

@@ -167,7 +167,7 @@ def run_view(dag: CompiledDag, state: RunState) -> dict[str, Any]:
     steps = {
         sid: {
             "state": run.state,
-            "job_ids": [job_id(state.run_id, sid, i) for i in range(len(run.items))],
+            "job_ids": [job_id(state.run_id, sid, i, state.key) for i in range(len(run.items))],
             "error": run.error,
         }
         for sid, run in state.steps.items()
@@ -206,7 +206,7 @@ def outstanding(dag: CompiledDag, state: RunState) -> list[StepLaunch]:
         try:
             items = _items(dag, step, ctx)
             jobs = tuple(
-                JobLaunch(job_id(state.run_id, sid, i), i, item, _input(dag, step, ctx, i, item))
+                JobLaunch(job_id(state.run_id, sid, i, state.key), i, item, _input(dag, step, ctx, i, item))
                 for i, item in enumerate(items)
                 if i < len(run.items) and run.items[i] == "pending"
             )
@@ -234,7 +234,8 @@ def _start(
         return StepRun("failed", error={"type": exc.kind, "message": exc.message}), None
     if not items:
         return StepRun("succeeded"), None
-    jobs = tuple(JobLaunch(job_id(state.run_id, step.id, i), i, item, inputs[i]) for i, item in enumerate(items))
+    key = state.key
+    jobs = tuple(JobLaunch(job_id(state.run_id, step.id, i, key), i, item, inputs[i]) for i, item in enumerate(items))
     n = len(jobs)
     run = StepRun("running", ("pending",) * n, (None,) * n, (None,) * n)
     return run, StepLaunch(step.id, step.spec.model, jobs, step.spec.timeout_s, step.spec.retries)

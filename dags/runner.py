@@ -10,7 +10,17 @@ or the store drops a repeat. A step is launched once, because only the compare-a
 ``pending`` wins; a join therefore fires once, whatever the order, the redeliveries and the number of workers.
 
 When a run fails, is cancelled or expires, its outstanding jobs are cancelled in the store, so a worker that takes
-one skips it, and pending steps are never started.
+one skips it, and pending steps are never started. A run that is over at its start (an empty ``for_each``, a
+``when`` false for every step, a fan-out over the bound) is stored over, with its ``finished_at``: every waiter and
+event stream answers at once.
+
+Tenants: a DAG spec and a run belong to a tenant. Each tenant has its own namespace of DAG names and run ids
+(``dags.state.scoped``: ``<tenant>:<name>`` in the store; the default tenant's are the bare names), so another
+tenant's DAG or run id is, to a tenant, one that does not exist. A run's job ids carry its key
+(``<run>.<step>.<index>.<key>``, ``dags.state.job_id``), which no client can guess or claim; a result whose job id
+is not the one its run gives that step and index is ignored. A run started before keys (no ``key`` in its
+document) keeps its bare id, its spec's bare name and its old job ids until it ends; ``store_id`` and ``spec_ref``
+tell the two apart by the document, and the settle hook by the job id.
 """
 
 from __future__ import annotations
@@ -20,11 +30,12 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from dags import evaluate
 from dags.spec import load_spec
-from dags.state import SETTLED, RunState, check_run_id, job_id
+from dags.state import SETTLED, RunState, check_run_id, has_key, job_id, new_key, scoped
 from dags.validate import CompiledDag, validate
 from fleet import constants as c
 from fleet import tenancy
@@ -61,32 +72,44 @@ class DagRunner:
         self._joining: dict[str, list[tuple[DagContext, JobRecord, asyncio.Future[None]]]] = {}
 
     # -- specs ------------------------------------------------------------------------------------------------
-    async def register(self, source: str | bytes | Mapping[str, Any]) -> tuple[str, int, CompiledDag]:
-        """Validate and store a spec; raises ``DagInvalid`` naming every problem. The same spec again keeps its
-        version."""
+    async def register(
+        self, source: str | bytes | Mapping[str, Any], tenant: str | None = None
+    ) -> tuple[str, int, CompiledDag]:
+        """Validate and store a spec of ``tenant`` (None: the default tenant) in its namespace; raises
+        ``DagInvalid`` naming every problem. The same spec again keeps its version."""
         spec = load_spec(source)
         compiled = validate(spec, self.models)
-        version = await self.dags.register(spec.name, spec.model_dump(mode="json"))
-        self._compiled[(spec.name, version)] = compiled
+        ref = scoped(spec.name, tenant)
+        version = await self.dags.register(ref, spec.model_dump(mode="json"))
+        self._compiled[(ref, version)] = compiled
         return spec.name, version, compiled
 
-    async def compiled(self, name: str, version: int | None = None) -> tuple[int, CompiledDag]:
-        """The compiled spec of ``name`` at ``version`` (None: the latest). Versions never change, so each is read
-        and compiled once per process; the latest costs one small read to learn its number."""
+    async def compiled(
+        self, name: str, version: int | None = None, tenant: str | None = None
+    ) -> tuple[int, CompiledDag]:
+        """The compiled spec of ``tenant``'s DAG ``name`` at ``version`` (None: the latest; ``tenant`` None: the
+        default tenant's, or ``name`` as the store names it, ``spec_ref``). Versions never change, so each is read
+        and compiled once per process; the latest costs one small read to learn its number. ``UnknownDag`` names
+        ``name`` as given: another tenant's DAG is one that does not exist."""
+        ref = scoped(name, tenant)
         if version is None:
-            version = await self.dags.latest_version(name)
+            version = await self.dags.latest_version(ref)
             if version is None:
                 raise UnknownDag(name, None)
-        if (name, version) in self._compiled:
-            return version, self._compiled[(name, version)]
-        found = await self.dags.spec(name, version)
+        if (ref, version) in self._compiled:
+            return version, self._compiled[(ref, version)]
+        found = await self.dags.spec(ref, version)
         if found is None:
             raise UnknownDag(name, version)
         chosen, raw = found
-        if (name, chosen) not in self._compiled:
+        if (ref, chosen) not in self._compiled:
             spec = load_spec(raw)
-            self._compiled[(name, chosen)] = validate(spec, _Lenient(self.models, spec))
-        return chosen, self._compiled[(name, chosen)]
+            self._compiled[(ref, chosen)] = validate(spec, _Lenient(self.models, spec))
+        return chosen, self._compiled[(ref, chosen)]
+
+    async def compiled_of(self, doc: RunDoc) -> CompiledDag:
+        """The compiled spec a run runs."""
+        return (await self.compiled(spec_ref(doc), doc["version"]))[1]
 
     # -- runs -------------------------------------------------------------------------------------------------
     async def start(
@@ -96,18 +119,30 @@ class DagRunner:
         run_id: str | None = None,
         timeout_s: float | None = None,
         tenant: str | None = None,
+        version: int | None = None,
     ) -> tuple[bool, RunDoc]:
-        """Start a run of ``tenant`` (None: the default tenant; its steps' jobs carry it on the wire). Idempotent
-        on ``run_id``: a second start returns the first run, and publishes what it has outstanding again, so a
-        start whose publish was lost completes. A ``run_id`` of another tenant's run raises ``RunIdTaken``."""
+        """Start a run of ``tenant``'s DAG ``name`` at ``version`` (None: the latest; ``tenant`` None: the default
+        tenant; its steps' jobs carry it on the wire). Idempotent on ``run_id`` within the tenant: a second start
+        returns the first run, and publishes what it has outstanding again, so a start whose publish was lost
+        completes. Another tenant's run ids are not this tenant's: the same id starts a run of its own. (A run of
+        another tenant started before run ids had namespaces, under the default tenant's bare id, raises
+        ``RunIdTaken`` to the default tenant until it expires.)"""
+        given = run_id is not None
         run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
-        version, dag = await self.compiled(name)
-        state = evaluate.new_run(dag, run_id, run_input)
+        version, dag = await self.compiled(name, version, tenant)
+        if dag.name != name:  # a store name (``<tenant>:<name>``) read as every tenant's: not a DAG to run
+            raise UnknownDag(name, None)
+        if given and tenancy.stored(tenant) is not None and (old := await self._legacy(run_id, tenant)) is not None:
+            await self._publish_outstanding(old)
+            return False, old
+        key = new_key()
+        state = replace(evaluate.new_run(dag, run_id, run_input), key=key)
         state, _ = evaluate.advance(dag, state)
         now = time.time()
         doc: RunDoc = {
             "run": state.to_dict(),
             "version": version,
+            "key": key,
             "created_at": now,
             "deadline": now + timeout_s if timeout_s else None,
             "finished_at": None,
@@ -116,11 +151,29 @@ class DagRunner:
         if tenancy.stored(tenant) is not None:
             doc["tenant"] = tenancy.stored(tenant)
         _stamp(doc, None, state, now)
-        created, doc = await self.dags.create_run(run_id, doc)
+        if evaluate.run_state(dag, state).state != "running":  # over at its start: nothing will settle it later
+            doc["finished_at"] = now
+        created, doc = await self.dags.create_run(scoped(run_id, tenant), doc)
         if not created and tenancy.owner(doc.get("tenant")) != tenancy.owner(tenant):
-            raise RunIdTaken(run_id)
+            raise RunIdTaken(run_id)  # only a run from before namespaces, under the default tenant's bare id
         await self._publish_outstanding(doc)
         return created, doc
+
+    async def _legacy(self, run_id: str, tenant: str | None) -> RunDoc | None:
+        """``tenant``'s run ``run_id`` from before run ids had namespaces (stored under the bare id, no key)."""
+        doc = await self.dags.get_run(run_id)
+        if doc is None or doc.get("key") or tenancy.owner(doc.get("tenant")) != tenancy.owner(tenant):
+            return None
+        return doc
+
+    async def _find(self, run_id: str, viewer: str | None) -> RunDoc | None:
+        """The run ``run_id`` of ``viewer`` (``ALL_TENANTS``: ``run_id`` is the store's id, ``store_id``)."""
+        doc = await self.dags.get_run(scoped(run_id, viewer))
+        if doc is None and tenancy.stored(viewer) is not None:
+            doc = await self._legacy(run_id, viewer)
+        if doc is None or not tenancy.visible(doc.get("tenant"), viewer):
+            return None
+        return doc
 
     async def on_settled(self, job: Any, record: JobRecord, won: bool) -> None:
         """The settle hook: continue the run of a DAG job whose terminal record is stored.
@@ -132,19 +185,22 @@ class DagRunner:
         if request is None or request.dag is None:
             return
         ctx = request.dag
+        keyed = has_key(request.job_id)  # a run with a key lives in its tenant's namespace; one from before, bare
+        sid = scoped(ctx.run, request.tenant) if keyed else ctx.run
+        ref = scoped(ctx.dag, request.tenant) if keyed else ctx.dag
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiting = self._joining.get(ctx.run)
+        waiting = self._joining.get(sid)
         if waiting is not None:
             waiting.append((ctx, record, future))
             await future
             return
-        batch = self._joining[ctx.run] = [(ctx, record, future)]
+        batch = self._joining[sid] = [(ctx, record, future)]
         try:
             await asyncio.sleep(0)  # the batch's other hooks for this run join now
         finally:
-            del self._joining[ctx.run]
+            del self._joining[sid]
         try:
-            await self._continue(ctx, [(c, r) for c, r, _ in batch])
+            await self._continue(sid, ref, ctx, [(c, r) for c, r, _ in batch])
         except BaseException as exc:
             for _, _, other in batch[1:]:
                 if not other.done():
@@ -154,13 +210,13 @@ class DagRunner:
             if not other.done():
                 other.set_result(None)
 
-    async def _continue(self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
-        _, dag = await self.compiled(ctx.dag, ctx.version)
+    async def _continue(self, sid: str, ref: str, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
+        _, dag = await self.compiled(ref, ctx.version)
         change = _Change(dag, results)
         try:
-            before, after = await self.dags.update_run(ctx.run, change)
+            before, after = await self.dags.update_run(sid, change)
         except StoreError:
-            if await self.dags.get_run(ctx.run) is None:  # the run expired: nothing to continue
+            if await self.dags.get_run(sid) is None:  # the run expired: nothing to continue
                 log.warning("%d jobs belong to DAG run %s, which no longer exists", len(results), ctx.run)
                 return
             raise
@@ -174,54 +230,63 @@ class DagRunner:
         if after is not before and after.get("finished_at") is not None and before.get("finished_at") is None:
             await self._cancel_outstanding(dag, after)
 
-    async def cancel(self, run_id: str, outcome: str = "cancelled", message: str | None = None) -> RunDoc:
-        """End a run as ``cancelled`` (or ``expired``); its outstanding jobs are cancelled in the store."""
-        doc = await self.dags.get_run(run_id)  # not ``get``: it expires late runs through this method
+    async def cancel(
+        self,
+        run_id: str,
+        outcome: str = "cancelled",
+        message: str | None = None,
+        viewer: str | None = tenancy.ALL_TENANTS,
+    ) -> RunDoc:
+        """End ``viewer``'s run as ``cancelled`` (or ``expired``); its outstanding jobs are cancelled in the
+        store."""
+        doc = await self._find(run_id, viewer)  # not ``get``: it expires late runs through this method
         if doc is None:
             raise UnknownRun(run_id)
-        _, dag = await self.compiled(doc["run"]["dag"], doc["version"])
-        text = message or f"cancelled by a client (POST /v1/runs/{run_id}/cancel)"
+        return await self._cancel(doc, outcome, message or f"cancelled by a client (POST /v1/runs/{run_id}/cancel)")
+
+    async def _cancel(self, doc: RunDoc, outcome: str, text: str) -> RunDoc:
+        dag = await self.compiled_of(doc)
 
         def change(doc: RunDoc) -> RunDoc | None:
-            old = RunState.from_dict(doc["run"])
+            old = _state(doc)
             return _updated(doc, old, evaluate.cancel(old, outcome, text), dag)
 
-        _, after = await self.dags.update_run(run_id, change)
+        _, after = await self.dags.update_run(store_id(doc), change)
         await self._cancel_outstanding(dag, after)
         return after
 
     async def get(self, run_id: str, viewer: str | None = tenancy.ALL_TENANTS) -> RunDoc:
-        """The run's document; ``UnknownRun`` when there is none, or it is of a tenant other than ``viewer``."""
-        doc = await self.dags.get_run(run_id)
-        if doc is None or not tenancy.visible(doc.get("tenant"), viewer):
+        """``viewer``'s run ``run_id`` (``ALL_TENANTS``: the run the store names ``run_id``, see ``store_id``);
+        ``UnknownRun`` when there is none (another tenant's run is none)."""
+        doc = await self._find(run_id, viewer)
+        if doc is None:
             raise UnknownRun(run_id)
         if _overdue(doc):
-            return await self.cancel(run_id, "expired", "the run's timeout passed before it finished")
+            return await self._cancel(doc, "expired", "the run's timeout passed before it finished")
         return doc
 
-    async def view(self, run_id: str) -> dict[str, Any]:
-        doc = await self.get(run_id)
-        _, dag = await self.compiled(doc["run"]["dag"], doc["version"])
-        return view_of(dag, doc)
+    async def view(self, run_id: str, viewer: str | None = tenancy.ALL_TENANTS) -> dict[str, Any]:
+        doc = await self.get(run_id, viewer)
+        return view_of(await self.compiled_of(doc), doc)
 
     async def wait(self, run_id: str, timeout_s: float, viewer: str | None = tenancy.ALL_TENANTS) -> RunDoc:
         """The run's document once it is over, or as it is after ``timeout_s`` (``UnknownRun`` at once for
         another tenant's run)."""
         deadline = time.monotonic() + timeout_s
         doc = await self.get(run_id, viewer)
+        sid = store_id(doc)
         while doc.get("finished_at") is None and (remaining := deadline - time.monotonic()) > 0:
-            changed = await self.dags.wait_change(run_id, doc, min(remaining, 1.0))
+            changed = await self.dags.wait_change(sid, doc, min(remaining, 1.0))
             if changed is None:
                 raise UnknownRun(run_id)  # expired while it was waited for
-            doc = changed if changed.get("finished_at") or not _overdue(changed) else await self.get(run_id)
+            doc = changed if changed.get("finished_at") or not _overdue(changed) else await self.get(sid)
         return doc
 
     # -- publishing -------------------------------------------------------------------------------------------
     async def _publish_outstanding(self, doc: RunDoc) -> None:
         """Publish the jobs of ``doc`` that have no result yet."""
-        state = RunState.from_dict(doc["run"])
-        _, dag = await self.compiled(state.dag, doc["version"])
-        await self._publish_launches(doc, evaluate.outstanding(dag, state))
+        dag = await self.compiled_of(doc)
+        await self._publish_launches(doc, evaluate.outstanding(dag, _state(doc)))
 
     async def _publish_launches(self, doc: RunDoc, launches: list[evaluate.StepLaunch]) -> None:
         """Publish the jobs of ``launches``, recorded in ``doc``."""
@@ -259,10 +324,10 @@ class DagRunner:
 
     async def _cancel_outstanding(self, dag: CompiledDag, doc: RunDoc) -> None:
         """Cancel the jobs of a run that is over which have no result yet, so that no worker computes them."""
-        state = RunState.from_dict(doc["run"])
+        state = _state(doc)
         error = JobError(type="cancelled", message=f"its DAG run {state.run_id} ended {_status(dag, doc)}")
         items = [
-            Finish(job_id(state.run_id, sid, i), JobState.cancelled, dag.steps[sid].spec.model, error=error)
+            Finish(job_id(state.run_id, sid, i, state.key), JobState.cancelled, dag.steps[sid].spec.model, error=error)
             for sid, run in state.steps.items()
             for i, item in enumerate(run.items)
             if item == "pending"
@@ -285,9 +350,14 @@ class _Change:
     def __call__(self, doc: RunDoc) -> RunDoc | None:
         dag = self.dag
         self.replayed = False
-        old = RunState.from_dict(doc["run"])
+        old = _state(doc)
         new = _expire_if_late(doc, old)  # first: a job that expired with its run does not make it 'failed'
         for item, record in self.results:
+            if record.job_id != job_id(old.run_id, item.step, item.index, old.key):
+                log.warning(
+                    "job %s is not step %s[%d] of DAG run %s: ignored", record.job_id, item.step, item.index, old.run_id
+                )
+                continue
             output, error = record.output, _error_dict(record.error)
             applied = evaluate.apply_result(dag, new, item.step, item.index, record.state.value, output, error)
             self.replayed = self.replayed or applied is new
@@ -365,13 +435,30 @@ def _stamp(doc: RunDoc, old: RunState | None, new: RunState, now: float) -> None
 
 
 def _status(dag: CompiledDag, doc: RunDoc) -> str:
-    return evaluate.run_state(dag, RunState.from_dict(doc["run"])).state
+    return evaluate.run_state(dag, _state(doc)).state
+
+
+def _state(doc: RunDoc) -> RunState:
+    return RunState.from_dict(doc["run"], doc.get("key"))
+
+
+def store_id(doc: RunDoc) -> str:
+    """The id under which the DAG store keeps a run: ``<tenant>:<run>`` (the bare run id for the default tenant,
+    and for a run from before keys). The operator reads a run by this id."""
+    run_id: str = doc["run"]["run_id"]
+    return scoped(run_id, doc.get("tenant")) if doc.get("key") else run_id
+
+
+def spec_ref(doc: RunDoc) -> str:
+    """The name under which the DAG store keeps the spec a run runs (as ``store_id``)."""
+    name: str = doc["run"]["dag"]
+    return scoped(name, doc.get("tenant")) if doc.get("key") else name
 
 
 def view_of(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
     """``GET /v1/runs/{id}``: ``{run_id, dag, version, state, steps: {<id>: {state, job_ids, started_at,
     finished_at, error}}, output, error, created_at, finished_at}``."""
-    state = RunState.from_dict(doc["run"])
+    state = _state(doc)
     view = evaluate.run_view(dag, state)
     for sid, step in view["steps"].items():
         times = doc["times"].get(sid) or {}

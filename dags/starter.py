@@ -1,6 +1,8 @@
 """Starting runs without the gateway: a message on ``fleet.req._dagrun`` starts a run of a registered DAG.
 
-Body: one JSON object ``{"dag": NAME, "input": {...}, "run_id"?: ID, "timeout_s"?: SECONDS}`` (``DagStartMessage``).
+Body: one JSON object ``{"dag": NAME, "input": {...}, "run_id"?: ID, "version"?: N, "timeout_s"?: SECONDS,
+"tenant"?: TENANT}`` (``DagStartMessage``): the tenant's DAG ``NAME`` (its latest version, or ``version``) runs as
+that tenant's run ``ID``.
 Every ``fleet worker`` and ``fleet up`` process runs one ``DagStarter``; they compete for these messages like a
 model's workers for its requests. The run id, when not given, is derived from the message id (NATS ``Nats-Msg-Id``,
 the Kafka key) or else from the body, so a redelivered start starts the same run (``DagRunner.start`` is idempotent
@@ -86,7 +88,9 @@ class DagStarter:
             return
         try:
             run_id = run_id_for(delivery, message.run_id)
-            await self.runner.start(message.dag, message.input, run_id, message.timeout_s, message.tenant)
+            await self.runner.start(
+                message.dag, message.input, run_id, message.timeout_s, message.tenant, message.version
+            )
         except (StoreError, BrokerError) as exc:
             log.warning("%s: could not start a run of %s (%s); handing it back", self.owner, message.dag, exc)
             await _quietly(delivery.nak(RETRY_DELAY_S))

@@ -133,15 +133,17 @@ def pending_message_key(job_id: str) -> str:
 
 
 def dag_key(run_id: str) -> str:
-    """A DAG run's document: its state (every step, item and output), version, times (``fleet.dagstore``)."""
+    """A DAG run's document: its state (every step, item and output), version, key, times (``fleet.dagstore``);
+    ``run_id`` is ``<tenant>:<run>`` for a tenant other than the default (``dags.runner.store_id``)."""
     return f"{KEY_PREFIX}:dag:{run_id}"
 
 
-DAG_SPECS_KEY = f"{KEY_PREFIX}:dagspecs"  # set of registered DAG names
+DAG_SPECS_KEY = f"{KEY_PREFIX}:dagspecs"  # set of registered DAG names (``<tenant>:<name>``, bare for the default)
 
 
 def dag_spec_key(name: str) -> str:
-    """Hash of a DAG's registered versions: field ``<n>`` the spec as JSON, ``latest`` the newest n."""
+    """Hash of a DAG's registered versions: field ``<n>`` the spec as JSON, ``latest`` the newest n. A tenant's DAG
+    is ``<tenant>:<name>`` (``dags.state.scoped``; the default tenant's is the bare name)."""
     return f"{KEY_PREFIX}:dagspec:{name}"
 
 

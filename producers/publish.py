@@ -6,6 +6,8 @@ sent; job ids are printed in input order.
 
 ``tenant`` names the tenant the jobs belong to (``RequestMessage.tenant``; None: the default tenant): input lines
 get it, request lines that name no tenant get it, and a request line naming another tenant is an invalid line.
+A request line may not name a job id of the shape reserved for DAG steps (``schemas.dags.STEP_JOB_ID_PATTERN``)
+nor carry a ``dag`` context: those are the DAG runner's.
 The broker does not check the field: what keeps a producer to its own tenant is the broker's permissions on the
 subjects (README, "Broker permissions").
 """
@@ -28,8 +30,11 @@ from fleet import tenancy
 from fleet.brokers.base import Broker, Outgoing
 from fleet.encoding import ENCODING_FORMATS, no_vectors_message
 from fleet.errors import InvalidInput
+from schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
 from schemas.models import ModelSpec
 from schemas.wire import TENANT_PATTERN, RequestMessage, to_priority
+
+_STEP_JOB_ID_RE = re.compile(STEP_JOB_ID_PATTERN)
 
 
 @dataclass(slots=True)
@@ -109,6 +114,8 @@ def prepare_line(
         raise InvalidInput(_describe(exc, "" if requests else "input")) from None
     if message.model != spec.name:
         raise InvalidInput(f"request names model {message.model!r}, not {spec.name!r}")
+    if _STEP_JOB_ID_RE.match(message.job_id) or message.dag is not None:
+        raise InvalidInput(STEP_JOB_ID_RULE if message.dag is None else "the dag context is the DAG runner's alone")
     if message.encoding_format != "float" and not spec.vector_fields:
         raise InvalidInput(no_vectors_message(spec.name))
     return message

@@ -457,13 +457,21 @@ class FleetClient:
         return shown
 
     async def start_run(
-        self, name: str, input: Any, *, run_id: str | None = None, timeout_s: float | None = None
+        self,
+        name: str,
+        input: Any,
+        *,
+        run_id: str | None = None,
+        timeout_s: float | None = None,
+        version: int | None = None,
     ) -> str:
-        """Start a run of the DAG's latest version and return its id.
+        """Start a run of the DAG's latest version (or of ``version``) and return its id.
 
         Args:
-            run_id: an idempotency key: starting the same id again starts nothing and returns it.
+            run_id: an idempotency key of the key's tenant: starting the same id again starts nothing and returns
+                it.
             timeout_s: a run not over within this many seconds ends ``expired``.
+            version: the DAG version to run (default: the latest); ``get_run`` names the version a run runs.
 
         Raises:
             UnknownDag: no such DAG. InvalidInput: ``input`` fails its input schema, or a bad ``run_id``.
@@ -473,6 +481,8 @@ class FleetClient:
             body["run_id"] = run_id
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if version is not None:
+            body["version"] = version
         answer = await self._request("POST", f"/v1/dags/{name}/runs", json=body)
         return str(answer["run_id"])
 

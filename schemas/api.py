@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
 from schemas.jobs import CacheLevel, JobState
-from schemas.wire import ENCODING_HELP, JOB_ID_PATTERN, EncodingFormat, Priority
+from schemas.wire import CLIENT_JOB_ID_PATTERN, ENCODING_HELP, EncodingFormat, Priority
+
+_STEP_JOB_ID_RE = re.compile(STEP_JOB_ID_PATTERN)
 
 
 class SubmitRequest(BaseModel):
@@ -19,8 +23,11 @@ class SubmitRequest(BaseModel):
     input: dict[str, Any] = Field(description="model input, validated against the model's input schema")
     job_id: str | None = Field(
         None,
-        pattern=JOB_ID_PATTERN,
-        description="optional idempotency key: submitting the same id twice creates one job",
+        pattern=CLIENT_JOB_ID_PATTERN,
+        description=(
+            "optional idempotency key: submitting the same id twice creates one job. Ids shaped "
+            "<run>.<step>.<index>[.<anything>] are reserved for DAG steps"
+        ),
     )
     timeout_s: float | None = Field(
         None, gt=0, le=7 * 86400, description="a job not started within this many seconds ends 'expired'"
@@ -33,6 +40,13 @@ class SubmitRequest(BaseModel):
         description="false: skip the result caches (no lookup, no fill), as the header 'X-Cache-Control: bypass'",
     )
     encoding_format: EncodingFormat = Field("float", description=ENCODING_HELP)
+
+    @field_validator("job_id")
+    @classmethod
+    def _not_a_step_id(cls, value: str | None) -> str | None:
+        if value is not None and _STEP_JOB_ID_RE.match(value):
+            raise ValueError(STEP_JOB_ID_RULE)
+        return value
 
 
 class SubmitResponse(BaseModel):

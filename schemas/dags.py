@@ -11,8 +11,16 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 """DAG names and step ids: they become Redis keys, job ids (``<run>.<step>.<index>``) and Mermaid labels."""
 MAX_STEPS = 256
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,57}$"
-"""Run ids: no '.', so that ``<run>.<step>.<index>`` splits back; 58 + 1 + 63 (step id) + 1 + 4 (index below
-``dags.state.MAX_FAN_OUT``) stays within the 128 characters of ``schemas.wire.JOB_ID_PATTERN``."""
+"""Run ids: no '.', so that ``<run>.<step>.<index>.<key>`` splits back; 58 + 1 + 63 (step id) + 1 + 4 (index below
+``dags.state.MAX_FAN_OUT``) + 1 + 16 (the run's key) stays within the 160 characters of
+``schemas.wire.JOB_ID_PATTERN``."""
+STEP_JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,57}\.[^.]+\.[0-9]+(\..*)?$"
+"""The job ids reserved for the steps of DAG runs: ``<run>.<step>.<index>`` (runs started before step ids had a
+key) and ``<run>.<step>.<index>.<key>``. No client may submit a job under one (``schemas.api.SubmitRequest``)."""
+STEP_JOB_ID_RULE = (
+    "job ids shaped '<run>.<step>.<index>' (optionally followed by '.<anything>') are reserved for the steps of "
+    "DAG runs; choose another id (or let Fleet choose)"
+)
 
 OnError = Literal["fail", "continue"]
 
@@ -110,8 +118,11 @@ class StartRunRequest(BaseModel):
 
     input: Any = Field(default_factory=dict, description="the run's input; checked against the DAG's input_schema")
     run_id: str | None = Field(
-        None, pattern=RUN_ID_PATTERN, description="idempotency key: starting the same id again returns that run"
+        None,
+        pattern=RUN_ID_PATTERN,
+        description="idempotency key of the tenant: starting the same id again returns that run",
     )
+    version: int | None = Field(None, ge=1, description="the DAG version to run (default: the latest)")
     timeout_s: float | None = Field(
         None, gt=0, le=7 * 86400, description="a run not finished within this many seconds ends 'expired'"
     )
@@ -119,6 +130,7 @@ class StartRunRequest(BaseModel):
 
 class RunStarted(BaseModel):
     run_id: str
+    version: int = Field(description="the DAG version the run runs")
     state: RunStatus
     created: bool = Field(description="false when run_id named a run that already existed")
 

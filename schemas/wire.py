@@ -16,7 +16,12 @@ from schemas.jobs import JobError
 
 WIRE_VERSION = 1
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,159}$"
+"""Job ids on the wire and in the store: a client's (``CLIENT_JOB_ID_PATTERN``) or a DAG step's, whose
+``<run>.<step>.<index>.<key>`` (``dags.state.job_id``) may be longer than a client may choose."""
+CLIENT_JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+"""The job ids a client may choose (``POST /v1/jobs``), except the shape reserved for DAG steps
+(``schemas.dags.STEP_JOB_ID_PATTERN``)."""
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # the tenants of API keys (fleet.store.keys.check_tenant)
 TENANT_HELP = (
     "the tenant the job belongs to; absent: the default tenant. The broker does not check it: a producer allowed "
@@ -188,7 +193,8 @@ class DagStartMessage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dag: str = Field(description="a registered DAG's name (its latest version runs)")
+    dag: str = Field(description="a registered DAG's name (of the run's tenant)")
+    version: int | None = Field(None, ge=1, description="the version to run (absent: the latest)")
     input: Any = Field(default_factory=dict, description="the run's input")
     run_id: str | None = Field(None, description="idempotency key; derived from the message when absent")
     timeout_s: float | None = Field(None, gt=0, description="the run ends 'expired' if not over by then")

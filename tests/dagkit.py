@@ -18,6 +18,7 @@ from typing import Any
 from consumers.handlers import with_name
 from consumers.worker import Worker
 from dags.runner import DagRunner
+from dags.state import job_id
 from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.settings import FleetSettings
@@ -91,6 +92,11 @@ class DagFleet:
         doc = await self.runner.wait(run_id, timeout_s)
         assert doc.get("finished_at") is not None, f"run {run_id} not over after {timeout_s}s: {doc}"
         return await self.runner.view(run_id)
+
+    async def ids(self, run_id: str) -> Callable[[str, int], str]:
+        """``jid(step, index)``: the job ids of a run's steps (they carry the run's key, from its document)."""
+        doc = await self.runner.get(run_id)
+        return lambda step, index: job_id(run_id, step, index, doc.get("key"))
 
     async def dead_letters(self, unique: str) -> list[str]:
         letters = await drain_subject(self.broker, c.dlq_subject(self.model), f"dlq-{unique}")

@@ -21,6 +21,7 @@ from consumers.handlers.echo import EchoHandler
 from consumers.worker import Worker
 from dags.runner import DagRunner, UnknownDag, UnknownRun
 from dags.spec import MAX_SPEC_BYTES
+from dags.state import parse_job_id
 from fleet.brokers.base import Broker
 from fleet.errors import DagInvalid
 from fleet.settings import FleetSettings
@@ -210,7 +211,8 @@ async def test_chain_run_succeeds_with_its_output(env: DagEnv) -> None:
     assert list(view["steps"]) == ["s1", "s2", "s3", "s4", "s5"]
     for sid, step in view["steps"].items():
         assert step["state"] == "succeeded" and step["items"] == {"total": 1, "done": 1}
-        assert step["job_ids"] == [f"{started['run_id']}.{sid}.0"]
+        (jid,) = step["job_ids"]  # <run>.<step>.<index>.<the run's key>
+        assert parse_job_id(jid) == (started["run_id"], sid, 0) and jid.startswith(f"{started['run_id']}.{sid}.0.")
         assert step["started_at"] <= step["finished_at"]
     assert view["finished_at"] >= view["created_at"]
 

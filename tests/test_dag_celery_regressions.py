@@ -63,7 +63,7 @@ def chord_input(texts: list[str], bad: tuple[int, ...] = (), flaky: tuple[int, .
 async def replay(fleet: DagFleet, run_id: str, step: str, index: int) -> None:
     """Call the settle hook again for a job whose record is terminal, as a redelivery of its message does."""
     doc = await fleet.runner.get(run_id)
-    job_id = f"{run_id}.{step}.{index}"
+    job_id = (await fleet.ids(run_id))(step, index)
     record = await fleet.store.get(job_id)
     assert record is not None and record.terminal
     ctx = DagContext(run=run_id, dag=doc["run"]["dag"], version=doc["version"], step=step, index=index)
@@ -78,12 +78,13 @@ async def test_a_failing_member_reports_its_error_once_and_the_join_never_runs(f
     run_input = chord_input(list("abcdef"), bad=(3,))
     view = await fleet.run(chord_spec(f"c3317-{unique}", fleet.model), run_input)
     run, k = view["run_id"], run_input["key"]
+    jid = await fleet.ids(run)
     assert view["state"] == "failed"
     assert view["error"]["step"] == "each" and f"step {k}-3 fails for good" in view["error"]["message"]
     assert view["steps"]["join"]["job_ids"] == [] and view["steps"]["post"]["job_ids"] == []
     assert fleet.runs_of(f"{k}-join") == 0
-    assert await fleet.store.get_many([f"{run}.join.0", f"{run}.post.0"]) == [None, None]
-    assert await fleet.dead_letters(unique) == [f"{run}.each.3"], "one dead letter, for the failed member only"
+    assert await fleet.store.get_many([jid("join", 0), jid("post", 0)]) == [None, None]
+    assert await fleet.dead_letters(unique) == [jid("each", 3)], "one dead letter, for the failed member only"
     ended = [a for b, a in fleet.dags.of(run) if b["run"]["outcome"] is None and a["run"]["outcome"] is not None]
     assert len(ended) == 1, "the run's failure is recorded once"
     await terminal_once(fleet, all_job_ids(view))
@@ -99,12 +100,13 @@ async def test_a_member_retried_then_successful_still_lets_the_join_fire_once(fl
     run_input = chord_input([f"x{i}" for i in range(6)], flaky=(1, 4))
     view = await fleet.run(chord_spec(f"c1401-{unique}", fleet.model, retries=2), run_input)
     run, k = view["run_id"], run_input["key"]
+    jid = await fleet.ids(run)
     assert view["state"] == "succeeded", view
     assert view["output"] == {"joined": "+".join(f"x{i}" for i in range(6)), "tag": "t"}
-    records = await fleet.store.get_many([f"{run}.each.{i}" for i in range(6)])
+    records = await fleet.store.get_many([jid("each", i) for i in range(6)])
     assert [r.deliveries for r in records if r] == [1, 2, 1, 1, 2, 1]
     assert [fleet.runs_of(f"{k}-{i}") for i in range(6)] == [1, 2, 1, 1, 2, 1]
-    assert view["steps"]["join"]["job_ids"] == [f"{run}.join.0"] and fleet.runs_of(f"{k}-join") == 1
+    assert view["steps"]["join"]["job_ids"] == [jid("join", 0)] and fleet.runs_of(f"{k}-join") == 1
     await terminal_once(fleet, all_job_ids(view))
     for index in (1, 4, 5):  # the retried members and the last one, redelivered after the join fired
         await replay(fleet, run, "each", index)
@@ -119,8 +121,9 @@ async def test_a_fan_in_inside_a_chain_keeps_its_results(fleet: DagFleet, unique
     run_input = chord_input(["b", "a", "d", "c"])
     view = await fleet.run(chord_spec(f"c4161-{unique}", fleet.model), run_input)
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "succeeded", view
-    join = await fleet.store.get(f"{run}.join.0")
+    join = await fleet.store.get(jid("join", 0))
     assert join is not None and join.output["texts"] == ["b", "a", "d", "c"] and join.output["tag"] == "t"
     assert view["output"] == {"joined": "b+a+d+c", "tag": "t"}
     starts = {sid: step["started_at"] for sid, step in view["steps"].items()}
@@ -135,6 +138,7 @@ async def test_error_handling_is_not_called_twice(fleet: DagFleet, unique) -> No
     run_input = chord_input(list("abcd"), bad=(0, 1, 2, 3))
     view = await fleet.run(chord_spec(f"c6792-{unique}", fleet.model), run_input)
     run, k = view["run_id"], run_input["key"]
+    jid = await fleet.ids(run)
     assert view["state"] == "failed" and f"step {k}-0 fails for good" in view["error"]["message"]
     docs = [a for _, a in fleet.dags.of(run)]
     failures = [d for d in docs if d["run"]["outcome"] == "failed"]
@@ -142,8 +146,8 @@ async def test_error_handling_is_not_called_twice(fleet: DagFleet, unique) -> No
     ended = [a for b, a in fleet.dags.of(run) if b["run"]["outcome"] is None and a["run"]["outcome"] is not None]
     assert len(ended) == 1
     letters = await fleet.dead_letters(unique)
-    assert sorted(letters) == [f"{run}.each.{i}" for i in range(4)], "one dead letter per failed job"
-    records = await fleet.store.get_many([f"{run}.each.{i}" for i in range(4)])
+    assert sorted(letters) == [jid("each", i) for i in range(4)], "one dead letter per failed job"
+    records = await fleet.store.get_many([jid("each", i) for i in range(4)])
     assert all(r is not None and r.state is JobState.failed and r.deliveries == 1 for r in records)
     await terminal_once(fleet, all_job_ids(view))
     changes = len(fleet.dags.changes)

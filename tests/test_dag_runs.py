@@ -80,9 +80,10 @@ def fan_spec(name: str, model: str, **each: Any) -> dict[str, Any]:
 async def test_a_chain_of_five_steps_passes_each_output_on(fleet: DagFleet, unique) -> None:
     view = await fleet.run(chain_spec(f"chain-{unique}", fleet.model), {"v": 42})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "succeeded", view
     assert view["output"]["v"] == 42 and view["output"]["hops"] == 5
-    assert [view["steps"][f"s{i}"]["job_ids"] for i in range(1, 6)] == [[f"{run}.s{i}.0"] for i in range(1, 6)]
+    assert [view["steps"][f"s{i}"]["job_ids"] for i in range(1, 6)] == [[jid(f"s{i}", 0)] for i in range(1, 6)]
     assert all(step["state"] == "succeeded" for step in view["steps"].values())
     starts = [view["steps"][f"s{i}"]["started_at"] for i in range(1, 6)]
     assert starts == sorted(starts), "each step starts after the one it reads"
@@ -97,12 +98,13 @@ async def test_a_fan_out_makes_one_job_per_item_and_the_join_reads_them_all(flee
     texts = [f"t{i}" for i in range(7)]
     view = await fleet.run(fan_spec(f"fan-{unique}", fleet.model), {"texts": texts, "key": k, "bad": []})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "succeeded", view
-    assert view["steps"]["each"]["job_ids"] == [f"{run}.each.{i}" for i in range(7)]
+    assert view["steps"]["each"]["job_ids"] == [jid("each", i) for i in range(7)]
     assert view["output"] == {"n": 7, "texts": texts}, "outputs are in item order, whatever the order of arrival"
-    join = await fleet.store.get(f"{run}.join.0")
+    join = await fleet.store.get(jid("join", 0))
     assert join is not None and join.output["first"] == "t0"
-    assert view["steps"]["join"]["job_ids"] == [f"{run}.join.0"], "the join is launched once"
+    assert view["steps"]["join"]["job_ids"] == [jid("join", 0)], "the join is launched once"
     assert fleet.runs_of(f"{k}-join") == 1, "the join is computed once"
     assert all(fleet.runs_of(f"{k}-{i}") == 1 for i in range(7))
     await terminal_once(fleet, all_job_ids(view))
@@ -133,6 +135,7 @@ async def test_a_false_when_skips_its_step_and_what_depends_only_on_it(fleet: Da
     }
     view = await fleet.run(spec, {"go": True})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     states = {sid: step["state"] for sid, step in view["steps"].items()}
     assert states == {
         "a": "succeeded",
@@ -143,7 +146,7 @@ async def test_a_false_when_skips_its_step_and_what_depends_only_on_it(fleet: Da
     }
     assert view["state"] == "succeeded" and view["output"]["yes"]["from"] == "yes" and view["output"]["no"] is None
     assert view["steps"]["no"]["job_ids"] == [] and view["steps"]["after_no"]["job_ids"] == []
-    assert await fleet.store.get_many([f"{run}.no.0", f"{run}.after_no.0"]) == [None, None], "never published"
+    assert await fleet.store.get_many([jid("no", 0), jid("after_no", 0)]) == [None, None], "never published"
     await terminal_once(fleet, all_job_ids(view))
 
 
@@ -160,8 +163,9 @@ async def test_a_step_retried_twice_succeeds_on_its_third_run(fleet: DagFleet, u
     }
     view = await fleet.run(spec, {"key": k})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "succeeded" and view["output"] == 1, view
-    record = await fleet.store.get(f"{run}.flaky.0")
+    record = await fleet.store.get(jid("flaky", 0))
     assert record is not None and record.state is JobState.succeeded and record.deliveries == 3
     assert fleet.runs_of(k) == 3
     await terminal_once(fleet, all_job_ids(view))
@@ -179,12 +183,13 @@ async def test_a_step_out_of_retries_fails_the_run_with_its_error(fleet: DagFlee
     }
     view = await fleet.run(spec, {"key": k})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "failed", view
     assert view["error"]["step"] == "flaky" and "fails its run 2" in view["error"]["message"]
-    record = await fleet.store.get(f"{run}.flaky.0")
+    record = await fleet.store.get(jid("flaky", 0))
     assert record is not None and record.state is JobState.failed and record.deliveries == 2
     assert fleet.runs_of(k) == 2
-    assert await fleet.store.get(f"{run}.next.0") is None, "the dependant of a failed step is never published"
+    assert await fleet.store.get(jid("next", 0)) is None, "the dependant of a failed step is never published"
 
 
 # -- on_error -------------------------------------------------------------------------------------------------
@@ -192,10 +197,11 @@ async def test_on_error_fail_fails_the_run_once_and_the_join_never_runs(fleet: D
     k = key()
     view = await fleet.run(fan_spec(f"fail-{unique}", fleet.model), {"texts": list("abcdef"), "key": k, "bad": [2, 4]})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "failed", view
     assert view["error"]["step"] == "each" and f"step {k}-2 fails for good" in view["error"]["message"]
     assert view["steps"]["join"]["state"] != "succeeded" and view["steps"]["join"]["job_ids"] == []
-    assert fleet.runs_of(f"{k}-join") == 0 and await fleet.store.get(f"{run}.join.0") is None
+    assert fleet.runs_of(f"{k}-join") == 0 and await fleet.store.get(jid("join", 0)) is None
     failed = [b for b, a in fleet.dags.of(run) if b["run"]["outcome"] is None and a["run"]["outcome"] is not None]
     assert len(failed) == 1, "the run fails once"
     errors = {repr(a["run"]["error"]) for _, a in fleet.dags.of(run) if a["run"]["outcome"]}
@@ -208,9 +214,10 @@ async def test_on_error_continue_gives_the_join_null_for_the_failed_item(fleet: 
     spec = fan_spec(f"cont-{unique}", fleet.model, on_error="continue")
     view = await fleet.run(spec, {"texts": list("abcd"), "key": k, "bad": [2]})
     run = view["run_id"]
+    jid = await fleet.ids(run)
     assert view["state"] == "succeeded", view
     assert view["steps"]["each"]["state"] == "failed"
-    join = await fleet.store.get(f"{run}.join.0")
+    join = await fleet.store.get(jid("join", 0))
     assert join is not None and join.state is JobState.succeeded
     outputs = join.output["outputs"]
     assert outputs[2] is None and [o["text"] for i, o in enumerate(outputs) if i != 2] == ["a", "b", "d"]
@@ -239,16 +246,17 @@ async def test_a_run_past_its_timeout_ends_expired(fleet: DagFleet, unique) -> N
     name, _, _ = await fleet.runner.register(slow_chain(f"timeout-{unique}", fleet.model, 2500))
     _, doc = await fleet.runner.start(name, {"key": k}, timeout_s=1.0)
     run = doc["run"]["run_id"]
+    jid = await fleet.ids(run)
     doc = await fleet.runner.wait(run, 10)
     view = await fleet.runner.view(run)
     assert view["state"] == "expired", view
     assert doc["finished_at"] - doc["created_at"] < 2.5, "the run expires at its timeout, not when the step ends"
     await asyncio.sleep(2.5)  # the slow step finishes computing
-    assert fleet.runs_of(f"{k}-s2") == 0 and await fleet.store.get(f"{run}.s2.0") is None
-    record = await fleet.store.get(f"{run}.slow.0")
+    assert fleet.runs_of(f"{k}-s2") == 0 and await fleet.store.get(jid("s2", 0)) is None
+    record = await fleet.store.get(jid("slow", 0))
     assert record is not None and record.terminal and record.state is not JobState.succeeded
     assert (await fleet.runner.view(run))["state"] == "expired", "a late result does not revive the run"
-    await terminal_once(fleet, [f"{run}.slow.0"])
+    await terminal_once(fleet, [jid("slow", 0)])
 
 
 async def test_cancel_while_a_step_runs_ends_the_run_and_its_jobs(fleet: DagFleet, unique) -> None:
@@ -256,9 +264,10 @@ async def test_cancel_while_a_step_runs_ends_the_run_and_its_jobs(fleet: DagFlee
     name, _, _ = await fleet.runner.register(slow_chain(f"cancel-{unique}", fleet.model, 2000))
     _, doc = await fleet.runner.start(name, {"key": k})
     run = doc["run"]["run_id"]
+    jid = await fleet.ids(run)
 
     async def running() -> bool:
-        record = await fleet.store.get(f"{run}.slow.0")
+        record = await fleet.store.get(jid("slow", 0))
         return record is not None and record.state is JobState.running
 
     await eventually(running, 15, "the slow step running")
@@ -266,14 +275,14 @@ async def test_cancel_while_a_step_runs_ends_the_run_and_its_jobs(fleet: DagFlee
     assert after["finished_at"] is not None
     view = await fleet.runner.view(run)
     assert view["state"] == "cancelled"
-    assert (await fleet.store.get(f"{run}.slow.0")).state is JobState.cancelled  # type: ignore[union-attr]
+    assert (await fleet.store.get(jid("slow", 0))).state is JobState.cancelled  # type: ignore[union-attr]
     await asyncio.sleep(2.5)  # the slow step finishes computing; its result loses to the cancel
-    assert (await fleet.store.get(f"{run}.slow.0")).state is JobState.cancelled  # type: ignore[union-attr]
+    assert (await fleet.store.get(jid("slow", 0))).state is JobState.cancelled  # type: ignore[union-attr]
     assert fleet.runs_of(f"{k}-s2") == 0 and fleet.runs_of(f"{k}-s3") == 0
-    assert await fleet.store.get_many([f"{run}.s2.0", f"{run}.s3.0"]) == [None, None]
+    assert await fleet.store.get_many([jid("s2", 0), jid("s3", 0)]) == [None, None]
     view = await fleet.runner.view(run)
     assert view["state"] == "cancelled" and view["steps"]["s2"]["state"] in ("pending", "cancelled")
-    await terminal_once(fleet, [f"{run}.slow.0"])
+    await terminal_once(fleet, [jid("slow", 0)])
 
 
 async def test_a_start_is_idempotent_on_its_run_id(fleet: DagFleet, unique) -> None:

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from dags.expressions import compile_expression, references, truthy
 from dags.graph import edges, graph, mermaid, nodes
 from dags.spec import MAX_SPEC_BYTES, MAX_STEPS, DagSpec, load_spec
-from dags.state import RUN_ID_PATTERN, job_id, parse_job_id
+from dags.state import RUN_ID_PATTERN, has_key, is_reserved, job_id, new_key, parse_job_id
 from dags.validate import CompiledDag, validate
 from fleet.errors import DagInvalid
+from schemas.api import SubmitRequest
 from schemas.models import BUILTIN_SPECS
 from schemas.wire import JOB_ID_PATTERN
 
@@ -446,6 +448,24 @@ def test_job_ids_match_the_wire_pattern() -> None:
     assert parse_job_id(jid) == (longest_run, longest_step, 9999)
     assert parse_job_id("plain-job") is None
     assert parse_job_id("a.b.c") is None
+    key = new_key()
+    keyed = job_id(longest_run, longest_step, 9999, key)  # the run's key: 16 hex digits, fresh for each run
+    assert re.match(JOB_ID_PATTERN, keyed) and keyed == f"{jid}.{key}" and new_key() != key
+    assert parse_job_id(keyed) == (longest_run, longest_step, 9999) and has_key(keyed) and not has_key(jid)
+    assert parse_job_id(f"{jid}.not-a-key") is None
+
+
+def test_client_job_ids_of_a_step_s_shape_are_refused_at_submit() -> None:
+    """No client may claim a step's id, of a run with a key or of one from before keys; other ids stay free."""
+    for reserved in ("nightly-9.s.0", "nightly-9.s.0.0123456789abcdef", "r.s.12.x", "r.step_1.0.x.y"):
+        assert is_reserved(reserved)
+        with pytest.raises(ValidationError, match="reserved for the steps of DAG runs"):
+            SubmitRequest(model="echo", input={}, job_id=reserved)
+    for free in ("nightly-9", "a.b", "a.b.c", "v1.2", "a.b.0x", "a:b:0", "x" * 128):
+        assert not is_reserved(free)
+        assert SubmitRequest(model="echo", input={}, job_id=free).job_id == free
+    with pytest.raises(ValidationError):  # a client's ids stay within 128 characters (a step's may be longer)
+        SubmitRequest(model="echo", input={}, job_id="x" * 129)
 
 
 def test_a_spec_is_a_frozen_model() -> None:

@@ -151,13 +151,14 @@ async def _run(
     timeout_s: float | None,
     wait: bool,
     api_key: str | None = None,
+    version: int | None = None,
 ) -> int:
     """Register ``spec`` (a file's text) or run the DAG named ``target``."""
     from producers.sdk import FleetClient
 
     async with FleetClient(url, api_key=api_key) as fleet:
         name = (await fleet.register_dag(spec))[0] if spec is not None else target
-        run_id = await fleet.start_run(name, run_input, run_id=run_id, timeout_s=timeout_s)
+        run_id = await fleet.start_run(name, run_input, run_id=run_id, timeout_s=timeout_s, version=version)
         if not wait:
             out.print(run_id, highlight=False)
             return 0
@@ -218,6 +219,9 @@ def run_cmd(
     wait: Annotated[bool, typer.Option("--wait", help="follow the run step by step and print its output")] = False,
     run_id: Annotated[str | None, typer.Option("--run-id", help="idempotency key of the run")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="the run expires after this long")] = None,
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="the DAG version to run (default: the latest)")
+    ] = None,
     url: Url = DEFAULT_URL,
     api_key: ApiKey = None,
 ) -> None:
@@ -228,7 +232,7 @@ def run_cmd(
     except json.JSONDecodeError as exc:
         raise _fail(f"--input is not valid JSON: {exc}", 2) from None
     spec = _read(Path(target)) if is_file(target) else None
-    raise typer.Exit(_call(_run(url, target, spec, run_input, run_id, timeout_s, wait, api_key)))
+    raise typer.Exit(_call(_run(url, target, spec, run_input, run_id, timeout_s, wait, api_key, version)))
 
 
 def register(app: typer.Typer) -> None:

@@ -11,11 +11,11 @@ its ``type``)::
                                                             (1000) or the stream ends
     {"type": "error", "error": {...}}                       the run vanished (its TTL ran out) or a bug; the end
 
-``<view>`` is the body of ``GET /v1/runs/{run_id}``. A run that is already over gets ``run`` then ``result`` at
-once. An unknown run is a plain ``404`` (SSE) or an error frame and close code 4404 (WebSocket). The stream wakes on
-each change the DAG store publishes (``fleet:dagevents:<run>``); SSE sends a ``: keep-alive`` comment every
-``GatewayLimits.sse_keepalive_s`` while nothing changes. A store outage while a stream is open only delays events.
-Another tenant's run is an unknown run on both (``fleet.tenancy``).
+``<view>`` is the body of ``GET /v1/runs/{run_id}``. A run that is already over (also one that ended at its start)
+gets ``run`` then ``result`` at once. An unknown run is a plain ``404`` (SSE) or an error frame and close code 4404
+(WebSocket). The stream wakes on each change the DAG store publishes (``fleet:dagevents:<run>``); SSE sends a
+``: keep-alive`` comment every ``GatewayLimits.sse_keepalive_s`` while nothing changes. A store outage while a
+stream is open only delays events. Another tenant's run is an unknown run on both (``fleet.tenancy``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
-from dags.runner import DagRunner, UnknownRun
+from dags.runner import DagRunner, UnknownRun, store_id
 from fleet.errors import StoreError
 from fleet.store.dagstore import RunDoc
 from producers.gateway.auth import (
@@ -73,8 +73,9 @@ async def run_events(runner: DagRunner, doc: RunDoc, wait_s: float) -> AsyncIter
     yield {"type": "run", "run": view}
     while doc.get("finished_at") is None:
         try:
-            changed = await runner.dags.wait_change(doc["run"]["run_id"], doc, _until_deadline(doc, wait_s))
-            latest = await runner.get(doc["run"]["run_id"]) if changed is not None else None
+            sid = store_id(doc)
+            changed = await runner.dags.wait_change(sid, doc, _until_deadline(doc, wait_s))
+            latest = await runner.get(sid) if changed is not None else None
         except StoreError as exc:
             if not exc.retriable:
                 raise

@@ -4,12 +4,16 @@ them. The push routes (WebSocket and server-sent events) are in ``producers.gate
 ``POST /v1/dags`` takes YAML (``application/yaml``, ``text/yaml``, ``text/plain``, or no content type) or JSON
 (``application/json``): text that does not parse is ``400 malformed_spec`` naming the line and column, a spec that
 parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. Registering the same spec
-again keeps its version; a changed spec gets the next one. A run runs the latest version at its start.
+again keeps its version; a changed spec gets the next one. A run runs the latest version at its start, or the
+``version`` its start names; the run's answers name the version it runs.
 
-DAG specs are shared by every tenant; runs are not: a run belongs to the tenant of the key that started it (its
-document's ``tenant``; its steps' jobs carry it too). Reading or cancelling another tenant's run answers the 404
-of an unknown run, and starting a run with another tenant's ``run_id`` answers ``409 run_id_taken`` and leaves
-that run alone. The operator token reads every tenant's runs.
+Each tenant has its own DAGs and run ids (a namespace per tenant, ``dags.state.scoped``): the key's tenant
+registers, lists, shows and runs only its own DAGs, and another tenant's DAG of the same name is one that does not
+exist (its own ``POST /v1/dags`` of that name makes its own version 1). A run belongs to the tenant of the key that
+started it (its document's ``tenant``; its steps' jobs carry it too); reading or cancelling another tenant's run
+answers the 404 of an unknown run, and another tenant's ``run_id`` is free: starting it starts a run of the
+caller's own. The operator token lists every tenant's DAGs and reads every tenant's runs by the store's id,
+``<tenant>:<run_id>`` (the bare id for the default tenant).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
 from dags import graph
-from dags.runner import DagRunner, view_of
+from dags.runner import DagRunner, store_id, view_of
 from dags.spec import MAX_SPEC_BYTES, parse_text
-from dags.state import RunState
+from dags.state import RunState, scoped
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
@@ -73,8 +77,7 @@ def run_view(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
 
 
 async def view_doc(runner: DagRunner, doc: RunDoc) -> dict[str, Any]:
-    _, dag = await runner.compiled(doc["run"]["dag"], doc["version"])
-    return run_view(dag, doc)
+    return run_view(await runner.compiled_of(doc), doc)
 
 
 # -- specs ----------------------------------------------------------------------------------------------------
@@ -125,22 +128,36 @@ def _json_spec(raw: bytes) -> dict[str, Any]:
     responses=error_responses(400, 413, 415, 422, 503),
     openapi_extra=_SPEC_BODY,
 )
-async def register_dag(request: Request, state: GatewayState = Depends(gateway_state)) -> DagRegistered:
+async def register_dag(
+    request: Request, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
+) -> DagRegistered:
     runner = runner_of(state)
     raw = await read_limited_body(request, min(state.settings.max_body_bytes, MAX_SPEC_BYTES))
     spec = parse_spec_body(raw, request.headers.get("content-type", ""))
-    name, version, _ = await runner.register(spec)
+    name, version, _ = await runner.register(spec, principal.tenant)
     return DagRegistered(name=name, version=version)
 
 
+def own_name(stored: str, viewer: str | None) -> str | None:
+    """The name ``viewer`` knows a DAG the store names ``stored`` by (None: another tenant's DAG); the operator
+    token (``viewer`` None) sees every name as stored, ``<tenant>:<name>``."""
+    if viewer is None:
+        return stored
+    name = stored.rpartition(":")[2]
+    return name if scoped(name, viewer) == stored else None
+
+
 @router.get("/v1/dags", response_model=DagList, summary="List DAGs", responses=error_responses(503))
-async def list_dags(state: GatewayState = Depends(gateway_state)) -> DagList:
-    """Every registered DAG with its latest version."""
+async def list_dags(
+    state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
+) -> DagList:
+    """Every DAG of the key's tenant with its latest version."""
     dags = runner_of(state).dags
     summaries = []
-    for name in await dags.names():
-        versions = await dags.versions(name)
-        if versions:
+    for stored in await dags.names():
+        name = own_name(stored, principal.tenant)
+        versions = await dags.versions(stored) if name is not None else []
+        if name is not None and versions:
             summaries.append(DagSummary(name=name, version=max(versions)))
     return DagList(dags=summaries)
 
@@ -157,15 +174,17 @@ async def show_dag(
     name: str,
     version: int | None = Query(None, ge=1, description="the version to show (default: the latest)"),
     state: GatewayState = Depends(gateway_state),
+    principal: Principal = Depends(require_submitter),
 ) -> dict[str, Any]:
     runner = runner_of(state)
-    chosen, dag = await runner.compiled(name, version)
-    found = await runner.dags.spec(name, chosen)
+    chosen, dag = await runner.compiled(name, version, principal.tenant)
+    ref = scoped(name, principal.tenant)
+    found = await runner.dags.spec(ref, chosen)
     spec = found[1] if found is not None else dag.spec.model_dump(mode="json")
     return {
         "name": name,
         "version": chosen,
-        "versions": await runner.dags.versions(name),
+        "versions": await runner.dags.versions(ref),
         "spec": spec,
         "graph": {"nodes": graph.nodes(dag), "edges": graph.edges(dag)},
         "mermaid": graph.mermaid(dag),
@@ -194,9 +213,11 @@ def parse_start(raw: bytes) -> StartRunRequest:
     response_model=RunStarted,
     summary="Start a DAG run",
     description=(
-        "Starts a run of the DAG's latest version with `input` (checked against its `input_schema`: `422 "
-        "invalid_input`) and publishes its first steps' jobs. Idempotent on `run_id`: starting an existing run "
-        "again answers `202` with that run (`created: false`) and creates nothing."
+        "Starts a run of the DAG's latest version (or of `version`) with `input` (checked against its "
+        "`input_schema`: `422 invalid_input`) and publishes its first steps' jobs. Idempotent on `run_id` within "
+        "the key's tenant: starting an existing run again answers `202` with that run (`created: false`) and "
+        "creates nothing; another tenant's run ids are not the caller's. A run that is over at its start (an "
+        "empty `for_each`, every step skipped, a fan-out over the bound) is answered over, with its end state."
     ),
     responses=limited_responses(202, 400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_RUN_BODY,
@@ -210,9 +231,9 @@ async def start_run(
 ) -> RunStarted:
     runner = runner_of(state)
     body = parse_start(await read_limited_body(request, state.settings.max_body_bytes))
-    created, doc = await runner.start(name, body.input, body.run_id, body.timeout_s, principal.tenant)
+    created, doc = await runner.start(name, body.input, body.run_id, body.timeout_s, principal.tenant, body.version)
     view = await view_doc(runner, doc)
-    return RunStarted(run_id=view["run_id"], state=view["state"], created=created)
+    return RunStarted(run_id=view["run_id"], version=view["version"], state=view["state"], created=created)
 
 
 @router.get(
@@ -254,7 +275,7 @@ async def cancel_run(
     runner = runner_of(state)
     doc = await runner.get(run_id, principal.tenant)
     if doc.get("finished_at") is None:
-        doc = await runner.cancel(run_id)
+        doc = await runner.cancel(store_id(doc))
         view = await view_doc(runner, doc)
         if view["state"] == "cancelled":
             return view
