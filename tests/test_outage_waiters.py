@@ -305,3 +305,41 @@ async def test_an_event_stream_opened_while_redis_is_down_waits_and_delivers_the
     assert names[-1] == "result" and set(names[:-1]) <= {"job"}, said  # "job" if it read the record before the finish
     assert JobRecord.model_validate(said[-1][1]) == done
     assert unknown_said == [("error", unknown_said[0][1])] and unknown_said[0][1]["error"]["type"] == "job_not_found"
+
+
+async def test_a_run_stream_socket_and_long_poll_opened_while_redis_is_down_wait_for_it(
+    redis_aof: AofRedis, unique: str
+) -> None:
+    """The DAG run's waiters too: its SSE stream and its long-poll answered 503 and its WebSocket an error frame."""
+    refs, (echo,) = model_refs(unique, "echo")
+    settings = FleetSettings.model_validate({"store_url": redis_aof.url, "models": refs})
+    spec = {
+        "name": f"wait-{unique}",
+        "steps": [{"id": "a", "model": echo, "input": {"x": 1}}],
+        "output": "${steps.a.output}",
+    }
+    async with connected_pair(settings) as (broker, store):
+        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
+        async with served(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+            assert (await http.post("/v1/dags", json=spec)).status_code == 201
+            started = await http.post(f"/v1/dags/{spec['name']}/runs", json={"input": {}})
+            run_id = started.json()["run_id"]  # no worker serves it: the run stays running
+            redis_aof.kill()
+            poll = asyncio.create_task(http.get(f"/v1/runs/{run_id}", params={"wait": 4}))
+            async with (
+                http.stream("GET", f"/v1/runs/{run_id}/events") as stream,
+                ws_connect(ws_url(base, f"/v1/runs/{run_id}/ws")) as ws,
+            ):
+                assert stream.status_code == 200, await stream.aread()
+                events = sse_events(stream.aiter_lines())
+                assert (await anext(events))[0] == "comment", "keep-alives while Redis is down"
+                first_frame = asyncio.create_task(ws.recv())
+                await asyncio.sleep(1.0)
+                assert not first_frame.done(), f"the socket answered during the outage: {first_frame.result()}"
+                await asyncio.to_thread(redis_aof.start)
+                name, data = await anext(item async for item in events if item[0] != "comment")
+                frame = json.loads(await asyncio.wait_for(first_frame, 15))
+            polled = await poll  # its 4 s passed with the run still running: the current view, no 503
+    assert polled.status_code == 200 and polled.json()["run_id"] == run_id, polled.text
+    assert (name, data["run"]["run_id"], data["run"]["state"]) == ("run", run_id, "running")
+    assert (frame["type"], frame["run"]["run_id"]) == ("run", run_id)
