@@ -22,6 +22,13 @@ A healthy job whose worker is killed by the infrastructure needs ``max_deliverie
 to fail. A run that ends in a retriable model error is a strike too (the job failed on its own): the settler
 marks such a run as a run alone (``batch_size`` 1) before handing its message back, on that error path only.
 
+A worker told to stop (SIGTERM, an operator's drain, a scale-in) writes batch size 0 over the run it is computing
+(one best-effort store call of at most ``worker.DRAIN_MARK_TIMEOUT_S``), so a grace period that runs out before the
+run ends is not held against its jobs. A delivery that was fetched but never started (taken ahead of the batch
+computing, handed back by a drain, held by a worker that died before its start) never moves its record: it counts
+nothing here, only in the broker's count below. A record is also left ``running`` by a live worker whose ack wait
+lapsed (its keep-alives could not reach the broker): that run is judged as a vanished one.
+
 A record that is not ``running`` adds nothing: ``queued`` (no run began: a store or broker outage, a nak) or
 terminal (settled elsewhere). A job is dead-lettered (``max_deliveries``) by ``out_of_runs`` when
 
@@ -34,6 +41,10 @@ The broker's own delivery count still backs both for a message that stops its wo
 Fleet's NATS groups deliver without limit (``max_deliver`` -1, also set on a group found with a limit), and Kafka
 has no delivery limit. Nothing here changes the order of effects in ``consumers.settle``: a dead letter is a stored
 ``failed`` record first, then the letter, then the ack.
+
+Cost: nothing more per job on the normal path than two fields in the start's compare-and-set (about 15 bytes of
+record) and a comparison at admission; a batch is split (one more start round trip per extra run) only when it
+holds jobs redelivered from a vanished run of many.
 """
 
 from __future__ import annotations
