@@ -1,7 +1,8 @@
 """The one place that maps an item's outcome to ack, retry or dead-letter. Pure and table-tested.
 
-``attempt`` counts the runs of a job (kept in its record by the store), not the broker's deliveries: a delivery
-that never reached the model, because the store or the broker was away, is nobody's failure. The broker's own
+``attempt`` counts the runs of a job that count against it (its strikes, kept in its record by the store:
+``consumers.crashes``), not the broker's deliveries: a delivery that never reached the model, because the store or
+the broker was away, is nobody's failure, nor is a worker killed while it computed many jobs. The broker's own
 count only backs a poison cap (``poisoned``) for a message that kills its worker before it can even start.
 """
 
@@ -46,12 +47,6 @@ def for_stored(state: JobState) -> Action:
     """What to do with a message whose job's terminal record is stored: a ``failed`` job (re)sends its dead
     letter (an earlier send may not have happened; the letter's message id de-duplicates a repeat), the rest ack."""
     return Action.dead_letter if state is JobState.failed else Action.ack
-
-
-def exhausted(attempt: int, max_deliveries: int) -> bool:
-    """A job about to start run ``attempt`` although ``max_deliveries`` runs began and none ended (the worker died
-    on it each time)."""
-    return attempt > max_deliveries
 
 
 def poisoned(delivery_count: int, max_deliveries: int) -> bool:

@@ -3,7 +3,10 @@
 ``admit`` (while the previous batch computes) parses every message on its own (``consumers.requests``: a body
 that breaks a parser is one invalid message, never a failed batch), reads the batch's records in one round trip and
 settles at once what must not run: invalid or poison messages, jobs that already ended (a redelivery, a cancel),
-jobs whose deadline passed, and jobs that started ``max_deliveries`` runs without finishing one. The first delivery
+jobs whose deadline passed, and jobs out of runs (``consumers.crashes``: ``max_deliveries`` runs counted against
+them, or ten times that many started whatever ended them). A redelivered job whose previous run never ended (its
+worker disappeared) is judged by the size of that run's batch: a strike if it ran alone, else a smaller batch for
+its next run (``consumers.crashes``; the compute loop splits the batch). The first delivery
 of a job published without a record is not read: a DAG step (the runner makes none) and a request whose producer
 says so (header ``fleet-record: none``: ``fleet publish``, ``publish_all``). The start's compare-and-set finds a
 record that exists after all (a cancel, a duplicate, a re-publish of a finished job), so such a batch costs one
@@ -11,9 +14,10 @@ store round trip less. ``start`` (when
 the batch is about to go to the device) checks the deadlines again and moves the jobs to ``running``: a job is
 ``running`` only while it computes, and one that waits in the worker past its deadline ends ``expired``.
 
-The run count lives in the job's record (``deliveries``: runs started), so redeliveries caused by an outage of
-the store or the broker do not use up a job's runs. A store outage is waited out (``consumers.outage``) until the
-worker stops; then the messages go back to the broker.
+The run count lives in the job's record (``deliveries``: runs started; ``strikes``: runs counted against it;
+``batch_size``: how many jobs its latest run started with), so redeliveries caused by an outage of the store or
+the broker do not use up a job's runs, nor does a worker killed while it computed many jobs. A store outage is
+waited out (``consumers.outage``) until the worker stops; then the messages go back to the broker.
 """
 
 from __future__ import annotations
@@ -22,17 +26,20 @@ import asyncio
 import logging
 import time
 
-from consumers.acks import exhausted, poisoned
+from consumers.acks import poisoned
+from consumers.crashes import OutOfRuns, after_vanished, out_of_runs
 from consumers.requests import Job, parse_delivery
 from consumers.settle import Settler, runs_allowed
 from fleet.brokers.base import Delivery
 from fleet.constants import HEADER_RECORD, RECORD_NONE
 from fleet.errors import StoreError
 from fleet.store.base import Start
-from schemas.jobs import JobError, JobRecord
+from schemas.jobs import JobError, JobRecord, JobState
 from schemas.models import ModelSpec
 
 log = logging.getLogger(__name__)
+
+_RUNNING = JobState.running
 
 
 def _tenant(job: Job) -> str | None:
@@ -84,8 +91,9 @@ class Admission:
         if not jobs:
             return []
         settler = self.settler
-        items = [
-            Start(job.job_id or "", settler.model, settler.worker_id, job.attempt, job.unread, _tenant(job))
+        model, worker_id, size = settler.model, settler.worker_id, len(jobs)
+        items = [  # crashes.start_of, inlined: this runs once per job
+            Start(job.job_id or "", model, worker_id, job.attempt, job.unread, _tenant(job), size, job.strikes)
             for job in jobs
         ]
         try:
@@ -133,8 +141,14 @@ class Admission:
             if record is not None:
                 job.attempt = record.deliveries + 1
                 job.deadline = job.deadline or record.expires_at
-            if exhausted(job.attempt, runs_allowed(job, self.max_deliveries)):
-                rejected.append((job, self._exhausted_error(job)))
+                if record.state is _RUNNING:  # its last run never ended: its worker disappeared
+                    blame = after_vanished(record.strikes or 0, record.batch_size)
+                    job.strikes, job.bound = blame.strikes, blame.bound
+                elif record.strikes:
+                    job.strikes = record.strikes
+            out = out_of_runs(job.strikes, job.attempt, runs_allowed(job, self.max_deliveries))
+            if out is not None:
+                rejected.append((job, self._exhausted_error(job, out)))
             elif job.deadline is not None and now > job.deadline:
                 late.append(job)
             else:
@@ -150,13 +164,20 @@ class Admission:
             await asyncio.gather(*settling)
         return runnable
 
-    def _exhausted_error(self, job: Job) -> JobError:
-        runs = job.attempt - 1
-        return JobError(
-            type="max_deliveries",
-            message=f"started {runs} times without completing (max_deliveries={self.max_deliveries}); "
-            "a worker probably crashed or timed out on it each time",
-        )
+    def _exhausted_error(self, job: Job, out: OutOfRuns) -> JobError:
+        runs, allowed = job.attempt - 1, runs_allowed(job, self.max_deliveries)
+        if out is OutOfRuns.strikes:
+            message = (
+                f"started {runs} times without completing; {job.strikes} of those runs count against it (max "
+                f"{allowed}): its worker disappeared while it computed alone, or it failed retriably. It probably "
+                "crashes or stops the worker that runs it"
+            )
+        else:
+            message = (
+                f"started {runs} times without completing, the most any job may start ({allowed} runs allowed, "
+                "x10), whatever ended them: its workers kept disappearing"
+            )
+        return JobError(type="max_deliveries", message=message)
 
     def _poison_error(self, job: Job) -> JobError:
         count = job.delivery.delivery_count

@@ -33,6 +33,8 @@ class Job:
     attempt: int = 1  # this run's number: one more than the runs the job's record counts (set at admission)
     deadline: float | None = None  # unix seconds: the request's deadline, else its record's expiry
     unread: bool = False  # admission did not read its record (a DAG step's first delivery: it has none yet)
+    strikes: int = 0  # runs counted against it so far (``consumers.crashes``), this one not included
+    bound: int | None = None  # the most jobs this run may start with (``consumers.crashes``; None: any)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

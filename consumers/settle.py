@@ -12,8 +12,11 @@ Every message a worker takes leaves through here, whatever became of it: a resul
 4. with tenants' quotas on (``fleet.store.quotas``), the batch's jobs give their queued places back, in one
    pipelined call, never raising: a release that fails only delays the places until a sweep or their holds end.
 
-Only a retriable model error skips the store: ``acks.decide`` says retry, and the message is handed back with a
-delay. Because the ack comes last, a crash anywhere before it means a redelivery, which finds the record terminal.
+Only a retriable model error skips the terminal write: ``acks.decide`` says retry (while the job's strikes allow,
+``consumers.crashes``), its run is marked as one that counts against it (``batch_size`` 1, one ``start_many`` for
+the batch's retries, on that error path only; a store outage there only leaves it uncounted) and the message is
+handed back with a delay. Because the ack comes last, a crash anywhere before it means a redelivery, which finds
+the record terminal.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from consumers import metrics
 from consumers.acks import Action, decide, for_stored
+from consumers.crashes import start_of
 from consumers.outage import StoreOutage
 from consumers.requests import Job
 from consumers.stats import WorkerStats
@@ -111,15 +115,16 @@ class Settler:
         retries = []
         for job, result in zip(jobs, results, strict=True):
             if isinstance(result, JobError):
-                decision = decide(result, job.attempt, runs_allowed(job, self.max_deliveries))
+                decision = decide(result, job.strikes + 1, runs_allowed(job, self.max_deliveries))
                 if decision.action is Action.retry:
-                    retries.append(self._retry(job, result, decision.delay_s))
+                    retries.append((job, result, decision.delay_s))
                     continue
                 final.append((job, self._finish(job, JobState.failed, error=result)))
             else:
                 final.append((job, self._finish(job, JobState.succeeded, output=result)))
         if retries:
-            await asyncio.gather(*retries)
+            await self._count_against([job for job, _, _ in retries])
+            await asyncio.gather(*(self._retry(job, error, delay_s) for job, error, delay_s in retries))
         # Computed work is never handed back for want of a store: only a drain deadline (a cancel) ends the wait.
         await self._store_and_settle(final, patient=True)
 
@@ -225,6 +230,16 @@ class Settler:
             await self.release(job.delivery, HOOK_RETRY_DELAY_S)
             return False
         return True
+
+    async def _count_against(self, jobs: list[Job]) -> None:
+        """Mark runs that failed retriably as runs alone, so that their redeliveries count them as strikes."""
+        items = [start_of(job, self.model, self.worker_id, 1) for job in jobs if job.job_id]
+        if not items:
+            return
+        try:
+            await self.outage.call(lambda: self.store.start_many(items), f"count {len(items)} retries", stop=self.stop)
+        except StoreError as exc:  # stopping with the store away: the runs go uncounted, the retries happen anyway
+            log.warning("worker %s: %d retries not counted (%s)", self.worker_id, len(items), exc)
 
     async def _retry(self, job: Job, error: JobError, delay_s: float) -> None:
         log.info("job %s failed (%s), run %d; retrying in %.1fs", job.job_id, error.message, job.attempt, delay_s)

@@ -14,6 +14,11 @@ changes nothing when it is slow: at most one batch is taken ahead of the one com
 partition's messages can only go to this worker anyway, one more is fetched while that one waits in the queue).
 Heartbeats and ack-deadline extensions run in their own tasks, so a long batch neither looks dead nor gets
 redelivered.
+
+An admitted batch computes as one run, unless it holds jobs redelivered from a worker that disappeared while they
+computed in a batch of many: ``consumers.crashes`` then splits it into smaller runs (bisection), each started and
+computed in turn. A worker told to stop marks the run it is computing as a draining worker's (best effort, one
+store call), so that if it is killed before the run ends, the run does not count against its jobs.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from consumers import metrics
 from consumers.admission import Admission
 from consumers.batch_control import BatchLimits, ControlState, ControlWindow, control, initial_state
 from consumers.batcher import BatchBounds, BatchCollector
+from consumers.crashes import DRAINING, split, start_of
 from consumers.drain import DrainListener
 from consumers.handlers.base import ModelHandler
 from consumers.idle import IdleAnnouncer
@@ -62,6 +68,7 @@ IDLE_FETCH_TIMEOUT_S = 1.0
 SETTLE_CONCURRENCY = 2  # batches whose results may be written while the next batch computes
 YOUNG_GC_THRESHOLD = 10_000  # at least this many new container objects between two young garbage collections
 YOUNG_GC_OBJECTS_PER_ITEM = 50  # ... and room for this many per item of a batch (a job in flight holds ~30)
+DRAIN_MARK_TIMEOUT_S = 1.0  # for marking the run in flight as a draining worker's; a drain never waits longer
 
 
 def new_worker_id(model: str) -> str:
@@ -212,6 +219,7 @@ class Worker:
         self._sub: Subscription | None = None
         self._fetch_task: asyncio.Task[None] | None = None
         self._compute_task: asyncio.Task[None] | None = None
+        self._computing: list[Job] = []  # the run on the device now
         self._aux_tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self._taken = asyncio.Event()
@@ -300,6 +308,7 @@ class Worker:
         self._stopping.set()
         await self._drain.stop()
         deadline_s = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        await self._mark_draining()
         await self._stop_fetching()
         if self._announcer is not None:
             await self._announcer.stop()
@@ -320,6 +329,19 @@ class Worker:
         await cancel_and_wait(self._aux_tasks)
         self._release_gc()
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
+
+    async def _mark_draining(self) -> None:
+        """Mark the run computing as a draining worker's (``consumers.crashes``): killed before it ends (a grace
+        period that runs out), it does not count against its jobs. Best effort: a run left unmarked only counts
+        as any run does."""
+        items = [start_of(job, self.model, self.worker_id, DRAINING) for job in self._computing if job.job_id]
+        if not items:
+            return
+        try:
+            async with asyncio.timeout(DRAIN_MARK_TIMEOUT_S):
+                await self.store.start_many(items)
+        except Exception as exc:
+            log.info("worker %s: the run in flight is not marked as draining (%s)", self.worker_id, exc)
 
     def _drain_self(self) -> None:
         self._drain_task = asyncio.create_task(self.stop(), name=f"{self.worker_id}-drain-stop")
@@ -425,14 +447,18 @@ class Worker:
                 if self._stopping.is_set():
                     return
                 continue
-            jobs = await admission
-            try:
-                jobs = await self.admission.start(jobs) if jobs else jobs
-                if jobs:
-                    await self._run_batch(jobs)
-            except Exception:
-                log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
-                await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
+            admitted = await admission
+            for run, jobs in enumerate(split(admitted) if admitted else ()):  # one, unless crashes.split bounds some
+                if run and self._stopping.is_set():  # a drain finishes the run computing, not the ones after it
+                    await asyncio.gather(*(self.settler.release(job.delivery) for job in jobs))
+                    continue
+                try:
+                    jobs = await self.admission.start(jobs)
+                    if jobs:
+                        await self._run_batch(jobs)
+                except Exception:
+                    log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
+                    await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
 
     async def _heartbeat_loop(self) -> None:
         while not self._aux_stop.is_set():
@@ -465,7 +491,11 @@ class Worker:
     async def _run_batch(self, jobs: list[Job]) -> None:
         """Compute running jobs, then hand their results to a settle task and return for the next batch."""
         t0 = time.perf_counter()
-        results = await self._predict(jobs)
+        self._computing = jobs
+        try:
+            results = await self._predict(jobs)
+        finally:
+            self._computing = []
         compute_ms = (time.perf_counter() - t0) * 1000
         self.stats.record_batch(len(jobs), compute_ms)
         if self._control is not None:

@@ -103,7 +103,11 @@ class FleetSettings(BaseSettings):
     )
     ack_wait_s: float = Field(c.DEFAULT_ACK_WAIT_S, gt=0, description="redeliver a message unacked this long")
     max_deliveries: int = Field(
-        c.DEFAULT_MAX_DELIVERIES, ge=1, le=1000, description="deliveries before a message is dead-lettered"
+        c.DEFAULT_MAX_DELIVERIES,
+        ge=1,
+        le=1000,
+        description="runs that count against a job (it failed retriably, or its worker died while it ran alone) "
+        "before it is dead-lettered; 10x as many runs whatever ended them (consumers.crashes)",
     )
     heartbeat_interval_s: float = Field(c.DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
     drain_timeout_s: float = Field(c.DEFAULT_DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: finish in-flight work")

@@ -53,6 +53,16 @@ class JobRecord(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     deliveries: int = Field(0, description="how many times a worker started running the job")
+    batch_size: int | None = Field(
+        None,
+        description="how many jobs the latest run started with (0: its worker was draining); a run whose worker "
+        "disappeared counts against the job only if the job ran alone",
+    )
+    strikes: int | None = Field(
+        None,
+        description="runs counted against max_deliveries as of the latest start: its worker disappeared while it "
+        "ran alone, or it failed retriably (null: none)",
+    )
     worker_id: str | None = None
     expires_at: float | None = Field(None, description="unix seconds after which a queued job is expired")
     input_digest: str | None = Field(

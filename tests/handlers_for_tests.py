@@ -6,6 +6,7 @@ Subprocess workers pick their model name up from ``FLEET_TEST_MODEL_NAME`` so ea
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ class ItemIn(BaseModel):
     boom: bool = False  # the whole batch raises while this item is in it
     bad: bool = False  # this item alone comes back as an exception
     sleep_ms: float = 0.0
+    crash: bool = False  # SIGKILLs the worker process whenever its batch computes (a job that kills workers)
 
 
 class ItemOut(BaseModel):
@@ -36,7 +38,8 @@ _NAME = os.environ.get("FLEET_TEST_MODEL_NAME", "testitems")
 
 
 class Items(ModelHandler[ItemIn, ItemOut]):
-    """Doubles ``value``; ``boom`` poisons its batch; ``bad`` fails its own item; counts every predicted item."""
+    """Doubles ``value``; ``boom`` poisons its batch; ``bad`` fails its own item; ``crash`` kills the process;
+    counts every predicted item."""
 
     spec = ModelSpec(_NAME, ItemIn, ItemOut, max_batch=16, max_wait_ms=20)
 
@@ -50,6 +53,8 @@ class Items(ModelHandler[ItemIn, ItemOut]):
             self.calls.append([item.value for item in batch])
         if any(item.boom for item in batch):
             raise RuntimeError("boom: this batch contains a poison item")
+        if any(item.crash for item in batch):
+            os.kill(os.getpid(), signal.SIGKILL)
         pause_s = sum(item.sleep_ms for item in batch) / 1000
         if pause_s:
             time.sleep(pause_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.acks import POISON_FACTOR, Action, decide, exhausted, for_stored, poisoned, retry_delay_s
+from consumers.acks import POISON_FACTOR, Action, decide, for_stored, poisoned, retry_delay_s
 from consumers.stats import WorkerStats, percentile
 from schemas.jobs import JobError, JobState
 
@@ -32,11 +32,6 @@ def test_retry_backs_off_exponentially_with_a_cap() -> None:
     assert [retry_delay_s(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
     assert retry_delay_s(50) == 30.0
     assert decide(TRANSIENT, 2, 5).delay_s == 1.0
-
-
-def test_exhausted_only_past_the_limit() -> None:
-    assert not exhausted(3, 3)
-    assert exhausted(4, 3)
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,12 @@ import nats
 import nats.errors
 import pytest
 from nats.aio.msg import Msg
-from nats.js.api import RetentionPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
 
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Delivery, ack_all
-from fleet.brokers.nats import NatsBroker
+from fleet.brokers.nats import NatsBroker, durable_name
 from fleet.brokers.nats_client import FleetNatsClient
 from fleet.brokers.nats_pull import NatsDelivery, NatsSubscription, reply_counts
 from fleet.errors import BrokerError, BrokerUnavailable, ConfigError
@@ -209,6 +209,27 @@ async def test_a_second_group_on_a_request_subject_is_a_config_error_naming_the_
     assert repr(c.consumer_name(model)) in message
     assert "exactly one group" in message
     await broker.subscribe(subject, c.consumer_name(model))  # the owning group still subscribes
+
+
+async def test_a_group_found_with_a_delivery_limit_gets_unlimited_deliveries(
+    broker: NatsBroker, server: PrivateNats, unique: str
+) -> None:
+    """JetStream must never stop redelivering before Fleet's crash rule decides (consumers.crashes, issue 26)."""
+    model = f"md{unique}"
+    subject = c.request_subject(model)
+    durable = durable_name(subject, c.consumer_name(model))
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        config = ConsumerConfig(
+            durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, max_deliver=3
+        )
+        await js.add_consumer("FLEET_REQ", config)
+        await broker.ensure_model(model)
+        info = await js.consumer_info("FLEET_REQ", durable)
+    finally:
+        await nc.close()
+    assert info.config.max_deliver == -1
 
 
 async def test_dead_letter_subjects_take_several_groups_and_each_gets_every_message(

@@ -7,7 +7,8 @@ long-poll per job (wait up to the gateway's maximum) and the SDK's ``wait`` (wit
 0.5 s long-polls that end inside the outage). While jobs still run, redis-server is
 SIGKILLed, kept down for a few seconds and restarted from its AOF on the same port; completion notices published
 around the outage are lost with it. Every accepted job must end terminal, every waiter must answer with the job's
-terminal record (the one in the store), none with an error, and no job may end ``failed``.
+terminal record (the one in the store), none with an error, and no job may end ``failed``. An event stream
+requested while Redis is down opens and waits too (issue 26 item 6: it answered ``503``).
 """
 
 from __future__ import annotations
@@ -271,3 +272,74 @@ async def test_a_long_poll_answers_503_only_when_its_own_deadline_passes_in_an_o
         response, _ = await asyncio.wait_for(long, 15)
         assert response.status_code == 200, response.text
         assert JobRecord.model_validate(response.json()) == done
+
+
+async def test_an_event_stream_opened_while_redis_is_down_waits_and_delivers_the_result(
+    redis_aof: AofRedis, unique: str
+) -> None:
+    """Issue 26 item 6: a stream requested during the outage opens and waits (it answered 503), like a WebSocket."""
+    refs, (echo,) = model_refs(unique, "echo")
+    settings = FleetSettings.model_validate({"store_url": redis_aof.url, "models": refs})
+    writer = RedisStore(redis_aof.url, job_ttl_s=60)  # a worker's store elsewhere
+    async with connected_pair(settings) as (broker, store):
+        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
+        async with served(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+            job_id = (await http.post("/v1/jobs", json={"model": echo, "input": {}})).json()["job_id"]
+            redis_aof.kill()
+            async with (
+                http.stream("GET", f"/v1/jobs/{job_id}/events") as stream,
+                http.stream("GET", f"/v1/jobs/nobody-{unique}/events") as unknown,
+            ):
+                assert (stream.status_code, unknown.status_code) == (200, 200), await stream.aread()
+                events, unknown_events = sse_events(stream.aiter_lines()), sse_events(unknown.aiter_lines())
+                assert (await anext(events))[0] == "comment", "keep-alives while Redis is down"
+                await asyncio.to_thread(redis_aof.start)
+                await writer.connect()
+                try:
+                    _, done = await writer.finish(job_id, JobState.succeeded, model=echo, output={"ok": 1})
+                finally:
+                    await writer.close()
+                said = [item async for item in events]
+                unknown_said = [item async for item in unknown_events if item[0] != "comment"]
+    names = [name for name, _ in said if name != "comment"]
+    assert names[-1] == "result" and set(names[:-1]) <= {"job"}, said  # "job" if it read the record before the finish
+    assert JobRecord.model_validate(said[-1][1]) == done
+    assert unknown_said == [("error", unknown_said[0][1])] and unknown_said[0][1]["error"]["type"] == "job_not_found"
+
+
+async def test_a_run_stream_socket_and_long_poll_opened_while_redis_is_down_wait_for_it(
+    redis_aof: AofRedis, unique: str
+) -> None:
+    """The DAG run's waiters too: its SSE stream and its long-poll answered 503 and its WebSocket an error frame."""
+    refs, (echo,) = model_refs(unique, "echo")
+    settings = FleetSettings.model_validate({"store_url": redis_aof.url, "models": refs})
+    spec = {
+        "name": f"wait-{unique}",
+        "steps": [{"id": "a", "model": echo, "input": {"x": 1}}],
+        "output": "${steps.a.output}",
+    }
+    async with connected_pair(settings) as (broker, store):
+        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
+        async with served(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+            assert (await http.post("/v1/dags", json=spec)).status_code == 201
+            started = await http.post(f"/v1/dags/{spec['name']}/runs", json={"input": {}})
+            run_id = started.json()["run_id"]  # no worker serves it: the run stays running
+            redis_aof.kill()
+            poll = asyncio.create_task(http.get(f"/v1/runs/{run_id}", params={"wait": 4}))
+            async with (
+                http.stream("GET", f"/v1/runs/{run_id}/events") as stream,
+                ws_connect(ws_url(base, f"/v1/runs/{run_id}/ws")) as ws,
+            ):
+                assert stream.status_code == 200, await stream.aread()
+                events = sse_events(stream.aiter_lines())
+                assert (await anext(events))[0] == "comment", "keep-alives while Redis is down"
+                first_frame = asyncio.create_task(ws.recv())
+                await asyncio.sleep(1.0)
+                assert not first_frame.done(), f"the socket answered during the outage: {first_frame.result()}"
+                await asyncio.to_thread(redis_aof.start)
+                name, data = await anext(item async for item in events if item[0] != "comment")
+                frame = json.loads(await asyncio.wait_for(first_frame, 15))
+            polled = await poll  # its 4 s passed with the run still running: the current view, no 503
+    assert polled.status_code == 200 and polled.json()["run_id"] == run_id, polled.text
+    assert (name, data["run"]["run_id"], data["run"]["state"]) == ("run", run_id, "running")
+    assert (frame["type"], frame["run"]["run_id"]) == ("run", run_id)

@@ -28,8 +28,9 @@ subjects unbounded. Like the window and size limit, every Fleet process that con
 with its own settings: give them all the same ``FLEET_MAX_QUEUED*``.
 
 Groups are durable pull consumers, one per ``(subject, group)``, named ``durable_name(subject, group)``, with
-explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries: the worker dead-letters by itself after
-``max_deliveries`` by reading ``delivery_count``, which also covers poison messages that crash it.
+explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries (a group found with a ``max_deliver`` is given
+unlimited ones): the worker dead-letters by itself (``consumers.crashes``: the runs its record counts against it,
+and ``delivery_count`` for poison messages that crash it before they start), never JetStream.
 
 ``publish`` waits for the JetStream PubAck (``fleet.brokers.nats_pubacks``: one reply subscription per connection
 instead of a nats-py request per publish). ``fetch`` is in ``fleet.brokers.nats_pull``. ``emit``/``listen`` are
@@ -444,9 +445,15 @@ class NatsBroker:
                 f"consumer {config.durable_name} on {stream} filters {config.filter_subject!r}, "
                 f"not {subject!r}; delete it or use another group name"
             )
+        changes: dict[str, Any] = {}
         if config.ack_wait != self.ack_wait_s:
             log.info("group %s: ack wait %ss -> %ss", config.durable_name, config.ack_wait, self.ack_wait_s)
-            await js.add_consumer(stream, dataclasses.replace(config, ack_wait=self.ack_wait_s))
+            changes["ack_wait"] = self.ack_wait_s
+        if config.max_deliver not in (None, -1):  # JetStream would stop delivering before Fleet's rule decides
+            log.info("group %s: max deliver %s -> unlimited", config.durable_name, config.max_deliver)
+            changes["max_deliver"] = -1
+        if changes:
+            await js.add_consumer(stream, dataclasses.replace(config, **changes))
 
     # -- the Broker protocol ----------------------------------------------------------------------------------
 

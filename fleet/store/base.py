@@ -44,6 +44,10 @@ class Start:
     one). The store then expects none; where one exists, ``deliveries`` counts on from its runs."""
     tenant: str | None = None
     """The request message's tenant: written into a record the start creates (None: the default tenant)."""
+    batch_size: int | None = None
+    """How many jobs the run starts with (``consumers.crashes``: 0 marks a draining worker's runs)."""
+    strikes: int = 0
+    """The job's runs counted against it so far (``consumers.crashes``); a record keeps the larger count."""
 
 
 @dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x

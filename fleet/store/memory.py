@@ -85,11 +85,27 @@ class MemoryStore:
         return out
 
     async def start(
-        self, job_id: str, *, model: str, worker_id: str, deliveries: int, tenant: str | None = None
+        self,
+        job_id: str,
+        *,
+        model: str,
+        worker_id: str,
+        deliveries: int,
+        tenant: str | None = None,
+        batch_size: int | None = None,
+        strikes: int = 0,
     ) -> JobRecord:
         current = await self.get(job_id)
         record = transitions.started(
-            current, job_id, model=model, worker_id=worker_id, deliveries=deliveries, now=time.time(), tenant=tenant
+            current,
+            job_id,
+            model=model,
+            worker_id=worker_id,
+            deliveries=deliveries,
+            now=time.time(),
+            tenant=tenant,
+            batch_size=batch_size,
+            strikes=strikes,
         )
         if record is not current:
             self._write(job_id, transitions.record_json(record))
@@ -133,7 +149,13 @@ class MemoryStore:
                 deliveries = max(deliveries, current.deliveries + 1)
             records.append(
                 await self.start(
-                    it.job_id, model=it.model, worker_id=it.worker_id, deliveries=deliveries, tenant=it.tenant
+                    it.job_id,
+                    model=it.model,
+                    worker_id=it.worker_id,
+                    deliveries=deliveries,
+                    tenant=it.tenant,
+                    batch_size=it.batch_size,
+                    strikes=it.strikes,
                 )
             )
         return records

@@ -408,6 +408,8 @@ class RedisStore:
                 deliveries=deliveries,
                 now=now,
                 tenant=it.tenant,
+                batch_size=it.batch_size,
+                strikes=it.strikes,
             )
 
         unread = {it.job_id for it in items if it.unread}

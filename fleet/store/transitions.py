@@ -53,6 +53,8 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
         "started_at": None,
         "finished_at": None,
         "deliveries": 0,
+        "batch_size": None,
+        "strikes": None,
         "worker_id": None,
         "expires_at": None,
         "input_digest": None,
@@ -101,11 +103,24 @@ def started(
     deliveries: int,
     now: float,
     tenant: str | None = None,
+    batch_size: int | None = None,
+    strikes: int = 0,
 ) -> JobRecord:
     """The record after a worker picked the job up; a terminal ``current`` is returned unchanged. ``tenant`` (the
-    request message's) is written only into a record created here: an existing record keeps its own."""
+    request message's) is written only into a record created here: an existing record keeps its own.
+    ``batch_size`` and ``strikes`` are the run's (``consumers.crashes``); a record keeps the larger strike count."""
     if current is None:
-        return _fresh(job_id, model, now, started_at=now, deliveries=deliveries, worker_id=worker_id, tenant=tenant)
+        return _fresh(
+            job_id,
+            model,
+            now,
+            started_at=now,
+            deliveries=deliveries,
+            worker_id=worker_id,
+            tenant=tenant,
+            batch_size=batch_size,
+            strikes=strikes or None,
+        )
     if current.state in TERMINAL_STATES:
         return current
     values = dict(current.__dict__)
@@ -114,6 +129,8 @@ def started(
         values["started_at"] = now
     values["worker_id"] = worker_id
     values["deliveries"] = deliveries
+    values["batch_size"] = batch_size
+    values["strikes"] = max(strikes, values.get("strikes") or 0) or None
     return trusted(values)
 
 

@@ -14,8 +14,10 @@ its ``type``)::
 ``<view>`` is the body of ``GET /v1/runs/{run_id}``. A run that is already over (also one that ended at its start)
 gets ``run`` then ``result`` at once. An unknown run is a plain ``404`` (SSE) or an error frame and close code 4404
 (WebSocket). The stream wakes on each change the DAG store publishes (``fleet:dagevents:<run>``); SSE sends a
-``: keep-alive`` comment every ``GatewayLimits.sse_keepalive_s`` while nothing changes. A store outage while a
-stream is open only delays events. Another tenant's run is an unknown run on both (``fleet.tenancy``).
+``: keep-alive`` comment every ``GatewayLimits.sse_keepalive_s`` while nothing changes. A store outage only delays
+events, also one under way when the stream is requested: the socket or the stream opens and waits (SSE with
+keep-alives) until the run can be read; an unknown run then ends an SSE stream with an ``error`` event (its ``200``
+was sent). Another tenant's run is an unknown run on both (``fleet.tenancy``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from producers.gateway.auth import (
     websocket_principal,
     ws_subprotocol,
 )
+from producers.gateway.calls import patiently
 from producers.gateway.errors import error_json
 from producers.gateway.metrics import SSE_STREAMS_OPEN, WEBSOCKETS_OPEN
 from producers.gateway.routes_dags import runner_of, view_doc
@@ -122,13 +125,36 @@ async def sse_stream(runner: DagRunner, doc: RunDoc, keepalive_s: float) -> Asyn
         SSE_STREAMS_OPEN.dec()
 
 
+async def sse_after_outage(
+    runner: DagRunner, run_id: str, viewer: str | None, keepalive_s: float
+) -> AsyncIterator[bytes]:
+    """The stream of a run that could not be read when it was requested: keep-alives until it can be, then
+    ``sse_stream``; an unknown run (or one ``viewer`` may not see) ends it with an ``error`` event."""
+    while True:
+        try:
+            doc = await runner.get(run_id, viewer)
+            break
+        except StoreError as exc:
+            if not exc.retriable:
+                yield sse_event("error", json.dumps(_error_event(exc, run_id)))
+                return
+            yield KEEP_ALIVE
+            await asyncio.sleep(OUTAGE_PAUSE_S)
+        except UnknownRun as exc:
+            yield sse_event("error", json.dumps(_error_event(exc, run_id)))
+            return
+    async for event in sse_stream(runner, doc, keepalive_s):
+        yield event
+
+
 @router.get(
     "/v1/runs/{run_id}/events",
     summary="Stream a DAG run step by step (server-sent events)",
     description=(
         "`text/event-stream`: `event: run` with the run first, `event: step` (`{type, step, state, run}`) each "
         "time a step's state changes, `: keep-alive` comments while nothing happens, and `event: result` with the "
-        "finished run, after which the stream ends. `event: error` ends it if the run's record expires."
+        "finished run, after which the stream ends. `event: error` ends it if the run's record expires. A store "
+        "outage only delays events, also one under way when the stream is requested (it opens and waits)."
     ),
     response_class=StreamingResponse,
     dependencies=SUBMITTER_DEPS,
@@ -143,7 +169,13 @@ async def stream_run_events(
     run_id: str, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
 ) -> StreamingResponse:
     runner = runner_of(state)
-    doc = await runner.get(run_id, principal.tenant)
+    try:
+        doc = await runner.get(run_id, principal.tenant)
+    except StoreError as exc:
+        if not exc.retriable:
+            raise
+        waiting = sse_after_outage(runner, run_id, principal.tenant, state.limits.sse_keepalive_s)
+        return StreamingResponse(waiting, media_type="text/event-stream", headers=STREAM_HEADERS)
     stream = sse_stream(runner, doc, state.limits.sse_keepalive_s)
     return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
 
@@ -151,7 +183,7 @@ async def stream_run_events(
 async def _send_all(websocket: WebSocket, runner: DagRunner, run_id: str, wait_s: float, viewer: str | None) -> int:
     """Send the run's events (``UnknownRun`` for another tenant's run than ``viewer``'s); the close code."""
     try:
-        doc = await runner.get(run_id, viewer)
+        doc = await patiently(lambda: runner.get(run_id, viewer), run_id)  # a socket waits a store outage out
         async for event in run_events(runner, doc, wait_s):
             if event is not None:
                 await websocket.send_text(json.dumps(event))

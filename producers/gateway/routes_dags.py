@@ -18,6 +18,7 @@ caller's own. The operator token lists every tenant's DAGs and reads every tenan
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -33,6 +34,7 @@ from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
 from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from producers.gateway.calls import patiently
 from producers.gateway.errors import ApiError, error_responses, limited_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import check_wait
@@ -242,7 +244,8 @@ async def start_run(
     summary="Get a DAG run",
     description=(
         "The run: its state, each step's state, job ids, item counts and times, and its output once it succeeded. "
-        "With `wait`, holds the request until the run is over or `wait` seconds pass."
+        "With `wait`, holds the request until the run is over or `wait` seconds pass; a store outage inside "
+        "`wait` is waited out (503 only if the run cannot be read when `wait` ends)."
     ),
     responses=error_responses(404, 422, 503),
 )
@@ -255,8 +258,16 @@ async def get_run(
     runner = runner_of(state)
     if wait is not None:
         check_wait(wait, state.settings.max_long_poll_s)
-        return await view_doc(runner, await runner.wait(run_id, wait, principal.tenant))
+        return await view_doc(runner, await wait_run(runner, run_id, wait, principal.tenant))
     return await view_doc(runner, await runner.get(run_id, principal.tenant))
+
+
+async def wait_run(runner: DagRunner, run_id: str, wait_s: float, viewer: str | None) -> RunDoc:
+    """``runner.wait`` that waits a store outage out until its own deadline, as a job's long-poll does
+    (``calls.long_poll``); the last ``StoreError`` (a 503) only when the deadline passes with the run unreadable."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    return await patiently(lambda: runner.wait(run_id, max(0.0, deadline - loop.time()), viewer), run_id, deadline)
 
 
 @router.post(

@@ -9,10 +9,13 @@ only speak HTTP. The answer is ``text/event-stream``; each event's data is one l
     event: error      {"error": {...}}: the record vanished (its TTL ran out) or is corrupt; the stream ends
 
 A job that ended before the request gets ``event: result`` at once. An unknown job is a plain ``404`` before any
-event, a store that cannot be reached a ``503``, both with the usual error body. Once the stream is open, a store
-outage is no error: keep-alives go on and the result comes once the store is back. Another tenant's job is the
-``404`` of an unknown job (the operator token streams every tenant's jobs). ``EventSource`` reconnects when a
-stream ends, so a browser client should ``close()`` it on ``result``.
+event, with the usual error body. A store outage is no error, neither while the stream is open nor when it is
+opened (like a WebSocket's or a long-poll's, the README's outage section): a stream whose job cannot be read when
+it is requested opens at once (``200``), sends keep-alives while the store is away, and goes on as above once the
+job's record can be read; if the job turns out unknown it ends with ``event: error`` (``job_not_found``), since
+its status was sent. Another tenant's job is the ``404`` (or that event) of an unknown job (the operator token
+streams every tenant's jobs). ``EventSource`` reconnects when a stream ends, so a browser client should
+``close()`` it on ``result``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
+from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.calls import read_job, store_call
@@ -91,6 +95,27 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
         SSE_STREAMS_OPEN.dec()
 
 
+async def events_after_outage(state: GatewayState, job_id: str, viewer: str | None) -> AsyncIterator[bytes]:
+    """The events of a job whose record could not be read when the stream was requested: keep-alives until it
+    can be, then ``job_events``; an unknown job (or one ``viewer`` may not see) ends with ``event: error``."""
+    store, limits = state.store, state.limits
+    while True:
+        try:
+            record = await store_call(store, store.get(job_id), limits.store_timeout_s)
+            break
+        except StoreError as exc:
+            if not exc.retriable:  # a corrupt record: waiting does not mend it
+                yield error_event("store_unavailable", exc.message)
+                return
+            yield KEEP_ALIVE
+            await asyncio.sleep(OUTAGE_PAUSE_S)
+    if record is None or not tenancy.visible(record.tenant, viewer):
+        yield error_event("job_not_found", JobNotFound(job_id).message, {"job_id": job_id})
+        return
+    async for event in job_events(state, record):
+        yield event
+
+
 @router.get(
     "/v1/jobs/{job_id}/events",
     summary="Stream a job's progress and result (server-sent events)",
@@ -98,7 +123,8 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
         "`text/event-stream`: `event: job` with the current record while the job has not ended (again when its "
         "state changes), `: keep-alive` comments while nothing happens, then `event: result` with the terminal "
         "record, after which the stream ends. A job that already ended gets `event: result` at once. "
-        "A store outage while the stream is open only delays the result (keep-alives go on). "
+        "A store outage only delays the result (keep-alives go on), also one under way when the stream is "
+        "requested: the stream then opens at once, and an unknown job ends it with `event: error`. "
         "`event: error` (with the usual error body) ends the stream if the record expires or is corrupt."
     ),
     response_class=StreamingResponse,
@@ -111,5 +137,11 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
 async def stream_job_events(
     job_id: str, state: GatewayState = Depends(gateway_state), principal: Principal = Depends(require_submitter)
 ) -> StreamingResponse:
-    record = await read_job(state.store, job_id, state.limits.store_timeout_s, principal.tenant)
+    try:
+        record = await read_job(state.store, job_id, state.limits.store_timeout_s, principal.tenant)
+    except StoreError as exc:
+        if not exc.retriable:
+            raise
+        events = events_after_outage(state, job_id, principal.tenant)  # waits the outage out, as every waiter does
+        return StreamingResponse(events, media_type="text/event-stream", headers=STREAM_HEADERS)
     return StreamingResponse(job_events(state, record), media_type="text/event-stream", headers=STREAM_HEADERS)
