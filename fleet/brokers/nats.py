@@ -182,7 +182,7 @@ class NatsBroker:
         log.info("connected to NATS at %s", self.url)
 
     async def close(self) -> None:
-        """Idempotent: close subscriptions and listeners, then the connection."""
+        """Idempotent: close subscriptions and listeners, then the connection (one already lost is no error)."""
         if self._closed:
             return
         self._closed = True
@@ -195,7 +195,12 @@ class NatsBroker:
         if pubacks is not None:
             await pubacks.close()
         if nc is not None and not nc.is_closed:
-            await nc.close()
+            try:
+                await nc.close()
+            except OSError as exc:
+                # nats-py flushes what it buffered while reconnecting onto the lost socket and raises
+                # ``ConnectionResetError: Connection lost``: the connection is gone, which is what close wanted.
+                log.info("NATS at %s: the connection was already lost when closed (%r)", self.url, exc)
 
     async def ping(self) -> None:
         """Raise ``BrokerUnavailable`` unless the server and JetStream answer a request within ``ping_timeout_s``.

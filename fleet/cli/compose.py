@@ -11,7 +11,7 @@ import functools
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -30,7 +30,9 @@ from dispatcher.service import Dispatcher
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.cli.probes import WorkerProbe, serve_probes
+from fleet.links import redact
 from fleet.models import resolve_spec, resolve_specs
+from fleet.outages import OutageLog, services_of, watch_outages
 from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
@@ -64,19 +66,33 @@ def startup_deadline(settings: FleetSettings) -> Deadline:
 async def connected(
     settings: FleetSettings, deadline: Deadline | None = None
 ) -> AsyncIterator[tuple[Broker, ResultStore]]:
-    """A connected broker and store, each retried until the start-up deadline (``fleet.startup``)."""
+    """A connected broker and store, each retried until the start-up deadline (``fleet.startup``), watched for
+    outages while in use (``fleet.outages``: one warning when one starts, one when it ends). Closing them never
+    fails the process: a connection lost with its server is closed all the same."""
     deadline = deadline or startup_deadline(settings)
     broker = make_broker(settings)
     store = make_store(settings)
     try:
         await retry_until(deadline, "connect to the broker", broker.connect)
         await retry_until(deadline, "connect to the result store", store.connect)
+        services = services_of(settings)
+        watch = watch_outages(services, OutageLog()) if services else asyncio.Event().wait()
+        watcher = asyncio.create_task(watch, name="outage-watch")
         try:
             yield broker, store
         finally:
-            await store.close()
+            await cancel_and_wait([watcher])
+            await close_quietly(f"the result store at {redact(settings.store_url)}", store.close)
     finally:
-        await broker.close()
+        await close_quietly(f"the broker at {redact(settings.broker_url)}", broker.close)
+
+
+async def close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> None:
+    """Close a client; an error (its server went away meanwhile) is logged, naming ``what``, never raised."""
+    try:
+        await close()
+    except Exception as exc:
+        log.warning("closing the connection to %s failed (%r); it is closed all the same", what, exc)
 
 
 async def ensure_models(broker: Broker, models: list[str], deadline: Deadline) -> None:
