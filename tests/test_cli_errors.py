@@ -146,6 +146,12 @@ def test_a_worker_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
     assert "another --metrics-port" in result.stderr
 
 
+def test_an_autoscaler_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
+    result = run_fleet("autoscaler", "--backend", "dry-run", "--model", "echo", "--metrics-port", str(busy_port), *DOWN)
+    check(result, f"cannot serve metrics on 0.0.0.0:{busy_port}")
+    assert "another --metrics-port" in result.stderr
+
+
 def test_an_unreachable_store_behind_a_reachable_broker_is_named(nats_url: str) -> None:
     result = run_fleet("worker", "--model", "echo", "--broker", nats_url, "--store", "redis://127.0.0.1:1", env=ONCE)
     check(result, "could not connect to the result store")
