@@ -96,7 +96,7 @@ def run(coro: Any, settings: FleetSettings) -> None:
         asyncio.run(coro)
     except FleetError as exc:
         raise fail(exc.message, 1) from None
-    except OSError as exc:  # a client's connection error that no Fleet code turned into a message: say whose
+    except ConnectionError as exc:  # a client's error that no Fleet code turned into a message: say whose
         where = f"the broker at {redact(settings.broker_url)} or the store at {redact(settings.store_url)}"
         raise fail(f"a connection to {where} failed: {describe(exc)}", 1) from None
 

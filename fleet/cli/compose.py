@@ -103,12 +103,11 @@ async def connected(
         await retry_until(deadline, "connect to the broker", broker.connect)
         await retry_until(deadline, "connect to the result store", store.connect)
         services = services_of(settings)
-        watch = watch_outages(services, OutageLog()) if services else asyncio.Event().wait()
-        watcher = asyncio.create_task(watch, name="outage-watch")
+        watchers = [asyncio.create_task(watch_outages(services, OutageLog()), name="outage-watch")] if services else []
         try:
             yield broker, store
         finally:
-            await cancel_and_wait([watcher])
+            await cancel_and_wait(watchers)
             await close_quietly(f"the result store at {redact(settings.store_url)}", store.close)
     finally:
         await close_quietly(f"the broker at {redact(settings.broker_url)}", broker.close)
