@@ -58,12 +58,19 @@ class DagStarter:
         self._task = asyncio.create_task(self._loop(), name=f"{self.owner}-dag-starter")
 
     async def stop(self) -> None:
+        """Idempotent; never raises: a subscription that cannot leave its group cleanly (the broker is down) is
+        closed all the same, and its unsettled starts are redelivered to another starter."""
         if self._task is not None:
             await cancel_and_wait([self._task])
             self._task = None
-        if self._sub is not None:
-            await self._sub.close()
-            self._sub = None
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.close()
+            except Exception as exc:
+                log.warning(
+                    "%s: closing the DAG start subscription failed (%r); it is closed all the same", self.owner, exc
+                )
 
     async def _loop(self) -> None:
         assert self._sub is not None

@@ -143,6 +143,13 @@ def test_each_command_answers_bad_input_with_one_message(argv: tuple[str, ...], 
 def test_a_worker_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
     result = run_fleet("worker", "--model", "echo", "--metrics-port", str(busy_port), *DOWN, env=ONCE)
     check(result, f"cannot serve metrics and probes on 0.0.0.0:{busy_port}")
+    assert "another --metrics-port" in result.stderr
+
+
+def test_an_autoscaler_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
+    result = run_fleet("autoscaler", "--backend", "dry-run", "--model", "echo", "--metrics-port", str(busy_port), *DOWN)
+    check(result, f"cannot serve metrics on 0.0.0.0:{busy_port}")
+    assert "another --metrics-port" in result.stderr
 
 
 def test_an_unreachable_store_behind_a_reachable_broker_is_named(nats_url: str) -> None:
@@ -161,3 +168,28 @@ def test_every_command_is_covered() -> None:
     commands = set(group.commands)  # type: ignore[attr-defined]
     covered = {argv[0] for _, argv, _ in CASES if argv and not argv[0].startswith("-")} - {"frobnicate"}
     assert commands == covered, commands ^ covered
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        pytest.param(("up", "--models", "echo"), "--port or FLEET_PORT", id="up-embedded"),
+        pytest.param(("up", "--models", "echo", *DOWN), "--port or FLEET_PORT", id="up-real-infrastructure"),
+        pytest.param(("gateway", "--models", "echo", *DOWN), "--port or FLEET_PORT", id="gateway"),
+        pytest.param(("dispatcher", "--model", "echo", *DOWN), "--port (0 turns", id="dispatcher"),
+    ],
+)
+def test_a_server_port_in_use_is_one_error_line_and_never_ready(argv: tuple[str, ...], setting: str) -> None:
+    """A second ``fleet up`` used to log uvicorn's bind error, print "ready" (the other process answered) and end
+    in a traceback with exit 3; ``fleet gateway`` exited 3 with no ``error:`` line."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = run_fleet(*argv, "--host", "127.0.0.1", "--port", str(port), env=ONCE, timeout_s=120)
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode != 0, out
+    assert "Traceback" not in out and not re.search(r"\bready\b", out), out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and len(out.splitlines()) == 1, out
+    assert f"127.0.0.1:{port}" in errors[0] and setting in errors[0], out

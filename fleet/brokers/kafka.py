@@ -187,7 +187,8 @@ class KafkaBroker:
         return admin, producer
 
     async def close(self) -> None:
-        """Close subscriptions and event streams left open (with a warning), the producer and the admin client."""
+        """Close subscriptions and event streams left open (with a warning), the producer (what it still holds is
+        dropped after ``request_timeout_ms``) and the admin client."""
         for sub in list(self._subscriptions):
             log.warning("Kafka subscription on %r (group %r) was not closed; closing it", sub.topic, sub.group)
             await sub.close()
@@ -197,12 +198,27 @@ class KafkaBroker:
             producer, admin, offsets = self._producer, self._admin, self._offsets
             self._producer = self._admin = self._offsets = None
         if producer is not None:
+            await self._flush_or_drop(producer)
             await stop_client(producer.stop)
         if offsets is not None:
             await stop_client(offsets.stop)
         if admin is not None:
             await stop_client(admin.close)
         await stopping_clients()  # clean-ups of starts that timed out or were cancelled
+
+    async def _flush_or_drop(self, producer: AIOKafkaProducer) -> None:
+        """Give what the producer still holds (control events: every publish waited for its own acknowledgement)
+        ``request_timeout_ms`` to be delivered, then fail it: aiokafka's ``stop`` would otherwise retry it for as
+        long as the broker is down, and a process told to stop during an outage would never exit."""
+        try:
+            async with asyncio.timeout(self._request_timeout_ms / 1000):
+                await producer.flush()
+        except TimeoutError:
+            log.warning("Kafka at %s: control events not delivered before closing; dropped", self.url)
+            # aiokafka has no public way to drop them; its ``stop`` goes on at once when the sender task has ended.
+            sender = getattr(getattr(producer, "_sender", None), "sender_task", None)
+            if sender is not None:
+                sender.cancel()
 
     async def ping(self) -> None:
         """Raise ``BrokerUnavailable`` unless a metadata request answers within the connect timeout."""

@@ -156,7 +156,9 @@ async def start_client(start: Step, stop: Step, *, timeout_s: float | None = Non
 
 
 async def stop_client(stop: Step) -> None:
-    """Run ``stop`` to the end even if the caller is cancelled meanwhile; a failure is logged (the client is gone)."""
+    """Run ``stop`` to the end even if the caller is cancelled meanwhile; a failure is logged (the client is gone),
+    and a ``CancelledError`` that aiokafka raises from its own tasks (a stop while the broker is down) is not
+    passed on to the caller, which was not cancelled."""
     await asyncio.shield(_keep(_stop_quietly(stop)))
 
 
@@ -185,5 +187,12 @@ async def _stop_after(starting: asyncio.Future[None], stop: Step) -> None:
 async def _stop_quietly(stop: Step) -> None:
     try:
         await stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this clean-up itself was cancelled (the loop is closing): let it end
+        # aiokafka's ``stop`` re-raises the cancellation of its own background tasks when the broker is away
+        # (the coordinator's, the fetcher's): the client is stopped all the same, and that is no error of ours.
+        log.debug("a Kafka client's stop ended with the cancellation of its own tasks")
     except Exception as exc:
         log.warning("stopping a Kafka client failed: %r", exc)

@@ -32,6 +32,10 @@ explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries (a group found
 unlimited ones): the worker dead-letters by itself (``consumers.crashes``: the runs its record counts against it,
 and ``delivery_count`` for poison messages that crash it before they start), never JetStream.
 
+Acked messages that a work-queue stream still holds after a server crash (nats-server 2.9 writes the deletes
+lazily) are purged below the consumer's ack floor when a subject is subscribed to and after each reconnection
+(``fleet.brokers.nats_leftovers``): they would hold places of the per-subject bound for the job TTL.
+
 ``publish`` waits for the JetStream PubAck (``fleet.brokers.nats_pubacks``: one reply subscription per connection
 instead of a nats-py request per publish). ``fetch`` is in ``fleet.brokers.nats_pull``. ``emit``/``listen`` are
 core NATS publish/subscribe. ``ping`` is a JetStream API request (account info), never ``flush``: see
@@ -64,11 +68,13 @@ from nats.js.api import (
 
 from fleet import constants as c
 from fleet.brokers.nats_client import FleetNatsClient
+from fleet.brokers.nats_leftovers import purge_acked, purge_acked_until_answered
 from fleet.brokers.nats_pubacks import PubAcks
 from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
-from fleet.errors import BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed, QueueFull
+from fleet.errors import BrokerError, BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed, QueueFull
 from fleet.links import link_error, nats_options, redact
+from fleet.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from fleet.settings import FleetSettings
@@ -148,6 +154,7 @@ class NatsBroker:
         self._groups: set[tuple[str, str]] = set()
         self._subscriptions: set[NatsSubscription] = set()
         self._listeners: set[NatsEventStream] = set()
+        self._purges: set[asyncio.Task[None]] = set()  # leftover checks after a reconnection
 
     @classmethod
     def from_settings(cls, settings: FleetSettings, **overrides: Any) -> NatsBroker:
@@ -183,10 +190,11 @@ class NatsBroker:
         log.info("connected to NATS at %s", self.url)
 
     async def close(self) -> None:
-        """Idempotent: close subscriptions and listeners, then the connection."""
+        """Idempotent: close subscriptions and listeners, then the connection (one already lost is no error)."""
         if self._closed:
             return
         self._closed = True
+        await cancel_and_wait(list(self._purges))
         for sub in list(self._subscriptions):
             await sub.close()
         for stream in list(self._listeners):
@@ -196,7 +204,12 @@ class NatsBroker:
         if pubacks is not None:
             await pubacks.close()
         if nc is not None and not nc.is_closed:
-            await nc.close()
+            try:
+                await nc.close()
+            except OSError as exc:
+                # nats-py flushes what it buffered while reconnecting onto the lost socket and raises
+                # ``ConnectionResetError: Connection lost``: the connection is gone, which is what close wanted.
+                log.info("NATS at %s: the connection was already lost when closed (%r)", self.url, exc)
 
     async def ping(self) -> None:
         """Raise ``BrokerUnavailable`` unless the server and JetStream answer a request within ``ping_timeout_s``.
@@ -274,6 +287,7 @@ class NatsBroker:
 
     async def _on_reconnected(self) -> None:
         log.info("reconnected to NATS at %s", self.url)
+        self._purge_after_reconnect()
 
     def _connection(self) -> NATS:
         nc = self._nc
@@ -523,7 +537,28 @@ class NatsBroker:
         await sub.start()
         self._subscriptions = {s for s in self._subscriptions if not s.closed}
         self._subscriptions.add(sub)
+        if stream in WORK_QUEUE_STREAMS:
+            await self._purge_leftovers(stream, durable, subject)
         return sub
+
+    async def _purge_leftovers(self, stream: str, durable: str, subject: str) -> None:
+        """Purge acked messages a restarted server kept (``nats_leftovers``); a failure is logged, never raised."""
+        try:
+            await purge_acked(await self._live_jetstream(), stream, durable, subject)
+        except (nats.errors.Error, BrokerError) as exc:
+            log.warning("%s: acked leftovers of %s not checked (%r)", stream, subject, exc)
+
+    def _purge_after_reconnect(self) -> None:
+        """After a reconnection (the server may have restarted): check every work-queue subject subscribed to."""
+        js = self._js
+        if js is None or self._closed:
+            return
+        for sub in self._subscriptions:
+            stream = self._stream_of(sub.subject)
+            if not sub.closed and stream in WORK_QUEUE_STREAMS:
+                task = asyncio.create_task(purge_acked_until_answered(js, stream, sub.durable, sub.subject))
+                self._purges.add(task)
+                task.add_done_callback(self._purges.discard)
 
     async def lag(self, subject: str, group: str) -> int:
         """Messages ``group`` has not acked: waiting (num_pending) plus in flight (num_ack_pending).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -78,12 +79,26 @@ def refuse_open_bind(settings: FleetSettings) -> None:
         raise fail(exc.message) from None
 
 
+def listening(settings: FleetSettings) -> socket.socket:
+    """The gateway's socket, bound now: a port in use exits (1) with one line naming it and ``--port``/FLEET_PORT,
+    before anything connects or says "ready" (``fleet.cli.ports``)."""
+    from fleet.cli.ports import listen_socket
+
+    try:
+        return listen_socket(settings.host, settings.port)
+    except FleetError as exc:
+        raise fail(exc.message, 1) from None
+
+
 def run(coro: Any, settings: FleetSettings) -> None:
     configure_logging(settings.log_level)
     try:
         asyncio.run(coro)
     except FleetError as exc:
         raise fail(exc.message, 1) from None
+    except ConnectionError as exc:  # a client's error that no Fleet code turned into a message: say whose
+        where = f"the broker at {redact(settings.broker_url)} or the store at {redact(settings.store_url)}"
+        raise fail(f"a connection to {where} failed: {describe(exc)}", 1) from None
 
 
 @app.command()
@@ -107,10 +122,11 @@ def up(
         host=host, port=port, broker_url=broker, store_url=store, models=models, auth=auth, log_level=log_level
     )
     refuse_open_bind(settings)
-    err.print(f"fleet up: http://{settings.host}:{settings.port}  (API docs at /docs; Ctrl-C stops)")
-    from fleet.cli.compose import run_up
+    with listening(settings) as sock:
+        err.print(f"fleet up: http://{settings.host}:{settings.port}  (API docs at /docs; Ctrl-C stops)")
+        from fleet.cli.compose import run_up
 
-    run(run_up(settings), settings)
+        run(run_up(settings, sock), settings)
 
 
 @app.command()
@@ -185,9 +201,10 @@ def gateway(
     if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
         raise fail("a standalone gateway needs a real broker and store (--broker, --store); or use 'fleet up'")
     refuse_open_bind(settings)
-    from fleet.cli.compose import run_gateway
+    with listening(settings) as sock:
+        from fleet.cli.compose import run_gateway
 
-    run(run_gateway(settings), settings)
+        run(run_gateway(settings, sock), settings)
 
 
 @app.command()

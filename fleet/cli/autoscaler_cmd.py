@@ -222,7 +222,14 @@ def register(app: typer.Typer) -> None:
         if metrics_port is not None:
             from prometheus_client import start_http_server
 
-            start_http_server(metrics_port)
+            try:
+                start_http_server(metrics_port)
+            except OSError as exc:
+                raise fail(
+                    f"cannot serve metrics on 0.0.0.0:{metrics_port}: {exc.strerror or exc}; another process may be "
+                    "serving there: stop it, or pick another --metrics-port",
+                    1,
+                ) from None
         run(run_autoscaler(settings, configs, scaler, settings.autoscale_interval_s), settings)
 
     def _build(

@@ -10,8 +10,9 @@ import contextlib
 import functools
 import logging
 import signal
+import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -30,7 +31,10 @@ from dispatcher.service import Dispatcher
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.cli.probes import WorkerProbe, serve_probes
+from fleet.errors import FleetError
+from fleet.links import redact
 from fleet.models import resolve_spec, resolve_specs
+from fleet.outages import OutageLog, services_of, watch_outages
 from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
@@ -49,11 +53,36 @@ DEVICELESS_HANDLERS = (EchoHandler, SleepHandler)
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the runner owns SIGINT/SIGTERM and the shutdown order."""
+    """uvicorn without its own signal handling: the runner owns SIGINT/SIGTERM and the shutdown order.
+
+    Given ``sock`` (bound beforehand by ``fleet.cli.ports.listen_socket``, so a busy port fails before anything
+    starts), it serves on that socket. ``up`` is set once the server accepts connections; a start-up that uvicorn
+    gives up on (a failed lifespan start-up, which it logs) ends ``serve`` with ``started`` false instead of
+    ``SystemExit``.
+    """
+
+    def __init__(self, config: uvicorn.Config, sock: socket.socket | None = None) -> None:
+        super().__init__(config)
+        self.sock = sock
+        self.up = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().serve(sockets if sockets is not None or self.sock is None else [self.sock])
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        except SystemExit:
+            self.should_exit = True
+            return
+        if sockets is not None:  # uvicorn logs where it listens only when it binds the socket itself
+            host, port = sockets[0].getsockname()[:2]
+            log.info("listening on http://%s:%d", host, port)
+        self.up.set()
 
 
 def startup_deadline(settings: FleetSettings) -> Deadline:
@@ -64,19 +93,32 @@ def startup_deadline(settings: FleetSettings) -> Deadline:
 async def connected(
     settings: FleetSettings, deadline: Deadline | None = None
 ) -> AsyncIterator[tuple[Broker, ResultStore]]:
-    """A connected broker and store, each retried until the start-up deadline (``fleet.startup``)."""
+    """A connected broker and store, each retried until the start-up deadline (``fleet.startup``), watched for
+    outages while in use (``fleet.outages``: one warning when one starts, one when it ends). Closing them never
+    fails the process: a connection lost with its server is closed all the same."""
     deadline = deadline or startup_deadline(settings)
     broker = make_broker(settings)
     store = make_store(settings)
     try:
         await retry_until(deadline, "connect to the broker", broker.connect)
         await retry_until(deadline, "connect to the result store", store.connect)
+        services = services_of(settings)
+        watchers = [asyncio.create_task(watch_outages(services, OutageLog()), name="outage-watch")] if services else []
         try:
             yield broker, store
         finally:
-            await store.close()
+            await cancel_and_wait(watchers)
+            await close_quietly(f"the result store at {redact(settings.store_url)}", store.close)
     finally:
-        await broker.close()
+        await close_quietly(f"the broker at {redact(settings.broker_url)}", broker.close)
+
+
+async def close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> None:
+    """Close a client; an error (its server went away meanwhile) is logged, naming ``what``, never raised."""
+    try:
+        await close()
+    except Exception as exc:
+        log.warning("closing the connection to %s failed (%r); it is closed all the same", what, exc)
 
 
 async def ensure_models(broker: Broker, models: list[str], deadline: Deadline) -> None:
@@ -168,6 +210,7 @@ def _server(
     *,
     workers: WorkerTracker | None = None,
     require_ready_workers: bool = False,
+    sock: socket.socket | None = None,
 ) -> QuietServer:
     app = create_app(
         settings,
@@ -178,7 +221,7 @@ def _server(
         require_ready_workers=require_ready_workers,
     )
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
-    return QuietServer(config)
+    return QuietServer(config, sock)
 
 
 async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
@@ -191,7 +234,7 @@ async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
     stopper.cancel()
     await task
     if not server.started:
-        raise SystemExit(f"the gateway could not start on {server.config.host}:{server.config.port}")
+        raise FleetError(f"the gateway could not start on {server.config.host}:{server.config.port} (see the log)")
 
 
 def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, scaling: ScalingStore) -> Autoscaler:
@@ -247,10 +290,15 @@ def requires_ready_workers(settings: FleetSettings) -> bool:
     return not settings.autoscale or settings.autoscale_min_replicas > 0
 
 
-async def announce_ready(settings: FleetSettings, tracker: WorkerTracker, stop: asyncio.Event) -> None:
-    """Log (and print, for the console) when every model has a warm worker: the moment /readyz turns 200."""
+async def announce_ready(
+    settings: FleetSettings, tracker: WorkerTracker, stop: asyncio.Event, server: QuietServer
+) -> None:
+    """Log (and print, for the console) when the gateway listens and every model has a warm worker: the moment
+    /readyz turns 200."""
     models = list(resolve_specs(settings.models))
     if requires_ready_workers(settings) and not await tracker.wait_ready(models, stop):
+        return
+    if not await first_of(server.up, stop):
         return
     log.info("fleet up ready: %s each have a warm worker", ", ".join(models))
     base = f"http://{settings.host}:{settings.port}"
@@ -261,18 +309,28 @@ async def announce_ready(settings: FleetSettings, tracker: WorkerTracker, stop: 
     )
 
 
+async def first_of(wanted: asyncio.Event, stop: asyncio.Event) -> bool:
+    """Wait for ``wanted`` or ``stop``; True when ``wanted`` is set."""
+    waits = [asyncio.create_task(wanted.wait()), asyncio.create_task(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(waits)
+    return wanted.is_set()
+
+
 def announce_console(line: str) -> None:
     from rich.console import Console
 
     Console(stderr=True).print(line, highlight=False)
 
 
-async def run_up(settings: FleetSettings) -> None:
+async def run_up(settings: FleetSettings, sock: socket.socket | None = None) -> None:
     """Gateway, autoscaler, workers and (for models in ``dispatch`` routing) dispatchers in one process, sharing
     one broker, one store and one scaling store.
 
     With ``autoscale`` off, one worker per model runs for the whole session instead. ``/readyz`` answers 200 (and
-    "ready" is logged) once each model has a warm worker.
+    "ready" is logged) once the gateway listens (on ``sock`` when given) and each model has a warm worker.
     """
     auth = check_auth(settings)  # before anything connects: a refused bind fails at once
     stop = asyncio.Event()
@@ -289,7 +347,7 @@ async def run_up(settings: FleetSettings) -> None:
                 await ensure_models(broker, [d.model for d in dispatchers], deadline)
                 await asyncio.gather(*(d.start() for d in dispatchers))
                 async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker:
-                    await _serve_up(settings, broker, store, scaling, tracker, stop, deadline)
+                    await _serve_up(settings, broker, store, scaling, tracker, stop, deadline, sock)
             finally:
                 await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
                 await scaling.close()
@@ -316,6 +374,7 @@ async def _serve_up(
     tracker: WorkerTracker,
     stop: asyncio.Event,
     deadline: Deadline,
+    sock: socket.socket | None = None,
 ) -> None:
     if settings.autoscale:
         task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
@@ -325,10 +384,16 @@ async def _serve_up(
         builds = [functools.partial(build_worker, ref, broker, store, settings) for ref in settings.models]
         task = asyncio.create_task(run_workers(builds, stop, deadline))
     task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
-    announcer = asyncio.create_task(announce_ready(settings, tracker, stop), name="fleet-up-ready")
     server = _server(
-        settings, broker, store, scaling, workers=tracker, require_ready_workers=requires_ready_workers(settings)
+        settings,
+        broker,
+        store,
+        scaling,
+        workers=tracker,
+        require_ready_workers=requires_ready_workers(settings),
+        sock=sock,
     )
+    announcer = asyncio.create_task(announce_ready(settings, tracker, stop, server), name="fleet-up-ready")
     try:
         await serve_gateway(server, stop)
         await task
@@ -366,7 +431,7 @@ async def run_worker(
             server.shutdown()
 
 
-async def run_gateway(settings: FleetSettings) -> None:
+async def run_gateway(settings: FleetSettings, sock: socket.socket | None = None) -> None:
     """The standalone gateway. Its broker, store and scaling store are connected (with start-up retries) before
     the server starts, so an outage at start-up is retried and reported in one line, not as a lifespan traceback."""
     check_auth(settings)  # before anything connects: a refused bind fails at once
@@ -379,7 +444,7 @@ async def run_gateway(settings: FleetSettings) -> None:
             scaling = make_scaling_store(settings)
             await retry_until(deadline, "connect to the scaling store", scaling.connect)
             try:
-                await serve_gateway(_server(settings, broker, store, scaling), stop)
+                await serve_gateway(_server(settings, broker, store, scaling, sock=sock), stop)
             finally:
                 await scaling.close()
     finally:

@@ -62,7 +62,10 @@ async def run_dispatchers(
     from dispatcher.http import create_status_app
     from dispatcher.service import Dispatcher
     from fleet.cli.compose import QuietServer, connected, ensure_models, startup_deadline, stop_on_signals
+    from fleet.cli.ports import listen_socket
 
+    # bound first: a port in use is one error line (naming --port) before anything connects
+    sock = listen_socket(host, port, "--port (0 turns the status server off)") if port else None
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     deadline = startup_deadline(settings)
@@ -84,7 +87,7 @@ async def run_dispatchers(
                 server: QuietServer | None = None
                 if port:
                     config = uvicorn.Config(create_status_app(dispatchers), host=host, port=port, log_config=None)
-                    server = QuietServer(config)  # uvicorn without its own signal handlers: ours stop everything
+                    server = QuietServer(config, sock)  # uvicorn without its own signal handlers: ours stop everything
                     serving = asyncio.create_task(server.serve())
                 await stop.wait()
                 if server is not None:
@@ -94,3 +97,5 @@ async def run_dispatchers(
                 await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
     finally:
         restore()
+        if sock is not None:
+            sock.close()

@@ -90,6 +90,9 @@ def serve_probes(probe: WorkerProbe, port: int, host: str = "0.0.0.0") -> Thread
     try:
         server = make_server(host, port, probe_app(probe), ThreadingWSGIServer, handler_class=_QuietHandler)
     except OSError as exc:
-        raise ConfigError(f"cannot serve metrics and probes on {host}:{port}: {exc.strerror or exc}") from exc
+        raise ConfigError(
+            f"cannot serve metrics and probes on {host}:{port}: {exc.strerror or exc}; another process may be "
+            "serving there: stop it, or pick another --metrics-port"
+        ) from exc
     threading.Thread(target=server.serve_forever, name="worker-probes", daemon=True).start()
     return server
