@@ -172,7 +172,9 @@ async def test_a_worker_told_to_stop_marks_the_run_it_computes_as_not_its_jobs_f
     settings = settings_for("memory", {})
     async with connected_pair(settings) as (broker, store):
         model = f"drained-{unique}"
-        (job_id,) = await publish_requests(broker, model, [{"value": 1, "sleep_ms": 1000}], unique)
+        # computing for longer than stop() may wait for a fetch in progress (IDLE_FETCH_TIMEOUT_S + 1), so the drain
+        # deadline, not the end of the computation, ends the run
+        (job_id,) = await publish_requests(broker, model, [{"value": 1, "sleep_ms": 5000}], unique)
         worker = Worker(with_name(Items, model)(), broker, store, settings=settings, max_batch=1, max_wait_ms=0)
         await worker.start()
 
