@@ -11,6 +11,12 @@ or the store drops a repeat. A step is launched once, because only the compare-a
 
 When a run fails, is cancelled or expires, its outstanding jobs are cancelled in the store, so a worker that takes
 one skips it, and pending steps are never started.
+
+Parsing and validating a spec, and evaluating a run (its start, a settle's change, what is outstanding), run in a
+thread, each pass within one budget of values (``dags.limits``), so neither a gateway's nor a worker's event loop
+waits on an expression. A settle evaluates its change in a thread against the document as it reads it first;
+``update_run`` then applies that result, or evaluates again (on the loop, within the budget) when the document
+changed in between.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from dags import evaluate
+from dags import evaluate, limits
 from dags.spec import load_spec
 from dags.state import SETTLED, RunState, check_run_id, job_id
 from dags.validate import CompiledDag, validate
@@ -64,8 +70,7 @@ class DagRunner:
     async def register(self, source: str | bytes | Mapping[str, Any]) -> tuple[str, int, CompiledDag]:
         """Validate and store a spec; raises ``DagInvalid`` naming every problem. The same spec again keeps its
         version."""
-        spec = load_spec(source)
-        compiled = validate(spec, self.models)
+        spec, compiled = await asyncio.to_thread(_load_and_validate, source, self.models)
         version = await self.dags.register(spec.name, spec.model_dump(mode="json"))
         self._compiled[(spec.name, version)] = compiled
         return spec.name, version, compiled
@@ -84,8 +89,7 @@ class DagRunner:
             raise UnknownDag(name, version)
         chosen, raw = found
         if (name, chosen) not in self._compiled:
-            spec = load_spec(raw)
-            self._compiled[(name, chosen)] = validate(spec, _Lenient(self.models, spec))
+            self._compiled[(name, chosen)] = await asyncio.to_thread(_load_stored, raw, self.models)
         return chosen, self._compiled[(name, chosen)]
 
     # -- runs -------------------------------------------------------------------------------------------------
@@ -102,8 +106,7 @@ class DagRunner:
         start whose publish was lost completes. A ``run_id`` of another tenant's run raises ``RunIdTaken``."""
         run_id = check_run_id(run_id) if run_id else uuid.uuid4().hex
         version, dag = await self.compiled(name)
-        state = evaluate.new_run(dag, run_id, run_input)
-        state, _ = evaluate.advance(dag, state)
+        state = await asyncio.to_thread(_first_state, dag, run_id, run_input)
         now = time.time()
         doc: RunDoc = {
             "run": state.to_dict(),
@@ -157,6 +160,9 @@ class DagRunner:
     async def _continue(self, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
         _, dag = await self.compiled(ctx.dag, ctx.version)
         change = _Change(dag, results)
+        current = await self.dags.get_run(ctx.run)
+        if current is not None:
+            await asyncio.to_thread(change.prepare, current)
         try:
             before, after = await self.dags.update_run(ctx.run, change)
         except StoreError:
@@ -221,7 +227,7 @@ class DagRunner:
         """Publish the jobs of ``doc`` that have no result yet."""
         state = RunState.from_dict(doc["run"])
         _, dag = await self.compiled(state.dag, doc["version"])
-        await self._publish_launches(doc, evaluate.outstanding(dag, state))
+        await self._publish_launches(doc, await asyncio.to_thread(_outstanding, dag, state))
 
     async def _publish_launches(self, doc: RunDoc, launches: list[evaluate.StepLaunch]) -> None:
         """Publish the jobs of ``launches``, recorded in ``doc``."""
@@ -281,8 +287,21 @@ class _Change:
         self.results = results
         self.replayed = False  # a result the run had already: its first settle may have died before publishing
         self.launches: list[evaluate.StepLaunch] = []
+        self._prepared: tuple[RunDoc, RunDoc | None, bool, list[evaluate.StepLaunch]] | None = None
+
+    def prepare(self, doc: RunDoc) -> None:
+        """Apply to ``doc`` now (in a thread); a later call with an equal document reuses the result."""
+        new = self(doc)
+        self._prepared = (doc, new, self.replayed, self.launches)
 
     def __call__(self, doc: RunDoc) -> RunDoc | None:
+        if self._prepared is not None and self._prepared[0] == doc:
+            _, new, self.replayed, self.launches = self._prepared
+            return new
+        with limits.value_budget():
+            return self._apply(doc)
+
+    def _apply(self, doc: RunDoc) -> RunDoc | None:
         dag = self.dag
         self.replayed = False
         old = RunState.from_dict(doc["run"])
@@ -326,6 +345,28 @@ def _any_input(spec: ModelSpec, name: str) -> ModelSpec:
     import dataclasses
 
     return dataclasses.replace(spec, name=name)
+
+
+def _load_and_validate(source: Any, models: Mapping[str, ModelSpec]) -> tuple[Any, CompiledDag]:
+    spec = load_spec(source)
+    return spec, validate(spec, models)
+
+
+def _load_stored(raw: Any, models: Mapping[str, ModelSpec]) -> CompiledDag:
+    spec = load_spec(raw)
+    return validate(spec, _Lenient(models, spec))
+
+
+def _first_state(dag: CompiledDag, run_id: str, run_input: Any) -> RunState:
+    """A new run with its first steps launched (in a thread: the evaluation is bounded, but not free)."""
+    with limits.value_budget():
+        state = evaluate.new_run(dag, run_id, run_input)
+        return evaluate.advance(dag, state)[0]
+
+
+def _outstanding(dag: CompiledDag, state: RunState) -> list[evaluate.StepLaunch]:
+    with limits.value_budget():
+        return evaluate.outstanding(dag, state)
 
 
 def _error_dict(error: JobError | None) -> dict[str, Any] | None:

@@ -14,15 +14,17 @@ that run alone. The operator token reads every tenant's runs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
-from dags import graph
+from dags import graph, limits
+from dags.limits import LimitExceeded
 from dags.runner import DagRunner, view_of
-from dags.spec import MAX_SPEC_BYTES, parse_text
+from dags.spec import MAX_SPEC_BYTES, format_path, parse_text
 from dags.state import RunState
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
@@ -73,8 +75,14 @@ def run_view(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
 
 
 async def view_doc(runner: DagRunner, doc: RunDoc) -> dict[str, Any]:
+    """The view of ``doc``, rendered in a thread (a succeeded run evaluates its ``output``)."""
     _, dag = await runner.compiled(doc["run"]["dag"], doc["version"])
-    return run_view(dag, doc)
+    return await asyncio.to_thread(_bounded_view, dag, doc)
+
+
+def _bounded_view(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
+    with limits.value_budget():
+        return run_view(dag, doc)
 
 
 # -- specs ----------------------------------------------------------------------------------------------------
@@ -99,12 +107,12 @@ def parse_spec_body(raw: bytes, content_type: str) -> dict[str, Any]:
 
 def _json_spec(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data = limits.loads_json(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f"line {exc.lineno}, column {exc.colno}: " if isinstance(exc, json.JSONDecodeError) else ""
         raise DagInvalid([{"step": None, "path": "", "message": f"{where}invalid JSON: {exc}"}]) from None
-    except RecursionError:
-        raise DagInvalid([{"step": None, "path": "", "message": "the JSON nests too deeply to be read"}]) from None
+    except LimitExceeded as exc:
+        raise DagInvalid([{"step": None, "path": "", "message": exc.message}]) from None
     if not isinstance(data, dict):
         message = f"the spec must be a mapping with name, steps and output, not {type(data).__name__}"
         raise DagInvalid([{"step": None, "path": "", "message": message}])
@@ -174,11 +182,17 @@ async def show_dag(
 
 # -- runs -----------------------------------------------------------------------------------------------------
 def parse_start(raw: bytes) -> StartRunRequest:
-    """Raises ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field."""
+    """Raises ApiError: 400 ``malformed_json`` (over ``dags.limits.MAX_INPUT_DEPTH`` deep, or an integer past
+    4,300 digits, included) or 422 ``invalid_request`` naming each bad field (NaN, infinities and lone surrogates
+    included)."""
     try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        data = limits.loads_json(raw, limits.MAX_INPUT_DEPTH) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError, LimitExceeded) as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    problem = limits.value_problem(data, None)
+    if problem is not None:
+        errors = [{"loc": format_path(["body", *problem[0]]), "msg": problem[1], "type": "value_error"}]
+        raise ApiError(422, "invalid_request", validation_message(errors, "invalid request"), errors)
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:
