@@ -65,7 +65,7 @@ class Expression:
         except limits.LimitExceeded as exc:
             raise ExpressionError(f"{_head(self.source)}: {exc.message}") from None
         if any(name in _OVERFLOWING for name, _ in self.calls):  # sum([`1e308`, `1e308`]) is inf
-            problem = limits.value_problem(result, None)
+            problem = limits.value_problem(result, None, depth=1_000_000)
             if problem is not None:
                 raise ExpressionError(f"{_head(self.source)}: {problem[1]}")
         return result

@@ -29,10 +29,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+from jmespath import functions as jmespath_functions
 from jmespath import visitor as jmespath_visitor
+
+if TYPE_CHECKING:
+    from jmespath.visitor import _TreeNode
 
 MAX_SPEC_DEPTH = 64
 """Nesting of a spec's text (each list or mapping inside another is one level)."""
@@ -160,28 +164,44 @@ def load_yaml(text: str) -> Any:
 
 
 # -- values ---------------------------------------------------------------------------------------------------
-def value_problem(data: Any, limit: int | None = MAX_SPEC_NODES) -> tuple[tuple[Any, ...], str] | None:
+def value_problem(
+    data: Any, limit: int | None = MAX_SPEC_NODES, depth: int = MAX_SPEC_DEPTH
+) -> tuple[tuple[Any, ...], str] | None:
     """``(location, why)`` of the first value that cannot be kept as it is (a non-finite float, a lone surrogate), or
-    of the whole when it holds over ``limit`` values (None: no limit); None when all is well. Iterative."""
+    of the whole when it holds over ``limit`` values (None: no limit) or nests over ``depth`` (a YAML alias can make a
+    structure hold itself); None when all is well. Iterative, linear in the values it looks at."""
     count = 0
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    stack: list[tuple[Any, _Loc, int]] = [(data, None, 0)]
     while stack:
-        value, loc = stack.pop()
+        value, loc, level = stack.pop()
         count += 1
         if limit is not None and count > limit:
             return (), f"the spec holds over {limit} values (YAML aliases expand into copies) (MAX_SPEC_NODES)"
+        if level > depth:
+            return _unlinked(loc), f"the value nests over {depth} levels deep"
         if isinstance(value, float) and not math.isfinite(value):
-            return loc, f"{value} is not a finite number (JSON has no NaN or infinity)"
+            return _unlinked(loc), f"{value} is not a finite number (JSON has no NaN or infinity)"
         if isinstance(value, str) and _has_lone_surrogate(value):
-            return loc, "the string holds a lone UTF-16 surrogate, which is not text"
+            return _unlinked(loc), "the string holds a lone UTF-16 surrogate, which is not text"
         if isinstance(value, dict):
             for key, child in value.items():
                 if isinstance(key, str) and _has_lone_surrogate(key):
-                    return loc, "a key holds a lone UTF-16 surrogate, which is not text"
-                stack.append((child, (*loc, key)))
+                    return _unlinked(loc), "a key holds a lone UTF-16 surrogate, which is not text"
+                stack.append((child, (loc, key), level + 1))
         elif isinstance(value, list):
-            stack.extend((child, (*loc, i)) for i, child in enumerate(value))
+            stack.extend((child, (loc, i), level + 1) for i, child in enumerate(value))
     return None
+
+
+_Loc = tuple[Any, Any] | None  # (parent's location, key or index): a path shared with the parent, not copied
+
+
+def _unlinked(loc: _Loc) -> tuple[Any, ...]:
+    parts = []
+    while loc is not None:
+        loc, part = loc
+        parts.append(part)
+    return tuple(reversed(parts))
 
 
 def _has_lone_surrogate(text: str) -> bool:
@@ -246,10 +266,10 @@ def _after_quoted(body: str, start: int) -> int:
     return i + 1
 
 
-def check_tree(tree: dict[str, Any]) -> None:
+def check_tree(tree: _TreeNode) -> None:
     """Refuse a parsed expression whose syntax tree is deeper than ``MAX_EXPRESSION_TREE_DEPTH`` (iteratively), or
     that holds a literal which JSON cannot carry (`` `NaN` ``, `` `1e400` ``, a lone surrogate)."""
-    stack = [(tree, 1)]
+    stack: list[tuple[Any, int]] = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_EXPRESSION_TREE_DEPTH:
@@ -297,6 +317,9 @@ def value_budget(limit: int = MAX_EVALUATION_VALUES) -> Iterator[None]:
         _current.reset(token)
 
 
+_FUNCTIONS = jmespath_functions.Functions()  # jmespath's built-ins (stateless), as its interpreter calls them
+
+
 class BoundedInterpreter(jmespath_visitor.TreeInterpreter):
     """jmespath's interpreter charging the current budget (``value_budget``, else one of its own) for each node
     it visits and for the size of what each function returns; ``join`` and ``to_string`` are charged for the
@@ -306,16 +329,16 @@ class BoundedInterpreter(jmespath_visitor.TreeInterpreter):
         super().__init__()
         self._budget = _current.get() or _Budget(MAX_EVALUATION_VALUES)
 
-    def visit(self, node: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    def visit(self, node: _TreeNode, *args: Any, **kwargs: Any) -> Any:
         self._budget.charge(1)
         return super().visit(node, *args, **kwargs)
 
-    def visit_function_expression(self, node: dict[str, Any], value: Any) -> Any:
+    def visit_function_expression(self, node: _TreeNode, value: Any) -> Any:
         args = [self.visit(child, value) for child in node["children"]]
         if node["value"] in ("join", "to_string", "to_array", "merge"):
             for arg in args:
                 self._charge_size(arg)
-        result = self._functions.call_function(node["value"], args)
+        result = _FUNCTIONS.call_function(node["value"], args)
         if isinstance(result, list | dict):
             self._budget.charge(len(result))
         elif isinstance(result, str):
