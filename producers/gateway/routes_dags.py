@@ -189,7 +189,7 @@ def parse_start(raw: bytes) -> StartRunRequest:
         data = limits.loads_json(raw, limits.MAX_INPUT_DEPTH) if raw.strip() else {}
     except (UnicodeDecodeError, json.JSONDecodeError, LimitExceeded) as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
-    problem = limits.value_problem(data, None)
+    problem = limits.value_problem(data, None, limits.MAX_INPUT_DEPTH)
     if problem is not None:
         errors = [{"loc": format_path(["body", *problem[0]]), "msg": problem[1], "type": "value_error"}]
         raise ApiError(422, "invalid_request", validation_message(errors, "invalid request"), errors)
