@@ -3,7 +3,11 @@ them. The push routes (WebSocket and server-sent events) are in ``producers.gate
 
 ``POST /v1/dags`` takes YAML (``application/yaml``, ``text/yaml``, ``text/plain``, or no content type) or JSON
 (``application/json``): text that does not parse is ``400 malformed_spec`` naming the line and column, a spec that
-parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. Registering the same spec
+parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. The limits of ``dags.limits``
+hold before anything parses deeper: text nested over 64 levels or holding an integer of over 4,300 digits is a 400
+naming the limit, a value JSON cannot carry (NaN, an infinity, a lone surrogate) and an expression over its length or
+nesting a 422; a run start's body is held to the same (400 ``malformed_json``, 422 ``invalid_request``). Parsing,
+validation and every evaluation run in a thread, so the event loop keeps serving. Registering the same spec
 again keeps its version; a changed spec gets the next one. A run runs the latest version at its start.
 
 DAG specs are shared by every tenant; runs are not: a run belongs to the tenant of the key that started it (its
@@ -136,7 +140,7 @@ def _json_spec(raw: bytes) -> dict[str, Any]:
 async def register_dag(request: Request, state: GatewayState = Depends(gateway_state)) -> DagRegistered:
     runner = runner_of(state)
     raw = await read_limited_body(request, min(state.settings.max_body_bytes, MAX_SPEC_BYTES))
-    spec = parse_spec_body(raw, request.headers.get("content-type", ""))
+    spec = await asyncio.to_thread(parse_spec_body, raw, request.headers.get("content-type", ""))  # 256 KB of YAML
     name, version, _ = await runner.register(spec)
     return DagRegistered(name=name, version=version)
 
