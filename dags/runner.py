@@ -35,7 +35,7 @@ from dags.validate import CompiledDag, validate
 from fleet import constants as c
 from fleet import tenancy
 from fleet.brokers.base import Broker
-from fleet.errors import RunIdTaken, StoreError, UnknownDag, UnknownRun
+from fleet.errors import InvalidInput, RunIdTaken, StoreError, UnknownDag, UnknownRun
 from fleet.store.base import Finish, ResultStore
 from fleet.store.dagstore import DagStore, RunDoc
 from schemas.jobs import JobError, JobRecord, JobState
@@ -360,7 +360,10 @@ def _load_stored(raw: Any, models: Mapping[str, ModelSpec]) -> CompiledDag:
 def _first_state(dag: CompiledDag, run_id: str, run_input: Any) -> RunState:
     """A new run with its first steps launched (in a thread: the evaluation is bounded, but not free)."""
     with limits.value_budget():
-        state = evaluate.new_run(dag, run_id, run_input)
+        try:
+            state = evaluate.new_run(dag, run_id, run_input)
+        except RecursionError:  # an input_schema such as {"$ref": "#"}: jsonschema recurses without end
+            raise InvalidInput("the run input cannot be checked: the DAG's input_schema refers to itself") from None
         return evaluate.advance(dag, state)[0]
 
 

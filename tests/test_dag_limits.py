@@ -244,6 +244,15 @@ def test_a_run_start_body_json_cannot_carry_is_a_4xx_naming_it(
     assert seconds < REQUEST_BOUND_S and worst < HEALTHZ_BOUND_S, (seconds, worst)
 
 
+def test_an_input_schema_that_refers_to_itself_is_422_at_run_start(gateway: Gateway) -> None:
+    spec = {**one_step(gateway, "self-schema", "${input.a}"), "input_schema": {"allOf": [{"$ref": "#"}]}}
+    registered = gateway.http.post("/v1/dags", json=spec)
+    assert registered.status_code == 201, registered.text
+    response, seconds, worst = gateway.send("POST", "/v1/dags/self-schema/runs", json={"input": {"a": 1}})
+    assert response.status_code == 422 and "refers to itself" in _refusal(gateway, response)
+    assert seconds < REQUEST_BOUND_S and worst < HEALTHZ_BOUND_S, (seconds, worst)
+
+
 def test_a_multiplying_projection_at_run_start_fails_the_run_at_once(gateway: Gateway) -> None:
     registered = gateway.http.post("/v1/dags", json=one_step(gateway, "multiply", multiplying("input.l")))
     assert registered.status_code == 201, registered.text
