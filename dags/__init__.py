@@ -9,6 +9,8 @@
 - ``dags.evaluate``: what runs next, as pure functions of ``(CompiledDag, RunState)``: ``new_run``, ``advance``,
   ``apply_result``, ``cancel``, ``run_state``, ``run_view``.
 - ``dags.graph``: nodes, edges and Mermaid text of a DAG.
+- ``dags.limits``: what a spec, an expression and an evaluation may cost (depth, size, length, a budget of values),
+  checked before the parser or the interpreter goes deeper.
 
 - ``dags.runner``: ``DagRunner`` registers specs, starts runs, continues them from a worker's settle hook
   (``on_settled``: one compare-and-set of the run's document under ``fleet:dag:<run>`` per settled job, then the

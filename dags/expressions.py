@@ -8,10 +8,15 @@ write a JMESPath raw string: ``"${'${not an expression}'}"``). ``when`` uses JME
 The parsed syntax tree says which context paths an expression reads (``paths``), from which a DAG's dependencies
 and its validation come: JMESPath has no reference to the root inside a projection, a filter or a ``&expref``, so
 only the spine of the expression, and function arguments, read the context.
+
+Expressions are bounded (``dags.limits``): their length and nesting are checked before jmespath's recursive parser
+sees them, their syntax tree's depth after, and a search runs with a budget of values (``limits.value_budget``);
+each refusal is an ``ExpressionError`` naming the limit.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +26,7 @@ from jmespath import exceptions as jmespath_errors
 from jmespath.functions import Functions
 from jmespath.parser import ParsedResult
 
+from dags import limits
 from dags.spec import format_path
 
 PREFIX, SUFFIX = "${", "}"
@@ -29,6 +35,8 @@ STEP_FIELDS = ("output", "outputs", "state")
 FUNCTIONS: Mapping[str, Any] = Functions().FUNCTION_TABLE
 
 Path = tuple[str, ...]
+_OVERFLOWING = frozenset({"sum", "avg"})  # the functions that make a new float of finite ones
+_COMPILING = threading.Lock()  # jmespath's parser cache is a dict pruned without a lock; specs compile in threads
 
 
 class ExpressionError(ValueError):
@@ -51,9 +59,16 @@ class Expression:
 
     def search(self, context: Mapping[str, Any]) -> Any:
         try:
-            return self.parsed.search(context)
+            result = limits.BoundedInterpreter().visit(self.parsed.parsed, context)
         except jmespath_errors.JMESPathError as exc:
             raise ExpressionError(f"{self.source}: {exc}") from None
+        except limits.LimitExceeded as exc:
+            raise ExpressionError(f"{_head(self.source)}: {exc.message}") from None
+        if any(name in _OVERFLOWING for name, _ in self.calls):  # sum([`1e308`, `1e308`]) is inf
+            problem = limits.value_problem(result, None, depth=1_000_000)
+            if problem is not None:
+                raise ExpressionError(f"{_head(self.source)}: {problem[1]}")
+        return result
 
     def references(self) -> set[tuple[str, str | None]]:
         """``(step id, field)`` for each ``steps.<id>[.<field>]`` read; field is None for the whole step."""
@@ -68,13 +83,23 @@ def is_expression(value: Any) -> bool:
 
 
 def compile_expression(source: str) -> Expression:
-    """Parse ``${...}``; raises ``ExpressionError`` with JMESPath's message when it does not parse."""
+    """Parse ``${...}``; raises ``ExpressionError`` with JMESPath's message when it does not parse, or naming the
+    limit (``dags.limits``) it is over."""
     if not is_expression(source):
-        raise ExpressionError(f"{source!r} is not an expression: write it as '${{...}}'")
+        raise ExpressionError(f"{_head(source)!r} is not an expression: write it as '${{...}}'")
     try:
-        parsed = jmespath.compile(source[len(PREFIX) : -len(SUFFIX)])
+        body = source[len(PREFIX) : -len(SUFFIX)]
+        limits.check_expression(body)
+        with _COMPILING:
+            parsed = jmespath.compile(body)
+        limits.check_tree(parsed.parsed)
     except jmespath_errors.JMESPathError as exc:
         raise ExpressionError(f"{source!r} does not parse: {_one_line(exc)}") from None
+    except limits.LimitExceeded as exc:
+        raise ExpressionError(f"{_head(source)!r}: {exc.message}") from None
+    except RecursionError:  # a shape the nesting estimate missed: refused all the same
+        message = f"{_head(source)!r} nests too deeply to be parsed (MAX_EXPRESSION_NESTING)"
+        raise ExpressionError(message) from None
     tree: dict[str, Any] = dict(parsed.parsed)
     return Expression(source, parsed, tuple(_closed(*_paths(tree))), tuple(_calls(tree)))
 
@@ -202,3 +227,8 @@ def check_call(name: str, count: int) -> str | None:
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
+
+
+def _head(source: str, chars: int = 80) -> str:
+    """An expression as a message may quote it: a long one is cut (a refusal should not echo 200 KB)."""
+    return source if len(source) <= chars else f"{source[:chars]}... ({len(source):,} characters)"

@@ -21,6 +21,12 @@ tenant's DAG or run id is, to a tenant, one that does not exist. A run's job ids
 is not the one its run gives that step and index is ignored. A run started before keys (no ``key`` in its
 document) keeps its bare id, its spec's bare name and its old job ids until it ends; ``store_id`` and ``spec_ref``
 tell the two apart by the document, and the settle hook by the job id.
+
+Parsing and validating a spec, and evaluating a run (its start, a settle's change, what is outstanding), run in a
+thread, each pass within one budget of values (``dags.limits``), so neither a gateway's nor a worker's event loop
+waits on an expression. A settle evaluates its change in a thread against the document as it reads it first;
+``update_run`` then applies that result, or evaluates again (on the loop, within the budget) when the document
+changed in between.
 """
 
 from __future__ import annotations
@@ -33,14 +39,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from dags import evaluate
+from dags import evaluate, limits
 from dags.spec import load_spec
 from dags.state import SETTLED, RunState, check_run_id, has_key, job_id, new_key, scoped
 from dags.validate import CompiledDag, validate
 from fleet import constants as c
 from fleet import tenancy
 from fleet.brokers.base import Broker
-from fleet.errors import RunIdTaken, StoreError, UnknownDag, UnknownRun
+from fleet.errors import InvalidInput, RunIdTaken, StoreError, UnknownDag, UnknownRun
 from fleet.store.base import Finish, ResultStore
 from fleet.store.dagstore import DagStore, RunDoc
 from schemas.jobs import JobError, JobRecord, JobState
@@ -77,8 +83,7 @@ class DagRunner:
     ) -> tuple[str, int, CompiledDag]:
         """Validate and store a spec of ``tenant`` (None: the default tenant) in its namespace; raises
         ``DagInvalid`` naming every problem. The same spec again keeps its version."""
-        spec = load_spec(source)
-        compiled = validate(spec, self.models)
+        spec, compiled = await asyncio.to_thread(_load_and_validate, source, self.models)
         ref = scoped(spec.name, tenant)
         version = await self.dags.register(ref, spec.model_dump(mode="json"))
         self._compiled[(ref, version)] = compiled
@@ -103,8 +108,7 @@ class DagRunner:
             raise UnknownDag(name, version)
         chosen, raw = found
         if (ref, chosen) not in self._compiled:
-            spec = load_spec(raw)
-            self._compiled[(ref, chosen)] = validate(spec, _Lenient(self.models, spec))
+            self._compiled[(ref, chosen)] = await asyncio.to_thread(_load_stored, raw, self.models)
         return chosen, self._compiled[(ref, chosen)]
 
     async def compiled_of(self, doc: RunDoc) -> CompiledDag:
@@ -136,8 +140,7 @@ class DagRunner:
             await self._publish_outstanding(old)
             return False, old
         key = new_key()
-        state = replace(evaluate.new_run(dag, run_id, run_input), key=key)
-        state, _ = evaluate.advance(dag, state)
+        state, over = await asyncio.to_thread(_first_state, dag, run_id, run_input, key)
         now = time.time()
         doc: RunDoc = {
             "run": state.to_dict(),
@@ -151,7 +154,7 @@ class DagRunner:
         if tenancy.stored(tenant) is not None:
             doc["tenant"] = tenancy.stored(tenant)
         _stamp(doc, None, state, now)
-        if evaluate.run_state(dag, state).state != "running":  # over at its start: nothing will settle it later
+        if over:  # over at its start: nothing will settle it later
             doc["finished_at"] = now
         created, doc = await self.dags.create_run(scoped(run_id, tenant), doc)
         if not created and tenancy.owner(doc.get("tenant")) != tenancy.owner(tenant):
@@ -213,6 +216,9 @@ class DagRunner:
     async def _continue(self, sid: str, ref: str, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
         _, dag = await self.compiled(ref, ctx.version)
         change = _Change(dag, results)
+        current = await self.dags.get_run(sid)
+        if current is not None:
+            await asyncio.to_thread(change.prepare, current)
         try:
             before, after = await self.dags.update_run(sid, change)
         except StoreError:
@@ -286,7 +292,7 @@ class DagRunner:
     async def _publish_outstanding(self, doc: RunDoc) -> None:
         """Publish the jobs of ``doc`` that have no result yet."""
         dag = await self.compiled_of(doc)
-        await self._publish_launches(doc, evaluate.outstanding(dag, _state(doc)))
+        await self._publish_launches(doc, await asyncio.to_thread(_outstanding, dag, _state(doc)))
 
     async def _publish_launches(self, doc: RunDoc, launches: list[evaluate.StepLaunch]) -> None:
         """Publish the jobs of ``launches``, recorded in ``doc``."""
@@ -346,8 +352,21 @@ class _Change:
         self.results = results
         self.replayed = False  # a result the run had already: its first settle may have died before publishing
         self.launches: list[evaluate.StepLaunch] = []
+        self._prepared: tuple[RunDoc, RunDoc | None, bool, list[evaluate.StepLaunch]] | None = None
+
+    def prepare(self, doc: RunDoc) -> None:
+        """Apply to ``doc`` now (in a thread); a later call with an equal document reuses the result."""
+        new = self(doc)
+        self._prepared = (doc, new, self.replayed, self.launches)
 
     def __call__(self, doc: RunDoc) -> RunDoc | None:
+        if self._prepared is not None and self._prepared[0] == doc:
+            _, new, self.replayed, self.launches = self._prepared
+            return new
+        with limits.value_budget():
+            return self._apply(doc)
+
+    def _apply(self, doc: RunDoc) -> RunDoc | None:
         dag = self.dag
         self.replayed = False
         old = _state(doc)
@@ -396,6 +415,33 @@ def _any_input(spec: ModelSpec, name: str) -> ModelSpec:
     import dataclasses
 
     return dataclasses.replace(spec, name=name)
+
+
+def _load_and_validate(source: Any, models: Mapping[str, ModelSpec]) -> tuple[Any, CompiledDag]:
+    spec = load_spec(source)
+    return spec, validate(spec, models)
+
+
+def _load_stored(raw: Any, models: Mapping[str, ModelSpec]) -> CompiledDag:
+    spec = load_spec(raw)
+    return validate(spec, _Lenient(models, spec))
+
+
+def _first_state(dag: CompiledDag, run_id: str, run_input: Any, key: str) -> tuple[RunState, bool]:
+    """A new run with ``key`` and its first steps launched, and whether it is over at its start (in a thread: the
+    evaluation is bounded, but not free)."""
+    with limits.value_budget():
+        try:
+            state = replace(evaluate.new_run(dag, run_id, run_input), key=key)
+        except RecursionError:  # an input_schema such as {"$ref": "#"}: jsonschema recurses without end
+            raise InvalidInput("the run input cannot be checked: the DAG's input_schema refers to itself") from None
+        state = evaluate.advance(dag, state)[0]
+        return state, evaluate.run_state(dag, state).state != "running"
+
+
+def _outstanding(dag: CompiledDag, state: RunState) -> list[evaluate.StepLaunch]:
+    with limits.value_budget():
+        return evaluate.outstanding(dag, state)
 
 
 def _error_dict(error: JobError | None) -> dict[str, Any] | None:

@@ -2,7 +2,9 @@
 ``StepSpec``'s, lives in ``schemas.dags``).
 
 Loading checks the shape only (types, names, sizes); what the steps mean together (references, cycles, models,
-inputs) is ``dags.validate``. Every refusal is one ``DagInvalid`` listing all the problems found.
+inputs) is ``dags.validate``. Every refusal is one ``DagInvalid`` listing all the problems found. Text is read within
+``dags.limits``: nested at most ``MAX_SPEC_DEPTH`` (checked before the parser recurses), holding at most
+``MAX_SPEC_NODES`` values, none of them NaN, an infinity, an integer past 4,300 digits or a lone surrogate.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from dags import limits
+from dags.limits import MAX_SPEC_NODES, LimitExceeded
 from fleet.errors import DagInvalid
 from schemas.dags import MAX_STEPS, NAME_PATTERN, DagSpec, OnError, StepSpec
 
@@ -23,9 +27,6 @@ __all__ = ["MAX_STEPS", "NAME_PATTERN", "DagSpec", "OnError", "StepSpec", "load_
 NAME_RE = re.compile(NAME_PATTERN)
 
 MAX_SPEC_BYTES = 256 * 1024
-MAX_SPEC_NODES = 100_000
-"""Values (dicts, lists, scalars) a loaded spec may hold, counted with repeats: YAML aliases can make a small text
-expand into a huge structure (the "billion laughs"), which the byte limit alone would not catch."""
 
 
 def load_spec(source: str | bytes | Mapping[str, Any]) -> DagSpec:
@@ -66,7 +67,9 @@ def _parse(source: str | bytes) -> Any:
 
 def _parse_json(text: str) -> Any:
     try:
-        return json.loads(text)
+        return limits.loads_json(text)
+    except LimitExceeded as exc:
+        raise _invalid(exc.message) from None
     except json.JSONDecodeError as exc:
         error = _invalid(f"line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}")
     try:  # a YAML flow mapping ({name: x, ...}) starts like JSON
@@ -77,7 +80,9 @@ def _parse_json(text: str) -> Any:
 
 def _parse_yaml(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return limits.load_yaml(text)
+    except LimitExceeded as exc:
+        raise _invalid(exc.message) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -91,17 +96,11 @@ def _check_size(data: Any) -> None:
     steps = data.get("steps") if isinstance(data, dict) else None
     if isinstance(steps, list) and len(steps) > MAX_STEPS:
         raise _invalid(f"the spec has {len(steps)} steps, over the limit of {MAX_STEPS}", "steps")
-    budget = [MAX_SPEC_NODES]
-    if not _within(data, budget):
-        raise _invalid(f"the spec holds over {MAX_SPEC_NODES} values (YAML aliases expand into copies)")
-
-
-def _within(value: Any, budget: list[int]) -> bool:
-    budget[0] -= 1
-    if budget[0] < 0:
-        return False
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return all(_within(child, budget) for child in children)
+    problem = limits.value_problem(data, MAX_SPEC_NODES)
+    if problem is not None:
+        loc, why = problem
+        step = _step_id(data, loc[1]) if len(loc) > 2 and loc[0] == "steps" and isinstance(loc[1], int) else None
+        raise DagInvalid([{"step": step, "path": format_path(loc[2:] if step else loc), "message": why}])
 
 
 def _problem(data: Any, error: Any) -> dict[str, Any]:

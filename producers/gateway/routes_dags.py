@@ -3,7 +3,11 @@ them. The push routes (WebSocket and server-sent events) are in ``producers.gate
 
 ``POST /v1/dags`` takes YAML (``application/yaml``, ``text/yaml``, ``text/plain``, or no content type) or JSON
 (``application/json``): text that does not parse is ``400 malformed_spec`` naming the line and column, a spec that
-parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. Registering the same spec
+parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. The limits of ``dags.limits``
+hold before anything parses deeper: text nested over 64 levels or holding an integer of over 4,300 digits is a 400
+naming the limit, a value JSON cannot carry (NaN, an infinity, a lone surrogate) and an expression over its length or
+nesting a 422; a run start's body is held to the same (400 ``malformed_json``, 422 ``invalid_request``). Parsing,
+validation and every evaluation run in a thread, so the event loop keeps serving. Registering the same spec
 again keeps its version; a changed spec gets the next one. A run runs the latest version at its start, or the
 ``version`` its start names; the run's answers name the version it runs.
 
@@ -25,9 +29,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
-from dags import graph
+from dags import graph, limits
+from dags.limits import LimitExceeded
 from dags.runner import DagRunner, store_id, view_of
-from dags.spec import MAX_SPEC_BYTES, parse_text
+from dags.spec import MAX_SPEC_BYTES, format_path, parse_text
 from dags.state import RunState, scoped
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
@@ -79,7 +84,14 @@ def run_view(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
 
 
 async def view_doc(runner: DagRunner, doc: RunDoc) -> dict[str, Any]:
-    return run_view(await runner.compiled_of(doc), doc)
+    """The view of ``doc``, rendered in a thread (a succeeded run evaluates its ``output``)."""
+    dag = await runner.compiled_of(doc)
+    return await asyncio.to_thread(_bounded_view, dag, doc)
+
+
+def _bounded_view(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
+    with limits.value_budget():
+        return run_view(dag, doc)
 
 
 # -- specs ----------------------------------------------------------------------------------------------------
@@ -104,12 +116,12 @@ def parse_spec_body(raw: bytes, content_type: str) -> dict[str, Any]:
 
 def _json_spec(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data = limits.loads_json(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f"line {exc.lineno}, column {exc.colno}: " if isinstance(exc, json.JSONDecodeError) else ""
         raise DagInvalid([{"step": None, "path": "", "message": f"{where}invalid JSON: {exc}"}]) from None
-    except RecursionError:
-        raise DagInvalid([{"step": None, "path": "", "message": "the JSON nests too deeply to be read"}]) from None
+    except LimitExceeded as exc:
+        raise DagInvalid([{"step": None, "path": "", "message": exc.message}]) from None
     if not isinstance(data, dict):
         message = f"the spec must be a mapping with name, steps and output, not {type(data).__name__}"
         raise DagInvalid([{"step": None, "path": "", "message": message}])
@@ -135,7 +147,7 @@ async def register_dag(
 ) -> DagRegistered:
     runner = runner_of(state)
     raw = await read_limited_body(request, min(state.settings.max_body_bytes, MAX_SPEC_BYTES))
-    spec = parse_spec_body(raw, request.headers.get("content-type", ""))
+    spec = await asyncio.to_thread(parse_spec_body, raw, request.headers.get("content-type", ""))  # 256 KB of YAML
     name, version, _ = await runner.register(spec, principal.tenant)
     return DagRegistered(name=name, version=version)
 
@@ -195,11 +207,17 @@ async def show_dag(
 
 # -- runs -----------------------------------------------------------------------------------------------------
 def parse_start(raw: bytes) -> StartRunRequest:
-    """Raises ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field."""
+    """Raises ApiError: 400 ``malformed_json`` (over ``dags.limits.MAX_INPUT_DEPTH`` deep, or an integer past
+    4,300 digits, included) or 422 ``invalid_request`` naming each bad field (NaN, infinities and lone surrogates
+    included)."""
     try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        data = limits.loads_json(raw, limits.MAX_INPUT_DEPTH) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError, LimitExceeded) as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    problem = limits.value_problem(data, None, limits.MAX_INPUT_DEPTH)
+    if problem is not None:
+        errors = [{"loc": format_path(["body", *problem[0]]), "msg": problem[1], "type": "value_error"}]
+        raise ApiError(422, "invalid_request", validation_message(errors, "invalid request"), errors)
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:
