@@ -137,3 +137,26 @@ async def test_a_raw_message_naming_another_tenants_job_of_the_same_model_does_n
         assert own.json()["state"] == "succeeded" and own.json()["output"] == {"mine": "A"}, own.text
         assert (await env.conflict_letter(job_id))["error"]["type"] == "job_id_conflict"
     assert "B-INJECTED" not in own.text
+
+
+async def test_a_foreign_job_id_answers_exactly_as_any_conflict(env: Env) -> None:
+    """No existence oracle beyond the conflict itself: B's submit under A's id answers what B's submit under its
+    own used id answers, word for word (the id aside), whatever differs and whatever A's job is."""
+    a_id, b_id = f"a-oracle-{uuid.uuid4().hex[:8]}", f"b-oracle-{uuid.uuid4().hex[:8]}"
+    await env.submit(env.a, env.idle, {"mean_ms": 11}, a_id)
+    await env.submit(env.b, env.idle, {"mean_ms": 2}, b_id)
+    bodies = [
+        {"model": env.idle, "input": {"mean_ms": 3}},  # another input
+        {"model": env.echo, "input": {"x": 1}},  # another model
+        {"model": env.idle, "input": {"mean_ms": 11}},  # A's very job: still not B's
+    ]
+    for route in ("/v1/jobs", "/v1/infer"):
+        answers = set()
+        for body in bodies:
+            for job_id in (a_id, b_id):
+                response = await env.b.post(route, json={**body, "job_id": job_id})
+                assert response.status_code == 409, response.text
+                assert "queued" not in response.text and env.tenant_a not in response.text
+                answers.add((response.status_code, response.text.replace(job_id, "ID")))
+        assert len(answers) == 1, answers
+    assert (await env.a.get(f"/v1/jobs/{a_id}")).json()["state"] == "queued"

@@ -26,7 +26,8 @@ key_not_found          404     revoke of an API key id that does not exist (deta
 operator_disabled      403     no ``FLEET_OPERATOR_TOKEN`` and the gateway is bound to a non-loopback address
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)
-job_id_conflict        409     a job id reused for another model or another input (details: job_id)
+job_id_conflict        409     a job id reused for another model, another input or by another tenant: one
+                               answer for all, nothing of the job that holds the id (details: job_id)
 payload_too_large      413     body over ``max_body_bytes`` (details: size, limit)
 queue_full             429     the model's queue holds its bound (``FLEET_MAX_QUEUED``); Retry-After from its
                                drain rate (details: model, limit, depth, retry_after_s)
