@@ -29,6 +29,7 @@ from fleet.errors import DagInvalid, PayloadTooLarge
 from fleet.store.dagstore import RunDoc
 from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from producers.gateway.client_json import parse_json
 from producers.gateway.errors import ApiError, error_responses, limited_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import check_wait
@@ -174,11 +175,9 @@ async def show_dag(
 
 # -- runs -----------------------------------------------------------------------------------------------------
 def parse_start(raw: bytes) -> StartRunRequest:
-    """Raises ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field."""
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    """Raises ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field (or a value JSON
+    cannot carry exactly: ``producers.gateway.client_json``)."""
+    data = parse_json(raw) if raw.strip() else {}
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:

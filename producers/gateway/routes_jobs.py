@@ -33,7 +33,6 @@ used id is a conflict at all is the one thing a submitter learns; it learns the 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -51,6 +50,7 @@ from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
+from producers.gateway.client_json import parse_json
 from producers.gateway.errors import (
     ApiError,
     error_responses,
@@ -84,14 +84,11 @@ def parse_submit(raw: bytes) -> SubmitRequest:
     """Parse and shape-check the body.
 
     Raises:
-        ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field.
+        ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field, or a value JSON cannot
+            carry exactly (``producers.gateway.client_json``: non-finite numbers, huge integers, lone surrogates,
+            nesting past its limit).
     """
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "malformed_json", "the request body nests too deeply to be read") from None
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:
