@@ -47,10 +47,12 @@ class Env:
         response = await client.post("/v1/jobs", json={"model": model, "input": value, "job_id": job_id})
         assert response.status_code == 202, response.text
 
-    async def raw(self, job_id: str, value: dict[str, Any], tenant: str | None) -> None:
-        """A request published straight to the echo subject (anyone allowed to publish there can)."""
+    async def raw(self, job_id: str, value: dict[str, Any], tenant: str | None, unread: bool = False) -> None:
+        """A request published straight to the echo subject (anyone allowed to publish there can); ``unread``: with
+        ``fleet-record: none`` (as ``fleet publish`` sends), so the worker starts it without reading a record."""
         data = request_bytes(self.echo, job_id, value, tenant=tenant)
-        await self.broker.publish(c.request_subject(self.echo), data, msg_id=f"raw-{uuid.uuid4().hex}")
+        headers = {c.HEADER_RECORD: c.RECORD_NONE} if unread else None
+        await self.broker.publish(c.request_subject(self.echo), data, msg_id=f"raw-{uuid.uuid4().hex}", headers=headers)
 
     async def letters(self) -> list[dict[str, Any]]:
         response = await self.token.get("/v1/deadletters", params={"model": self.echo, "limit": 100})
@@ -110,13 +112,14 @@ async def test_a_raw_message_naming_another_tenants_job_of_another_model_does_no
         await worker.handled(2)
 
 
-async def test_a_message_of_tenant_a_landing_on_an_id_b_holds_gives_b_nothing(env: Env) -> None:
-    """The issue's read attack: B takes an id first, A's step (here its message, published as a runner does)
-    comes to it. B's record must not receive A's input or output."""
+@pytest.mark.parametrize("unread", [False, True], ids=["read", "unread"])
+async def test_a_message_of_tenant_a_landing_on_an_id_b_holds_gives_b_nothing(env: Env, unread: bool) -> None:
+    """The issue's read attack: B takes an id first, A's step (here its message, published as a runner does,
+    also without a record read first) comes to it. B's record must not receive A's input or output."""
     job_id = f"b-holds-{uuid.uuid4().hex[:8]}"
     await env.submit(env.b, env.idle, {"mean_ms": 1}, job_id)
     before = await env.store.get(job_id)
-    await env.raw(job_id, {"secret": "A-EXFIL-42"}, env.tenant_a)
+    await env.raw(job_id, {"secret": "A-EXFIL-42"}, env.tenant_a, unread=unread)
     async with ObservedWorker(env.broker, env.store, env.echo) as worker:
         await worker.handled(1)
         seen_by_b = await env.b.get(f"/v1/jobs/{job_id}")
