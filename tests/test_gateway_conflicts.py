@@ -73,4 +73,6 @@ async def test_a_body_nested_too_deeply_is_400(env: Env) -> None:
     deep = f'{{"model": "{env.echo}", "input": {{"a": {nested}}}}}'
     response = await env.client.post("/v1/jobs", content=deep, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
-    assert error_of(response)["type"] == "malformed_json" and "nests too deeply" in error_of(response)["message"]
+    error = error_of(response)
+    assert error["type"] == "malformed_json" and "nests arrays and objects more than 100 levels" in error["message"]
+    assert error["details"] == {"limit": 100}

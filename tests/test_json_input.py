@@ -5,11 +5,13 @@ On a real gateway (uvicorn) with a real echo worker, memory and NATS + Redis: a 
 output holds null) on ``POST /v1/jobs``, ``/v1/infer`` and a DAG run start, and an error frame on ``/v1/ws`` (the
 socket stays open and answers the next frame); integers up to the limit, also past 64 bits, and nesting up to the
 limit come back exactly. A worker's output holding NaN fails its job (``invalid_output``) instead of being stored
-as null. The SDK refuses to send what JSON cannot carry.
+as null. The SDK refuses to send what JSON cannot carry; ``fleet publish`` lines and ``fleet dag run --input`` are
+read by the same parser as the gateway's bodies (``fleet.strict_json``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -17,15 +19,19 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 from websockets.asyncio.client import connect as ws_connect
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.cli import app as cli_app
 from fleet.errors import InvalidInput
 from fleet.store.base import ResultStore
 from producers.gateway import create_app
 from producers.gateway.client_json import MAX_DEPTH, MAX_INT_DIGITS
+from producers.publish import prepare
 from producers.sdk import FleetClient, ws_url
+from schemas.models import ECHO
 from schemas.wire import RequestMessage
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import connected_pair, settings_for, wait_terminal
@@ -148,3 +154,19 @@ async def test_the_sdk_refuses_to_send_what_json_cannot_carry(env: Env) -> None:
             with pytest.raises(InvalidInput, match="cannot be sent as JSON"):
                 await fleet.submit(env.echo, {"v": value})
         assert (await fleet.infer(env.echo, {"v": 10**30}))["v"] == 10**30
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_fleet_publish_lines_are_read_by_the_same_parser(case: str) -> None:
+    value_json, named = REFUSED[case]
+    prepared = prepare([f'{{"v": {value_json}}}', '{"v": 123456789012345678901234567890}'], ECHO)
+    assert [e.line for e in prepared.errors] == [1] and named in prepared.errors[0].message, prepared.errors
+    assert prepared.messages[0].input == {"v": 123456789012345678901234567890}
+
+
+async def test_fleet_dag_run_input_is_read_by_the_same_parser(env: Env) -> None:
+    for case, (value_json, named) in sorted(REFUSED.items()):
+        args = ["dag", "run", env.dag, "--url", env.base, "--input", f'{{"v": {value_json}}}']
+        result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
+        assert result.exit_code == 2 and named in result.output, (case, result.output[-500:])
+        assert "Traceback" not in result.output

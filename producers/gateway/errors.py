@@ -5,8 +5,11 @@ Error types and status codes:
 =====================  ======  ==========================================================
 type                   status  when
 =====================  ======  ==========================================================
-malformed_json         400     the body is not JSON
-invalid_request        422     the body, a path or a query parameter has the wrong shape
+malformed_json         400     the body is not JSON, or nests arrays and objects past 100 levels (details: limit;
+                               ``producers.gateway.client_json``)
+invalid_request        422     the body, a path or a query parameter has the wrong shape, or the body holds a value
+                               JSON cannot carry exactly: NaN, Infinity, 1e400, an integer of more than 4300 digits
+                               (details: limit), a lone UTF-16 surrogate
 invalid_input          422     ``input`` does not match the model's input schema
 dag_invalid            422     a DAG spec refused (details: ``[{step, path, message}, ...]``)
 malformed_spec         400     a DAG spec that is not YAML or JSON, or not a mapping (details: as dag_invalid)
