@@ -182,6 +182,7 @@ class Sent:
     data: str | bytes
     started: float
     ended: float
+    status: int | None  # the HTTP status (None: a WebSocket, or a failed check)
 
 
 @dataclass(frozen=True)
@@ -210,24 +211,25 @@ def polls_since(samples: Path, moment: float, timeout_s: float = 10) -> list[Pol
 
 
 def send(client: httpx.Client, base: str, kind: str, data: str | bytes, log: list[Sent]) -> None:
-    started = time.monotonic()
+    started, status = time.monotonic(), None
     try:
         if kind == "ws":
             _check_ws(base, data)
         else:
             assert isinstance(data, bytes)
-            _check_http(client, kind, data)
+            status = _check_http(client, kind, data)
     finally:
-        log.append(Sent(kind, data, started, time.monotonic()))
+        log.append(Sent(kind, data, started, time.monotonic(), status))
 
 
-def _check_http(client: httpx.Client, path: str, body: bytes) -> None:
+def _check_http(client: httpx.Client, path: str, body: bytes) -> int:
     response = client.post(path, content=body, headers={"content-type": "application/json"})
     assert response.status_code < 500, (path, body[:300], response.status_code, response.text[:500])
     if path.startswith("/v1/infer") and response.status_code == 200:
         sent = json.loads(body)["input"]  # the last "input" wins, as in every parser here
         got = json.loads(response.content)["output"]
         assert got == sent, ("the output is not the input as sent", body[:300], response.text[:300])
+    return response.status_code
 
 
 def _check_ws(base: str, frame: str | bytes) -> None:
@@ -294,6 +296,8 @@ def test_nasty_bodies_and_frames_get_a_4xx_or_a_success_and_healthz_stays_quick(
         check()
         confirmed = blocking(client, base, sent, samples)
         polls = read_polls(samples)
+    statuses = {item.status for item in sent if item.status is not None}
+    assert {202, 200} <= statuses and {400, 422} <= statuses, f"the grammar missed a kind of answer: {statuses}"
     assert all(p.ok for p in polls), "a /healthz poll failed"
     assert len(polls) > 100, f"too few /healthz polls ({len(polls)})"
     worst = max(p.latency_s for p in polls if p.starved_s < STARVED_S)
