@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from websockets.asyncio.client import connect as ws_connect
 
 from fleet import constants as c
+from fleet import strict_json
 from fleet.brokers.base import Broker
 from fleet.cli import app as cli_app
 from fleet.errors import InvalidInput
@@ -170,3 +171,36 @@ async def test_fleet_dag_run_input_is_read_by_the_same_parser(env: Env) -> None:
         result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
         assert result.exit_code == 2 and named in result.output, (case, result.output[-500:])
         assert "Traceback" not in result.output
+
+
+# (text, the value it holds) or (text, (malformed?, words of the refusal)): the parser itself, as a table
+TABLE: list[tuple[bytes, object]] = [
+    (b'{"a": 1, "a": 2}', {"a": 2}),  # duplicate keys: the last wins, as everywhere
+    (b"18446744073709551616", 18446744073709551616),  # past 64 bits: orjson would give a float
+    (b"[-9223372036854775809, 0.1]", [-9223372036854775809, 0.1]),
+    (b'"digits 12345678901234567890 in a string"', "digits 12345678901234567890 in a string"),
+    (b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, json.loads("[" * MAX_DEPTH + "]" * MAX_DEPTH)),
+    (b'"caf\\u00e9 \\ud83d\\ude00"', "caf\u00e9 \U0001f600"),
+    (b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1), (True, f"limit of {MAX_DEPTH}")),
+    (b"[" * 100_000, (True, f"limit of {MAX_DEPTH}")),
+    (b"{", (True, "not valid JSON")),
+    (b"\xff", (True, "not valid")),
+    (b"[NaN]", (False, "NaN")),
+    (b"[-Infinity]", (False, "-Infinity")),
+    (b"[1e400]", (False, "1e400")),
+    (b"[" + b"1" * (MAX_INT_DIGITS + 1) + b"]", (False, f"limit of {MAX_INT_DIGITS} digits")),
+    (b'"\\ud800x"', (False, "lone UTF-16 surrogate")),
+    (b'{"\\udfff": 1}', (False, "lone UTF-16 surrogate")),
+    (b'"\xed\xa0\x80"', (False, "lone UTF-16 surrogate")),  # a surrogate encoded as UTF-8 bytes
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), TABLE, ids=[repr(t[:24]) for t, _ in TABLE])
+def test_strict_json_table(text: bytes, expected: object) -> None:
+    if not isinstance(expected, tuple):
+        assert strict_json.loads(text) == expected
+        return
+    malformed, words = expected
+    with pytest.raises(strict_json.JsonRefused) as refused:
+        strict_json.loads(text)
+    assert refused.value.malformed is malformed and words in refused.value.message, refused.value.message
