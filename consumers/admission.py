@@ -1,17 +1,18 @@
 """Admission: what becomes of a fetched batch before the model sees it.
 
-``admit`` (while the previous batch computes) parses every message on its own (``consumers.requests``: a body
-that breaks a parser is one invalid message, never a failed batch), reads the batch's records in one round trip and
+``admit`` (while the previous batch computes) parses every message on its own (``consumers.requests``: a body that
+breaks a parser is one invalid message, never a failed batch), reads the batch's records in one round trip and
 settles at once what must not run: invalid or poison messages, jobs that already ended (a redelivery, a cancel),
-jobs whose deadline passed, and jobs out of runs (``consumers.crashes``: ``max_deliveries`` runs counted against
-them, or ten times that many started whatever ended them). A redelivered job whose previous run never ended (its
-worker disappeared) is judged by the size of that run's batch: a strike if it ran alone, else a smaller batch for
-its next run (``consumers.crashes``; the compute loop splits the batch). The first delivery
-of a job published without a record is not read: a DAG step (the runner makes none) and a request whose producer
-says so (header ``fleet-record: none``: ``fleet publish``, ``publish_all``). The start's compare-and-set finds a
-record that exists after all (a cancel, a duplicate, a re-publish of a finished job), so such a batch costs one
-store round trip less. ``start`` (when
-the batch is about to go to the device) checks the deadlines again and moves the jobs to ``running``: a job is
+jobs whose deadline passed, jobs out of runs (``consumers.crashes``: ``max_deliveries`` runs counted against
+them, or ten times that many started whatever ended them), and messages whose job id holds another model's or
+tenant's record (``Settler.conflicts``: never computed, that record never touched). A redelivered job whose previous
+run never ended (its worker disappeared) is judged by the size of that run's batch: a strike if it ran alone, else a
+smaller batch for its next run (``consumers.crashes``; the compute loop splits the batch). The first delivery of a
+job published without a record is not read: a DAG step (the runner makes none) and a request whose producer says so
+(header ``fleet-record: none``: ``fleet publish``, ``publish_all``). The start's compare-and-set finds a record that
+exists after all (a cancel, a duplicate, a re-publish of a finished job, another tenant's job: the store leaves that
+one alone), so such a batch costs one store round trip less. ``start`` (when the batch is about to go to the device)
+checks the deadlines again and moves the jobs to ``running``: a job is
 ``running`` only while it computes, and one that waits in the worker past its deadline ends ``expired``.
 
 The run count lives in the job's record (``deliveries``: runs started; ``strikes``: runs counted against it;
@@ -105,13 +106,18 @@ class Admission:
             return []
         runnable = []
         ended = []
+        foreign = []
         for job, record in zip(jobs, records, strict=True):
-            if record.terminal:  # cancelled since admission
+            if settler.foreign(job, record):  # another job's record, left as it was by the store
+                foreign.append(job)
+            elif record.terminal:  # cancelled since admission
                 ended.append((job, record, False))
             else:
                 runnable.append(job)
         if ended:
             await settler.stored(ended)
+        if foreign:
+            await settler.conflicts(foreign)
         return runnable
 
     async def _check_records(self, jobs: list[Job], rejected: list[tuple[Job, JobError]]) -> list[Job]:
@@ -133,8 +139,12 @@ class Admission:
         runnable: list[Job] = []
         ended: list[tuple[Job, JobRecord, bool]] = []
         late: list[Job] = []
+        foreign: list[Job] = []
         now = time.time()
         for job, record in [*zip(jobs, records, strict=True), *((job, None) for job in unread)]:
+            if record is not None and settler.foreign(job, record):
+                foreign.append(job)
+                continue
             if record is not None and record.terminal:
                 ended.append((job, record, False))
                 continue
@@ -160,6 +170,8 @@ class Admission:
             settling.append(settler.stored(ended))
         if late:
             settling.append(settler.expire(late))
+        if foreign:
+            settling.append(settler.conflicts(foreign))
         if settling:
             await asyncio.gather(*settling)
         return runnable

@@ -12,6 +12,12 @@ Every message a worker takes leaves through here, whatever became of it: a resul
 4. with tenants' quotas on (``fleet.store.quotas``), the batch's jobs give their queued places back, in one
    pipelined call, never raising: a release that fails only delays the places until a sweep or their holds end.
 
+A message whose job id holds another model's or another tenant's record (``fleet.store.transitions.foreign``,
+checked by the store inside its compare-and-set of start and finish) is a conflict (``conflicts``): it is never
+computed, nothing is written into that record and nothing of it is handed on; the hooks hear of the message's own
+job as ``failed`` (a record made here, not stored: a DAG run does not wait for a step that cannot run) and the
+message is dead-lettered with the error ``job_id_conflict``, so that the subject moves on.
+
 Only a retriable model error skips the terminal write: ``acks.decide`` says retry (while the job's strikes allow,
 ``consumers.crashes``), its run is marked as one that counts against it (``batch_size`` 1, one ``start_many`` for
 the batch's retries, on that error path only; a store outage there only leaves it uncounted) and the message is
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -35,6 +42,7 @@ from consumers.stats import WorkerStats
 from fleet.brokers.base import Broker, Delivery, ack_all
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
+from fleet.store import transitions
 from fleet.store.base import Finish, ResultStore
 from fleet.store.quotas import Quotas, release_quietly, tenant_of_record
 from schemas.jobs import JobError, JobRecord, JobState
@@ -46,6 +54,15 @@ OnSettled = Callable[[Job, JobRecord, bool], Awaitable[None]]
 made the record terminal. It must be idempotent: a redelivery of a terminal job calls it again."""
 
 HOOK_RETRY_DELAY_S = 1.0
+
+
+def tenant_of(job: Job) -> str | None:
+    """The tenant a message names: its request's, or for a message that is no valid request the ``tenant`` of
+    what could be decoded of it (None: the default tenant)."""
+    if job.request is not None:
+        return job.request.tenant
+    tenant = job.body.get("tenant") if job.body else None
+    return tenant if isinstance(tenant, str) else None
 
 
 def runs_allowed(job: Job, max_deliveries: int) -> int:
@@ -138,6 +155,39 @@ class Settler:
         error = JobError(type="expired", message="the job's deadline passed before a worker could start it")
         await self._store_and_settle([(job, self._finish(job, JobState.expired, error=error)) for job in jobs], False)
 
+    def foreign(self, job: Job, record: JobRecord) -> bool:
+        """Whether ``record`` (read or handed back by the store under the job's id) belongs to another job."""
+        return transitions.foreign(record, self.model, tenant_of(job))
+
+    async def conflicts(self, jobs: list[Job]) -> None:
+        """Messages whose job id holds another model's or tenant's record: settled without touching or reading it
+        (see the module docstring)."""
+        now = time.time()
+        settled = [(job, self._conflict_record(job, now), False) for job in jobs]
+        if self.on_settled:
+            passed = await asyncio.gather(*(self._run_hooks(job, record, won) for job, record, won in settled))
+            settled = [item for item, ok in zip(settled, passed, strict=True) if ok]
+        await asyncio.gather(*(self._dead_letter(job, record.error or _NO_ERROR) for job, record, _ in settled))
+
+    def _conflict_record(self, job: Job, now: float) -> JobRecord:
+        error = JobError(
+            type="job_id_conflict",
+            message=f"job id {job.job_id!r} belongs to another job (another model or tenant); this message was "
+            "not computed and that job was left alone: publish it again with an id of its own",
+        )
+        job_id, worker_id = job.job_id or "", self.worker_id
+        return transitions.finished(
+            None,
+            job_id,
+            JobState.failed,
+            model=self.model,
+            output=None,
+            error=error,
+            worker_id=worker_id,
+            now=now,
+            tenant=tenant_of(job),
+        )
+
     async def stored(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
         """Settle messages whose jobs have a terminal record (maybe written elsewhere): hooks, then ack or letter.
         The acks of a batch go in one call (``ack_all``: one write on NATS; an ack does not wait for the broker),
@@ -199,7 +249,7 @@ class Settler:
     # -- steps ----------------------------------------------------------------------------------------------
     def _finish(self, job: Job, state: JobState, *, output: Any = None, error: JobError | None = None) -> Finish:
         assert job.job_id is not None
-        tenant = job.request.tenant if job.request is not None else None
+        tenant = tenant_of(job)
         worker_id = self.worker_id
         return Finish(job.job_id, state, self.model, output=output, error=error, worker_id=worker_id, tenant=tenant)
 
@@ -219,7 +269,12 @@ class Settler:
             )
             await asyncio.gather(*(self.release(job.delivery) for job, _ in items))
             return
-        await self.stored([(job, record, won) for (job, _), (won, record) in zip(items, stored, strict=True)])
+        settled = [(job, record, won) for (job, _), (won, record) in zip(items, stored, strict=True)]
+        foreign = [job for job, record, won in settled if not won and self.foreign(job, record)]
+        if foreign:  # rare: the store handed back another job's record and wrote nothing
+            settled = [(job, record, won) for job, record, won in settled if won or not self.foreign(job, record)]
+            await self.conflicts(foreign)
+        await self.stored(settled)
 
     async def _run_hooks(self, job: Job, record: JobRecord, won: bool) -> bool:
         try:

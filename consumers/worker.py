@@ -54,6 +54,7 @@ from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.brokers.prioritized import subscribe_inbox, subscribe_priorities
 from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, FleetError
+from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
@@ -564,9 +565,14 @@ class Worker:
         if isinstance(output, Exception):
             return self._error_from(output)
         try:
-            return self.handler.output_json(output, encoding)
+            data = self.handler.output_json(output, encoding)
         except Exception as exc:  # e.g. a value JSON cannot hold: the job fails, the worker goes on
             return JobError(type="invalid_output", message=f"the model's output does not serialise: {exc}")
+        where = non_finite_at(data)
+        if where is not None:  # JSON writers would store it as null: refused, never changed
+            message = f"the model's output holds NaN or Infinity at {where}, which JSON cannot carry"
+            return JobError(type="invalid_output", message=message)
+        return data
 
     @staticmethod
     def _error_from(exc: BaseException) -> JobError:

@@ -332,8 +332,15 @@ class DagRunner:
         """Cancel the jobs of a run that is over which have no result yet, so that no worker computes them."""
         state = _state(doc)
         error = JobError(type="cancelled", message=f"its DAG run {state.run_id} ended {_status(dag, doc)}")
+        tenant = doc.get("tenant")  # the store leaves a record of another tenant (or model) under a step's id alone
         items = [
-            Finish(job_id(state.run_id, sid, i, state.key), JobState.cancelled, dag.steps[sid].spec.model, error=error)
+            Finish(
+                job_id(state.run_id, sid, i, state.key),
+                JobState.cancelled,
+                dag.steps[sid].spec.model,
+                error=error,
+                tenant=tenant,
+            )
             for sid, run in state.steps.items()
             for i, item in enumerate(run.items)
             if item == "pending"

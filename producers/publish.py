@@ -15,7 +15,6 @@ subjects (README, "Broker permissions").
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -26,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleet import constants as c
-from fleet import tenancy
+from fleet import strict_json, tenancy
 from fleet.brokers.base import Broker, Outgoing
 from fleet.encoding import ENCODING_FORMATS, no_vectors_message
 from fleet.errors import InvalidInput
@@ -92,9 +91,9 @@ def prepare_line(
 ) -> RequestMessage:
     """One JSONL line → a validated request. Raises ``InvalidInput`` with a message naming the problem."""
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON: {exc}") from None
+        body = strict_json.loads(text, "the line")  # a value JSON cannot carry exactly is refused, not changed
+    except strict_json.JsonRefused as exc:
+        raise InvalidInput(exc.message) from None
     if not isinstance(body, dict):
         raise InvalidInput("each line must be a JSON object")
     if not requests:

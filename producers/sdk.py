@@ -73,6 +73,21 @@ RETRY_MAX_S = 2.0  # and the longest
 DEFAULT_VECTOR_FIELDS = ("embedding", "embeddings")
 
 
+def request_json(body: Any) -> bytes:
+    """``body`` as the JSON a request carries, refusing what JSON cannot carry exactly (the gateway would answer
+    422): NaN and infinite floats, integers of more than 4300 digits.
+
+    Raises:
+        InvalidInput: naming what could not be sent.
+    """
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except ValueError as exc:  # "Out of range float values are not JSON compliant", "Exceeds the limit (4300 ..."
+        raise InvalidInput(
+            f"the request cannot be sent as JSON: {exc} (NaN and Infinity are not JSON numbers)"
+        ) from None
+
+
 class GatewayError(FleetError):
     """An error answer that has no more specific exception (conflicts, server errors...)."""
 
@@ -226,6 +241,9 @@ class FleetClient:
     async def _request(self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
         if self._auth:
             kwargs["headers"] = {**self._auth, **(kwargs.get("headers") or {})}
+        if kwargs.get("json") is not None:  # serialised here, strictly: a value JSON cannot carry is refused now
+            kwargs["content"] = request_json(kwargs.pop("json"))
+            kwargs["headers"] = {"content-type": "application/json", **(kwargs.get("headers") or {})}
         status, raw = await self._http.request(method, path, timeout_s=timeout_s or self.timeout_s, **kwargs)
         try:
             body = json.loads(raw)

@@ -222,7 +222,7 @@ async def test_a_job_id_of_another_tenant_is_refused_without_its_content(env: En
         refused = await env.b.post("/v1/jobs", json=body)
         assert refused.status_code == 409, refused.text
         error = error_of(refused)
-        assert error["type"] == "job_id_taken" and error["details"] is None
+        assert error["type"] == "job_id_conflict" and error["details"] == {"job_id": job_id}
         assert env.echo not in error["message"] and "succeeded" not in error["message"]
     assert (
         await env.b.post("/v1/infer", json={"model": env.echo, "input": {"private": 1}, "job_id": job_id})

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from fleet import strict_json
 from fleet.errors import DagInvalid, FleetError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -228,9 +229,9 @@ def run_cmd(
     """Start a run on the gateway and print its id; with `--wait`, show each step's progress live, then print the
     run's output as JSON (exit 1 when the run did not succeed)."""
     try:
-        run_input = json.loads(input)
-    except json.JSONDecodeError as exc:
-        raise _fail(f"--input is not valid JSON: {exc}", 2) from None
+        run_input = strict_json.loads(input, "--input")
+    except strict_json.JsonRefused as exc:  # not JSON, or a value JSON cannot carry exactly
+        raise _fail(exc.message, 2) from None
     spec = _read(Path(target)) if is_file(target) else None
     raise typer.Exit(_call(_run(url, target, spec, run_input, run_id, timeout_s, wait, api_key, version)))
 

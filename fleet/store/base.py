@@ -10,7 +10,10 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
   record is announced to waiters. It returns ``(True, record)`` for the winner, ``(False, current)`` otherwise.
 * ``get_many`` reads a batch of records in one round trip (``None`` for an unknown job), in order.
 * ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
-  order); a worker uses them so that the store costs a handful of round trips per batch, not per job.
+  order); a worker uses them so that the store costs a handful of round trips per batch, not per job. They leave a
+  record of another model or another tenant than the item's untouched (``transitions.foreign``): ``start_many``
+  returns it as it is, ``finish_many`` returns ``(False, it)``. ``start`` and ``finish`` (a record's owner: the
+  gateway's cancel, cache hit and reconcile) do not check.
 * ``create(record, message)`` also marks the job *unpublished*, keeping its request message, atomically with the
   record; ``published`` clears the mark once the broker acknowledged the message, ``delete`` clears it with the
   record. ``claim_unpublished(older_than_s, limit)`` returns the jobs marked longer ago than that, with their

@@ -145,7 +145,11 @@ class MemoryStore:
         records = []
         for it in items:
             deliveries = it.deliveries
-            if it.unread and (current := await self.get(it.job_id)) is not None:
+            current = await self.get(it.job_id)
+            if current is not None and transitions.foreign(current, it.model, it.tenant):
+                records.append(current)  # another model's or tenant's job: left alone (no await since the read)
+                continue
+            if it.unread and current is not None:
                 deliveries = max(deliveries, current.deliveries + 1)
             records.append(
                 await self.start(
@@ -161,18 +165,24 @@ class MemoryStore:
         return records
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
-        return [
-            await self.finish(
-                i.job_id,
-                i.state,
-                model=i.model,
-                output=i.output,
-                error=i.error,
-                worker_id=i.worker_id,
-                tenant=i.tenant,
+        results = []
+        for i in items:
+            current = await self.get(i.job_id)
+            if current is not None and transitions.foreign(current, i.model, i.tenant):
+                results.append((False, current))  # another model's or tenant's job: left alone
+                continue
+            results.append(
+                await self.finish(
+                    i.job_id,
+                    i.state,
+                    model=i.model,
+                    output=i.output,
+                    error=i.error,
+                    worker_id=i.worker_id,
+                    tenant=i.tenant,
+                )
             )
-            for i in items
-        ]
+        return results
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
         current = await self.get(job_id)

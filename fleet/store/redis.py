@@ -4,9 +4,11 @@ Each job is one string key, ``fleet:job:<id>`` (``fleet.constants.job_key``), ho
 (``transitions.record_json``: ``JobRecord.model_dump_json()`` less its null fields, by orjson) with a TTL of
 ``job_ttl_s`` refreshed by every write. Transitions are computed in Python (``fleet.store.transitions``) and written
 by one Lua script, a compare-and-set on the whole stored value: the write happens only when the key still holds what
-the caller read, so nothing written in between is lost and no JSON is decoded or re-encoded inside Redis. ``finish``
-publishes the terminal record on ``fleet.constants.done_channel(job_id)`` in the same script, and ``wait`` listens
-there through one pub/sub connection shared by all waiters (``fleet.store.pubsub``).
+the caller read, so nothing written in between is lost and no JSON is decoded or re-encoded inside Redis. The same
+holds for the ownership check of ``start_many`` / ``finish_many`` (``transitions.foreign``): it is made on the value
+the script compares against, so a record that changes hands in between fails the compare and is checked again.
+``finish`` publishes the terminal record on ``fleet.constants.done_channel(job_id)`` in the same script, and
+``wait`` listens there through one pub/sub connection shared by all waiters (``fleet.store.pubsub``).
 
 Unpublished jobs (``create`` with a message): the sorted set ``fleet.constants.PENDING_KEY`` of job ids scored by
 Redis's clock, and each message under ``pending_message_key(job_id)`` with the record's TTL. Creating the record
@@ -390,12 +392,13 @@ class RedisStore:
         raise self._contention(job_id)
 
     async def start_many(self, items: list[Start]) -> list[JobRecord]:
-        """``start`` for a batch: one MGET and one pipelined compare-and-set per round, whatever the batch size."""
+        """``start`` for a batch: one MGET and one pipelined compare-and-set per round, whatever the batch size. A
+        record of another model or tenant (``transitions.foreign``) is handed back unchanged, as a terminal one is."""
         now = time.time()
-        started = transitions.started
+        started, foreign = transitions.started, transitions.foreign
 
         def step(it: Start, current: JobRecord | None) -> JobRecord | None:
-            if current is not None and current.state in TERMINAL_STATES:
+            if current is not None and (current.state in TERMINAL_STATES or foreign(current, it.model, it.tenant)):
                 return None
             deliveries = it.deliveries
             if it.unread and current is not None:  # it had a record after all: count on from its runs
@@ -417,12 +420,13 @@ class RedisStore:
         return [record for _, record in results]
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]:
-        """``finish`` for a batch, in a few round trips; each item wins or loses its own compare-and-set."""
+        """``finish`` for a batch, in a few round trips; each item wins or loses its own compare-and-set. A record of
+        another model or tenant (``transitions.foreign``) loses: ``(False, that record)``, nothing written."""
         now = time.time()
-        finished = transitions.finished
+        finished, foreign = transitions.finished, transitions.foreign
 
         def step(it: Finish, current: JobRecord | None) -> JobRecord | None:
-            if current is not None and current.state in TERMINAL_STATES:
+            if current is not None and (current.state in TERMINAL_STATES or foreign(current, it.model, it.tenant)):
                 return None
             return finished(
                 current,

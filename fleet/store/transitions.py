@@ -17,6 +17,12 @@ bytes less per record. So every reader (``packed.parse_record``, which validates
 the REST answers) has every field. What orjson cannot write (an integer beyond 64 bits in an output) falls back to
 pydantic's serializer. A record whose output holds vectors a worker encoded as base64 is written packed, with the
 vectors' bytes after its JSON (``fleet.store.packed``); ``parse_record`` reads both forms.
+
+Ownership (``foreign``): a job id names one job of one model and one tenant. ``start_many`` and ``finish_many`` of
+every store leave a record of another model or another tenant exactly as it is and hand it back, so that a message
+naming someone else's job id (a raw publish, a guessed id) is never computed into that record; the check is part of
+the same compare-and-set step that writes, so no write can slip in between. The caller recognises the foreign
+record with the same function and treats the message as a conflict (``consumers.settle.Settler.conflicts``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from fleet.constants import DEFAULT_TENANT
 from fleet.store.packed import pack
 from schemas.construct import built
 from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
@@ -39,6 +46,12 @@ def trusted(values: dict[str, Any]) -> JobRecord:
     """A record from values of the right types for every field, without validating them again: what
     ``JobRecord.model_construct`` makes, at a quarter of its cost (``schemas.construct.built``)."""
     return built(JobRecord, values, _FIELDS.copy())
+
+
+def foreign(current: JobRecord, model: str, tenant: str | None) -> bool:
+    """Whether ``current`` belongs to another job than one of ``model`` for ``tenant`` (None: the default tenant):
+    two string compares, cheap enough for every transition."""
+    return current.model != model or (current.tenant or DEFAULT_TENANT) != (tenant or DEFAULT_TENANT)
 
 
 def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:

@@ -5,8 +5,11 @@ Error types and status codes:
 =====================  ======  ==========================================================
 type                   status  when
 =====================  ======  ==========================================================
-malformed_json         400     the body is not JSON
-invalid_request        422     the body, a path or a query parameter has the wrong shape
+malformed_json         400     the body is not JSON, or nests arrays and objects past 100 levels (details: limit;
+                               ``producers.gateway.client_json``)
+invalid_request        422     the body, a path or a query parameter has the wrong shape, or the body holds a value
+                               JSON cannot carry exactly: NaN, Infinity, 1e400, an integer of more than 4300 digits
+                               (details: limit), a lone UTF-16 surrogate
 invalid_input          422     ``input`` does not match the model's input schema
 dag_invalid            422     a DAG spec refused (details: ``[{step, path, message}, ...]``)
 malformed_spec         400     a DAG spec that is not YAML or JSON, or not a mapping (details: as dag_invalid)
@@ -26,7 +29,8 @@ key_not_found          404     revoke of an API key id that does not exist (deta
 operator_disabled      403     no ``FLEET_OPERATOR_TOKEN`` and the gateway is bound to a non-loopback address
 method_not_allowed     405     the route exists with another method
 job_terminal           409     cancel of a job that already ended (details: the record)
-job_id_conflict        409     a job id reused for another model or another input (details: job_id)
+job_id_conflict        409     a job id reused for another model, another input or by another tenant: one
+                               answer for all, nothing of the job that holds the id (details: job_id)
 payload_too_large      413     body over ``max_body_bytes`` (details: size, limit)
 queue_full             429     the model's queue holds its bound (``FLEET_MAX_QUEUED``); Retry-After from its
                                drain rate (details: model, limit, depth, retry_after_s)

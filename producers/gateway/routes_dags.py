@@ -6,7 +6,8 @@ them. The push routes (WebSocket and server-sent events) are in ``producers.gate
 parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. The limits of ``dags.limits``
 hold before anything parses deeper: text nested over 64 levels or holding an integer of over 4,300 digits is a 400
 naming the limit, a value JSON cannot carry (NaN, an infinity, a lone surrogate) and an expression over its length or
-nesting a 422; a run start's body is held to the same (400 ``malformed_json``, 422 ``invalid_request``). Parsing,
+nesting a 422. A run start's body is read by the gateway's one JSON parser (``producers.gateway.client_json``),
+as every request body is. Parsing,
 validation and every evaluation run in a thread, so the event loop keeps serving. Registering the same spec
 again keeps its version; a changed spec gets the next one. A run runs the latest version at its start, or the
 ``version`` its start names; the run's answers name the version it runs.
@@ -32,7 +33,7 @@ from pydantic import ValidationError
 from dags import graph, limits
 from dags.limits import LimitExceeded
 from dags.runner import DagRunner, store_id, view_of
-from dags.spec import MAX_SPEC_BYTES, format_path, parse_text
+from dags.spec import MAX_SPEC_BYTES, parse_text
 from dags.state import RunState, scoped
 from dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
@@ -40,6 +41,7 @@ from fleet.store.dagstore import RunDoc
 from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.calls import patiently
+from producers.gateway.client_json import parse_json
 from producers.gateway.errors import ApiError, error_responses, limited_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from producers.gateway.routes_jobs import check_wait
@@ -207,17 +209,9 @@ async def show_dag(
 
 # -- runs -----------------------------------------------------------------------------------------------------
 def parse_start(raw: bytes) -> StartRunRequest:
-    """Raises ApiError: 400 ``malformed_json`` (over ``dags.limits.MAX_INPUT_DEPTH`` deep, or an integer past
-    4,300 digits, included) or 422 ``invalid_request`` naming each bad field (NaN, infinities and lone surrogates
-    included)."""
-    try:
-        data = limits.loads_json(raw, limits.MAX_INPUT_DEPTH) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError, LimitExceeded) as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
-    problem = limits.value_problem(data, None, limits.MAX_INPUT_DEPTH)
-    if problem is not None:
-        errors = [{"loc": format_path(["body", *problem[0]]), "msg": problem[1], "type": "value_error"}]
-        raise ApiError(422, "invalid_request", validation_message(errors, "invalid request"), errors)
+    """Raises ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field (or a value JSON
+    cannot carry exactly: ``producers.gateway.client_json``)."""
+    data = parse_json(raw) if raw.strip() else {}
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:

@@ -8,7 +8,8 @@ before the acknowledgement leaves the mark, and a reconcile sweep (``reconcile``
 
 Submitting an id that already has a record with the same model and input (same canonical JSON, key order aside:
 ``schemas.jobs.input_digest``) is idempotent: the answer is ``202`` with the existing job's current status and
-nothing new is created, also when the queue is full. Another model or another input is ``409 job_id_conflict``.
+nothing new is created, also when the queue is full. Another model, another input or another tenant's job is
+``409 job_id_conflict``, one answer for all (``id_conflict``: the id, nothing of the job that holds it).
 When that job is still ``queued`` the request is published again with the same message id; the broker's
 de-duplication drops it when the first publish got through. A failed re-publish answers ``503`` but leaves the
 existing record alone: it belongs to the first submission.
@@ -24,13 +25,14 @@ Tenants (``fleet.tenancy``): a job belongs to the tenant of the key that submitt
 on the wire so the worker and a reconcile republish keep it; the operator token and ``FLEET_AUTH=off`` submit as
 the default tenant). A read by id (``GET``, ``?wait``, cancel) of another tenant's job answers the 404 of an
 unknown id; the operator token reads every tenant's jobs. A submit whose job id belongs to another tenant's job
-answers ``409 job_id_taken`` with nothing of that job (not its model, state or input) and leaves it alone.
+answers the ``409 job_id_conflict`` of any used id, word for word (nothing of that job: not its model, state,
+input or tenant) and leaves it alone. Job ids are one namespace across tenants (a store key per id), so that a
+used id is a conflict at all is the one thing a submitter learns; it learns the same of its own jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -48,6 +50,7 @@ from producers.gateway import ratelimit
 from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from producers.gateway.cache import Hit, Lookup
 from producers.gateway.calls import long_poll, publish_request, read_job, store_call
+from producers.gateway.client_json import parse_json
 from producers.gateway.errors import (
     ApiError,
     error_responses,
@@ -81,14 +84,11 @@ def parse_submit(raw: bytes) -> SubmitRequest:
     """Parse and shape-check the body.
 
     Raises:
-        ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field.
+        ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field, or a value JSON cannot
+            carry exactly (``producers.gateway.client_json``: non-finite numbers, huge integers, lone surrogates,
+            nesting past its limit).
     """
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "malformed_json", "the request body nests too deeply to be read") from None
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
     try:
@@ -188,29 +188,29 @@ async def _mark_published(state: GatewayState, job_id: str) -> None:
         logger.warning("job %s is published but still marked unpublished: %s", job_id, exc.message)
 
 
-def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
-    """Raises 409 ``job_id_taken`` when ``record`` reuses the id of another tenant's job (saying nothing of it),
-    409 ``job_id_conflict`` when it reuses the id of a job with another model or input.
-
-    A record without a digest (published straight to the topic, or written by an older Fleet) cannot be compared
-    and is taken as the same job.
-    """
-    if tenancy.owner(existing.tenant) != tenancy.owner(record.tenant):
-        raise ApiError(
-            409, "job_id_taken", f"job id {record.job_id!r} cannot be used; choose another id (or let Fleet choose)"
-        )
-    if existing.model != record.model:
-        what = f"a job of model {existing.model!r}"
-    elif existing.input_digest is not None and existing.input_digest != record.input_digest:
-        what = "a job with another input"
-    else:
-        return
-    raise ApiError(
+def id_conflict(job_id: str) -> ApiError:
+    """The one answer to every submit under a used id that is not the same job: the same type, message and details
+    whatever differs (model, input, tenant) and whatever that job's state, so it tells nothing of that job."""
+    return ApiError(
         409,
         "job_id_conflict",
-        f"job id {record.job_id!r} is already used by {what}; resubmit the same model and input, or choose another id",
-        {"job_id": record.job_id, "model": existing.model},
+        f"job id {job_id!r} is already used by another job; resubmit the same model and input, or choose another id "
+        "(or let Fleet choose)",
+        {"job_id": job_id},
     )
+
+
+def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
+    """Raises 409 ``job_id_conflict`` (``id_conflict``) when ``record`` reuses the id of another tenant's job, or
+    of a job with another model or input.
+
+    A record without a digest (published straight to the topic, or written by an older Fleet) cannot be compared
+    and is taken as the same job when its tenant and model are the same.
+    """
+    if tenancy.owner(existing.tenant) != tenancy.owner(record.tenant) or existing.model != record.model:
+        raise id_conflict(record.job_id)
+    if existing.input_digest is not None and existing.input_digest != record.input_digest:
+        raise id_conflict(record.job_id)
 
 
 async def _resubmit(state: GatewayState, record: JobRecord, data: bytes, priority: str) -> SubmitResponse:
@@ -218,7 +218,7 @@ async def _resubmit(state: GatewayState, record: JobRecord, data: bytes, priorit
     store, timeout_s = state.store, state.limits.store_timeout_s
     existing = await store_call(store, store.get(record.job_id), timeout_s)
     if existing is None:
-        raise ApiError(409, "job_id_conflict", f"job {record.job_id!r} changed while it was resubmitted; retry")
+        raise id_conflict(record.job_id)  # it ended and expired meanwhile: a retry is a fresh submit
     _check_same_job(existing, record)
     if existing.state == JobState.queued:
         await _publish(state, record, data, priority)
@@ -348,7 +348,8 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
     description=(
         "Validates the model and its input, records the job as `queued` and publishes it to the model's subject. "
         "Answers `202` only after the broker acknowledged the publish. Reusing a `job_id` with the same model and "
-        "input is idempotent; another model or input is `409 job_id_conflict`. A model whose queue holds its "
+        "input is idempotent; another model or input, or another tenant's job, is `409 job_id_conflict` (one answer "
+        "for all: the id, nothing of the job that holds it). A model whose queue holds its "
         "bound (`FLEET_MAX_QUEUED`) answers `429 queue_full` with a `Retry-After` from its drain rate. For a model "
         "with result caches (`FLEET_CACHE`), a cached answer is a job that is `succeeded` at once (`status` "
         '`succeeded`, `cache` the level); `X-Cache-Control: bypass` or `"cache": false` skips the caches.'

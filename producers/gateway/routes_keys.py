@@ -6,7 +6,6 @@ process. Creating and revoking a key are audited like every operator action.
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -16,6 +15,7 @@ from fleet.errors import ConfigError
 from fleet.store.audit import AuditLog
 from fleet.store.keys import KeyStore, parse_expiry
 from producers.gateway.auth import Principal, record_action, require_admin, require_operator
+from producers.gateway.client_json import parse_json
 from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from producers.gateway.limits import read_limited_body
 from schemas.keys import AuditList, CreateKeyRequest, KeyCreated, KeyInfo, KeyList
@@ -45,10 +45,7 @@ async def audit_log(request: Request) -> AuditLog:
 
 def parse_create(raw: bytes) -> CreateKeyRequest:
     """The body of ``POST /v1/keys``; 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+    data = parse_json(raw)
     try:
         return CreateKeyRequest.model_validate(data)
     except ValidationError as exc:

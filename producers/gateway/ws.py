@@ -10,12 +10,14 @@ An unknown job gets ``{"error": {...}}`` and close code 4404.
     {"unsubscribe": ["id1"]}           stop watching them
 
 and the server sends, once per subscription, ``{"type": "result", "job": {...record...}}`` when the job ends, or
-``{"type": "error", "job_id": "id9", "error": {...}}`` for an unknown job. A store outage is no error: the
-watchers wait it out and send each result once the store is back. A frame the server cannot use (not
-JSON, wrong shape, more than ``GatewayLimits.ws_max_ids_per_frame`` ids, more than
-``ws_max_ids_per_connection`` ids watched at once, over ``ws_max_frame_bytes``) gets
-``{"type": "error", "job_id": null, "error": {...}}`` and the connection stays open. Subscribing again to an id
-whose result was already sent sends it again. Keep-alive: uvicorn pings every ``ws_ping_interval`` (20 s).
+``{"type": "error", "job_id": "id9", "error": {...}}`` for an unknown job. A store outage is no error: the watchers
+wait it out and send each result once the store is back. A frame the server cannot use (not JSON, or a value JSON
+cannot carry exactly: ``producers.gateway.client_json``; wrong shape, more than
+``GatewayLimits.ws_max_ids_per_frame`` ids, more than ``ws_max_ids_per_connection`` ids watched at once, over
+``ws_max_frame_bytes``) gets ``{"type": "error", "job_id": null, "error": {...}}`` and the connection stays open.
+Subscribing again to an id whose result was already sent sends it again. Keep-alive: uvicorn pings every
+``ws_ping_interval`` (20 s). A failure of the gateway itself closes the connection with 1011 and a reason, never
+silently.
 
 Another tenant's job is an unknown job on both routes (the same frame, the same close code 4404); the operator
 token watches every tenant's jobs (``fleet.tenancy``).
@@ -35,7 +37,8 @@ from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
 from producers.gateway.auth import websocket_principal, ws_subprotocol
 from producers.gateway.calls import patiently, store_call
-from producers.gateway.errors import error_json
+from producers.gateway.client_json import parse_json
+from producers.gateway.errors import ApiError, error_json
 from producers.gateway.metrics import WEBSOCKETS_OPEN
 from producers.gateway.state import GatewayState
 from schemas.jobs import JobRecord
@@ -143,9 +146,9 @@ def parse_frame(text: str, max_bytes: int, max_ids: int) -> tuple[str, list[str]
     if size > max_bytes:
         raise FrameError("frame_too_large", f"frame is {size} bytes, over the limit of {max_bytes} bytes")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FrameError("invalid_frame", f"frame is not valid JSON: {exc}") from None
+        data = parse_json(text, "the frame")
+    except ApiError as exc:  # not JSON, or a value JSON cannot carry exactly (producers.gateway.client_json)
+        raise FrameError("invalid_frame", exc.message) from None
     shape = 'a frame is {"subscribe": ["<job id>", ...]} or {"unsubscribe": [...]}'
     if not isinstance(data, dict) or len(data) != 1 or next(iter(data)) not in ("subscribe", "unsubscribe"):
         raise FrameError("invalid_frame", f"unexpected frame {text[:200]!r}: {shape}")
@@ -248,5 +251,9 @@ async def multiplexed_ws(websocket: WebSocket) -> None:
     WEBSOCKETS_OPEN.inc()
     try:
         await Multiplexer(websocket, state, principal.tenant).run()
+    except Exception as exc:  # a bug: the client gets a close frame with a reason, not a dropped socket
+        logger.exception("/v1/ws failed")
+        with contextlib.suppress(Exception):
+            await websocket.close(CLOSE_INTERNAL_ERROR, f"internal error ({type(exc).__name__}); see the gateway log")
     finally:
         WEBSOCKETS_OPEN.dec()

@@ -288,6 +288,39 @@ async def test_finish_many_races_single_finishes_with_one_winner_each(store: Res
         assert batch_record == single_record, "the loser sees the winner's record"
 
 
+async def test_start_and_finish_many_leave_another_tenants_or_models_record_untouched(
+    store_factory: StoreFactory,
+) -> None:
+    """A message naming someone else's job id (a raw publish, a guessed DAG step id) must neither start nor
+    finish that job: the store hands the record back as it is, queued or running, read before or not (unread),
+    from this client or another one."""
+    store = await store_factory()
+    queued_a, running_a, other_model = new_id(), new_id(), new_id()
+    await store.create(queued(queued_a, tenant="team-a"))
+    await store.start_many([Start(running_a, "echo", "wa", deliveries=1, tenant="team-a")])
+    await store.create(queued(other_model))  # the default tenant's echo job
+    before = {job_id: await store.get(job_id) for job_id in (queued_a, running_a, other_model)}
+    other = await store_factory()  # a second client of the same server (Redis): nothing it remembers helps it
+    writers = [store, other] if await other.get(queued_a) is not None else [store]
+    for writer in writers:
+        for unread in (False, True):
+            starts = [
+                Start(queued_a, "echo", "wb", deliveries=1, unread=unread, tenant="team-b"),
+                Start(running_a, "echo", "wb", deliveries=1, unread=unread),  # the default tenant
+                Start(other_model, "sleep", "wb", deliveries=1, unread=unread),
+            ]
+            assert await writer.start_many(starts) == list(before.values())
+        finishes = [
+            Finish(queued_a, JobState.succeeded, "echo", output="B-INJECTED", worker_id="wb", tenant="team-b"),
+            Finish(running_a, JobState.failed, "echo", error=JobError(type="x", message="B"), worker_id="wb"),
+            Finish(other_model, JobState.succeeded, "sleep", output="B-INJECTED", worker_id="wb"),
+        ]
+        assert await writer.finish_many(finishes) == [(False, record) for record in before.values()]
+    assert {job_id: await store.get(job_id) for job_id in before} == before
+    owner = await store.finish_many([Finish(queued_a, JobState.succeeded, "echo", output="A", tenant="team-a")])
+    assert owner[0][0] is True and owner[0][1].output == "A", "the owner still finishes its job"
+
+
 async def test_finish_many_wakes_the_waiters_of_every_job(store: ResultStore) -> None:
     ids = [new_id() for _ in range(10)]
     waiters = [asyncio.create_task(store.wait(job_id, 5)) for job_id in ids]
