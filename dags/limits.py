@@ -43,8 +43,6 @@ MAX_SPEC_DEPTH = 64
 MAX_SPEC_NODES = 100_000
 """Values (dicts, lists, scalars) a loaded spec may hold, counted with repeats: YAML aliases can make a small text
 expand into a huge structure (the "billion laughs"), which the byte limit alone would not catch."""
-MAX_INPUT_DEPTH = 64
-"""Nesting of a run start's body (``{"input": ...}`` is one level)."""
 MAX_EXPRESSION_CHARS = 4_096
 MAX_EXPRESSION_NESTING = 40
 MAX_EXPRESSION_TREE_DEPTH = 100
