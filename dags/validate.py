@@ -6,10 +6,10 @@ does not parse, calls an unknown function or with the wrong number of arguments,
 name, ``steps`` as a whole, an unknown step, a step's own output, an unknown field of a step, ``item`` or ``index``
 outside the input of a ``for_each`` step; ``outputs`` of a step without ``for_each`` and ``output`` of one with it
 (a fan-out step has ``outputs``, one per item; any other step has ``output``); an ``after`` naming an unknown step or
-the step itself; a cycle (named: ``a -> b -> a``); an input schema that is not a JSON Schema; and a static input that
-does not match the model's input schema. Values that are expressions are unknown until the run, so the static check
-drops every top-level field holding one and ignores what their absence alone explains (missing fields, and the
-model's whole-input checks).
+the step itself; a cycle (named: ``a -> b -> a``); an input schema that is not a JSON Schema (its patterns are
+checked within a time limit: ``dags.input_schema``); and a static input that does not match the model's input
+schema. Values that are expressions are unknown until the run, so the static check drops every top-level field
+holding one and ignores what their absence alone explains (missing fields, and the model's whole-input checks).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dags.expressions import (
     expressions_in,
     is_expression,
 )
+from dags.input_schema import bounded_validator
 from dags.spec import DagSpec, StepSpec, format_path
 from fleet.errors import DagInvalid
 from schemas.models import ModelSpec
@@ -220,7 +221,7 @@ class _Checker:
             where = format_path(["input_schema", *exc.absolute_path])
             self.problem(None, where, f"not a valid JSON Schema: {exc.message}")
             return
-        self.validator = cls(schema)
+        self.validator = bounded_validator(schema)
 
     def _check_cycles(self) -> None:
         graph = {sid: list(deps) for sid, deps in self.edges.items()}

@@ -327,3 +327,16 @@ async def test_a_multiplying_projection_in_a_later_step_fails_it_without_stallin
     assert state["error"]["step"] == "b" and "MAX_EVALUATION_VALUES" in state["error"]["message"]
     assert seconds < 5 * REQUEST_BOUND_S  # the echo job of step a, then the refused evaluation of step b
     assert watch.worst < HEALTHZ_BOUND_S, watch.worst  # 10^7 values in the hook held the worker's loop 20 s
+
+
+def test_a_backtracking_pattern_in_the_input_schema_is_cut_off_at_run_start(gateway: Gateway) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a|aa)+$"}}}
+    spec = {**one_step(gateway, "redos", "${input.a}"), "input_schema": schema}
+    registered = gateway.http.post("/v1/dags", json=spec)
+    assert registered.status_code == 201, registered.text
+    body = {"input": {"a": "a" * 40 + "b"}}  # Python's re backtracks for minutes on this, holding the GIL
+    response, seconds, worst = gateway.send("POST", "/v1/dags/redos/runs", json=body)
+    assert response.status_code == 422 and "MAX_PATTERN_SECONDS" in _refusal(gateway, response)
+    assert seconds < REQUEST_BOUND_S and worst < HEALTHZ_BOUND_S, (seconds, worst)
+    fine = gateway.http.post("/v1/dags/redos/runs", json={"input": {"a": "aaaa"}})
+    assert fine.status_code == 202, fine.text
