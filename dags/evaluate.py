@@ -6,8 +6,9 @@
   the state that records them as launched, so a step is launched exactly once. A step is *skipped* when its
   ``when`` is false, and when any of its dependencies was skipped, unless its ``when`` reads the ``state`` of every
   such dependency (``when: "${steps.a.state == 'succeeded' || steps.b.state == 'succeeded'}"`` merges two
-  branches): then its ``when`` alone decides. A ``for_each`` that is not a list, or an input or ``when`` that
-  raises, fails the step before any job; an empty list succeeds it at once with ``outputs: []``.
+  branches): then its ``when`` alone decides. A ``for_each`` that is not a list, inputs over
+  ``dags.limits.MAX_LAUNCH_BYTES`` together, or an input or ``when`` that raises, fails the step before any job;
+  an empty list succeeds it at once with ``outputs: []``.
 - ``apply_result``: one job's terminal record. A duplicate (the job already recorded, or its step settled) changes
   nothing. A step settles when all its jobs have: ``succeeded`` if they all succeeded, else ``failed`` (a job that
   failed or expired; the error is that of the lowest index, whatever the order of arrival) or ``cancelled``.
@@ -20,12 +21,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
+
 from dags.expressions import ExpressionError, render, truthy
+from dags.limits import MAX_LAUNCH_BYTES
 from dags.state import MAX_FAN_OUT, RunState, StepRun, check_run_id, job_id
 from dags.validate import CompiledDag, CompiledStep
 from fleet.errors import InvalidInput
@@ -229,7 +234,7 @@ def _start(
         if step.spec.when is not None and not truthy(_search(dag, step.spec.when, ctx, "when")):
             return StepRun("skipped"), None
         items = _items(dag, step, ctx)
-        inputs = [_input(dag, step, ctx, i, item) for i, item in enumerate(items)]
+        inputs = _inputs(dag, step, ctx, items)
     except _LaunchError as exc:
         return StepRun("failed", error={"type": exc.kind, "message": exc.message}), None
     if not items:
@@ -258,6 +263,30 @@ def _items(dag: CompiledDag, step: CompiledStep, ctx: Mapping[str, Any]) -> list
     if len(value) > MAX_FAN_OUT:
         raise _LaunchError("dag_for_each", f"for_each gave {len(value)} items, over the limit of {MAX_FAN_OUT}")
     return value
+
+
+def _inputs(dag: CompiledDag, step: CompiledStep, ctx: Mapping[str, Any], items: list[Any]) -> list[dict[str, Any]]:
+    """Each item's input, together at most ``MAX_LAUNCH_BYTES`` of JSON (counted as they are rendered, so a step
+    over it stops after about that many bytes, not after all of its items)."""
+    inputs, size = [], 0
+    for i, item in enumerate(items):
+        value = _input(dag, step, ctx, i, item)
+        size += _json_size(value)
+        if size > MAX_LAUNCH_BYTES:
+            raise _LaunchError(
+                "dag_input",
+                f"input: the step's jobs would carry over {MAX_LAUNCH_BYTES:,} bytes of input together "
+                f"(MAX_LAUNCH_BYTES; over it at item {i} of {len(items)})",
+            )
+        inputs.append(value)
+    return inputs
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except orjson.JSONEncodeError:  # an integer past 64 bits, which orjson does not write
+        return len(json.dumps(value))
 
 
 def _input(dag: CompiledDag, step: CompiledStep, ctx: Mapping[str, Any], index: int, item: Any) -> dict[str, Any]:

@@ -49,6 +49,9 @@ MAX_EXPRESSION_TREE_DEPTH = 100
 MAX_EVALUATION_VALUES = 300_000
 """Values one evaluation pass may produce: a 10,000-item fan-out rendering inputs of a few expressions each fits;
 at about a microsecond a value, a pass past it stops within a few tenths of a second."""
+MAX_LAUNCH_BYTES = 64 * 1024 * 1024
+"""JSON bytes of input one step's jobs may carry together: an expression that copies a large value into each item
+of a 10,000-item fan-out (``input: {all: "${input}"}``) would otherwise turn one request into gigabytes to publish."""
 _YIELD_EVERY = 512  # values between two moments the evaluating thread lets the event loop's thread run
 
 _STOPS = ("||", "&&", "==", "!=", "<=", ">=", "|", ",", ":", "<", ">")  # end a projection's or a `!`'s operand

@@ -282,6 +282,26 @@ def test_a_launch_failure_under_continue_lets_dependants_run() -> None:
     assert launches[0].jobs[0].input == {"outs": [], "state": "failed"}
 
 
+COPIES = """
+name: copies
+steps:
+  - {id: each, model: echo, for_each: "${input.xs}", input: {all: "${input.big}", at: "${index}"}}
+output: "${steps.each.outputs}"
+"""
+
+
+def test_a_fan_out_whose_inputs_copy_a_large_value_is_stopped_near_the_byte_limit() -> None:
+    dag = compile_yaml(COPIES)
+    big = "x" * (1024 * 1024)  # a megabyte, copied into each of 10,000 items: 10 GB to publish
+    state, launches = advance(dag, new_run(dag, "c", {"xs": list(range(10_000)), "big": big}))
+    assert launches == []
+    error = run_state(dag, state).error
+    assert error is not None and error["type"] == "dag_input" and "MAX_LAUNCH_BYTES" in error["message"]
+    assert "at item 63 of 10000" in error["message"]  # the 64th megabyte: stopped there, not after every item
+    fits, launches = advance(dag, new_run(dag, "f", {"xs": list(range(63)), "big": big}))
+    assert fits.steps["each"].state == "running" and len(launches[0].jobs) == 63
+
+
 INPUTS = """
 name: inputs
 steps:
