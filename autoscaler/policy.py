@@ -39,7 +39,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from autoscaler.config import ScalingConfig
+from fleet.autoscaler.config import ScalingConfig
 
 # Bound on each history in PolicyState, whatever the call rate.
 MAX_HISTORY = 256

@@ -26,16 +26,16 @@ from datetime import UTC, datetime
 
 from prometheus_client import Gauge
 
-from autoscaler.backends.base import ScalerBackend
-from autoscaler.config import ScalingConfig
-from autoscaler.policy import Decision, PolicyState, Signals, decide, pinned
-from autoscaler.signals import SignalReader
 from fleet import constants as c
+from fleet.autoscaler.backends.base import ScalerBackend
+from fleet.autoscaler.config import ScalingConfig
+from fleet.autoscaler.policy import Decision, PolicyState, Signals, decide, pinned
+from fleet.autoscaler.signals import SignalReader
 from fleet.brokers.base import Broker
 from fleet.errors import FleetError
 from fleet.scaling import ScalingStore
+from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 from fleet.tasks import cancel_and_wait, wait_event
-from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 
 log = logging.getLogger(__name__)
 

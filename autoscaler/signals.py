@@ -26,12 +26,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autoscaler.policy import Signals
 from fleet import constants as c
+from fleet.autoscaler.policy import Signals
 from fleet.brokers.base import Broker, EventStream
 from fleet.brokers.events import Listener, validated
 from fleet.lag import read_lag
-from schemas.wire import Heartbeat
+from fleet.schemas.wire import Heartbeat
 
 log = logging.getLogger(__name__)
 

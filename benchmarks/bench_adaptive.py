@@ -24,17 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from benchmarks.common import percentiles_ms, show, write_results
-from consumers.handlers import with_name
-from consumers.handlers.base import ModelHandler
-from consumers.requests import Job
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.base import ModelHandler
+from fleet.consumers.requests import Job
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobRecord
+from fleet.schemas.models import EchoInput, EchoOutput, ModelSpec
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from schemas.jobs import JobRecord
-from schemas.models import EchoInput, EchoOutput, ModelSpec
-from schemas.wire import RequestMessage
 
 PHASES = (0.2, 0.9, 0.4)
 MAX_BATCH = 128

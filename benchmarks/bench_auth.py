@@ -30,10 +30,10 @@ from pathlib import Path
 
 from benchmarks.bench_dashboard import wait_ready
 from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
+from fleet.producers.sdk import FleetClient
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.keys import make_key_store
-from producers.sdk import FleetClient
 from tests.processes import fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 

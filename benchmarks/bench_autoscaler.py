@@ -30,17 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoscaler.backends.process import ProcessBackend
-from autoscaler.config import ScalingConfig
-from autoscaler.service import Autoscaler
 from benchmarks.common import services, show, write_results
-from consumers.handlers import ModelHandler, with_name
-from consumers.handlers.sleep import SleepHandler
 from fleet import constants as c
+from fleet.autoscaler.backends.process import ProcessBackend
+from fleet.autoscaler.config import ScalingConfig
+from fleet.autoscaler.service import Autoscaler
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import ModelHandler, with_name
+from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.scaling import RedisScalingStore
+from fleet.schemas.wire import Heartbeat, RequestMessage
 from fleet.settings import FleetSettings
-from schemas.wire import Heartbeat, RequestMessage
 from tests.infra import connected_pair
 
 SAMPLE_S = 0.1

@@ -41,10 +41,10 @@ import numpy as np
 
 from benchmarks.cache_workload import labelled_pairs, requests
 from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_results
-from producers.gateway.embedder import load_embed_handler
-from producers.gateway.semantic_index import SemanticIndex, texts_agree
-from producers.sdk_http import AiohttpHttp, GatewayUnreachable, Http
-from schemas.models import EMBED, EMBED_DIM
+from fleet.producers.gateway.embedder import load_embed_handler
+from fleet.producers.gateway.semantic_index import SemanticIndex, texts_agree
+from fleet.producers.sdk_http import AiohttpHttp, GatewayUnreachable, Http
+from fleet.schemas.models import EMBED, EMBED_DIM
 from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 

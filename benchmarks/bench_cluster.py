@@ -37,10 +37,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from benchmarks.common import best_of, show, write_results
+from fleet.schemas.jobs import JobState
 from fleet.store.base import Finish, Start
 from fleet.store.cluster import seed_nodes
 from fleet.store.redis import RedisStore
-from schemas.jobs import JobState
 
 OUTPUT = {"embedding": "A" * 2048, "dim": 384}  # the size of one base64 embedding (its content does not matter)
 TARGETS = ("redis", "cluster")

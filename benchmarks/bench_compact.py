@@ -52,17 +52,17 @@ import redis.asyncio as aioredis
 
 from benchmarks.common import best_of, fetch_and_ack, paired_median, pooled, services, show, write_results
 from benchmarks.compact_baseline import callgrind_window
-from consumers.handlers import with_name
-from consumers.handlers.base import ModelHandler
-from consumers.handlers.embed import EmbedHandler
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.base import ModelHandler
+from fleet.consumers.handlers.embed import EmbedHandler
+from fleet.consumers.worker import Worker
+from fleet.producers.publish import publish_all
+from fleet.schemas.models import EMBED_DIM, EmbedInput, EmbedOutput
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store, transitions
-from producers.publish import publish_all
-from schemas.models import EMBED_DIM, EmbedInput, EmbedOutput
-from schemas.wire import RequestMessage
 
 # main when issue 14 was filed (the parent of the issue's first commit, "Compact results: encoding_format ...").
 FILING_COMMIT = "79d2709"

@@ -33,19 +33,19 @@ from typing import Any
 import httpx
 
 from benchmarks.common import RESULTS_DIR, Timer, percentiles_ms, services, show, stop_processes, write_results
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
-from dags.runner import DagRunner
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.producers.sdk import FleetClient
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
-from producers.sdk import FleetClient
-from schemas.wire import RequestMessage
 from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
-from producers.sdk import FleetClient, GatewayUnreachable
+from fleet.producers.sdk import FleetClient, GatewayUnreachable
 from tests.processes import fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 

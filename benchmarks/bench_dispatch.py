@@ -34,10 +34,10 @@ from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.brokers.events import validated
+from fleet.schemas.wire import DispatcherBeat, Heartbeat, RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from schemas.wire import DispatcherBeat, Heartbeat, RequestMessage
 from tests.processes import fleet_argv, fleet_env
 
 MODEL = "sleep"

@@ -20,16 +20,16 @@ from collections.abc import Iterator
 
 from benchmarks.bench_model import bare_transformers_throughput, use_random_weights
 from benchmarks.common import Timer, best_of, services, show, write_results
-from consumers.device import resolve_device
-from consumers.handlers import with_name
-from consumers.handlers.embed import EmbedHandler
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.consumers.device import resolve_device
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.embed import EmbedHandler
+from fleet.consumers.worker import Worker
+from fleet.producers.publish import publish_all
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from producers.publish import publish_all
-from schemas.wire import RequestMessage
 
 WORDS = "fleet serves models to many users quickly and the queue keeps every request safe while workers batch".split()
 

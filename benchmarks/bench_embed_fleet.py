@@ -32,15 +32,15 @@ from typing import Any
 from benchmarks.bench_embed import query_texts
 from benchmarks.bench_model import bare_transformers_throughput, use_random_weights
 from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
-from consumers.device import resolve_device
-from consumers.handlers.embed import EmbedHandler
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.events import validated
+from fleet.consumers.device import resolve_device
+from fleet.consumers.handlers.embed import EmbedHandler
+from fleet.producers.publish import publish_all
+from fleet.schemas.wire import Heartbeat, RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from producers.publish import publish_all
-from schemas.wire import Heartbeat, RequestMessage
 from tests.processes import fleet_argv, fleet_env
 
 MODEL = "embed"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from consumers.device import resolve_device
-from consumers.handlers.embed import (
+from fleet.consumers.device import resolve_device
+from fleet.consumers.handlers.embed import (
     EmbedHandler,
     _has_weights,
     load_encoder_model,
@@ -25,7 +25,7 @@ from consumers.handlers.embed import (
     max_seq_tokens,
     packaged_model_path,
 )
-from schemas.models import EmbedInput
+from fleet.schemas.models import EmbedInput
 
 
 def use_random_weights(choice: str) -> bool:

@@ -43,15 +43,15 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType
 
 from benchmarks.common import best_of, paired_median, pooled, services, show, write_results
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker, new_worker_id
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker, new_worker_id
+from fleet.producers.publish import publish_all
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from producers.publish import publish_all
-from schemas.wire import RequestMessage
 
 SIDES = ("peer", "fleet")
 TITLES = {"peer": "FastStream batch subscriber (no guarantees)", "fleet": "Fleet echo worker (every guarantee)"}

@@ -46,16 +46,16 @@ from benchmarks.common import (
     show,
     write_results,
 )
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.kafka_names import bootstrap_servers
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.producers.publish import publish_all
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from producers.publish import publish_all
-from schemas.wire import RequestMessage
 
 BROKERS = ("nats", "kafka")
 BROKER_TITLES = {"nats": "NATS JetStream", "kafka": "Kafka"}

@@ -27,17 +27,17 @@ import uuid
 from typing import Any
 
 from benchmarks.common import percentiles_ms, services, show, write_results
-from consumers.handlers import with_name
-from consumers.handlers.sleep import SleepHandler
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobRecord
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from schemas.jobs import JobRecord
-from schemas.wire import RequestMessage
 
 LEVELS = c.PRIORITIES
 

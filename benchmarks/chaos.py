@@ -85,8 +85,8 @@ from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.brokers.events import validated
+from fleet.schemas.wire import DispatcherBeat, Heartbeat, RequestMessage
 from fleet.settings import FleetSettings
-from schemas.wire import DispatcherBeat, Heartbeat, RequestMessage
 from tests.kafka_service import kafka_server
 from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port, require_binary, wait_port

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from consumers.handlers.sleep import SleepHandler, draw_service_ms
+from fleet.consumers.handlers.sleep import SleepHandler, draw_service_ms
 from fleet.errors import ConfigError
-from schemas.models import ModelSpec, SleepInput, SleepOutput
+from fleet.schemas.models import ModelSpec, SleepInput, SleepOutput
 
 COMPUTED_DIR_ENV = "CHAOS_COMPUTED_DIR"
 MODEL = "chaos"

@@ -34,16 +34,16 @@ async def one_run(nats_url: str, redis_url: str, jobs: int, batch: int, max_wait
     import numpy as np
     import redis.asyncio as aioredis
 
-    from consumers.handlers import with_name
-    from consumers.handlers.embed import EmbedHandler
-    from consumers.worker import Worker
     from fleet import constants as c
     from fleet.brokers import make_broker
+    from fleet.consumers.handlers import with_name
+    from fleet.consumers.handlers.embed import EmbedHandler
+    from fleet.consumers.worker import Worker
+    from fleet.producers.publish import publish_all
+    from fleet.schemas.models import EMBED_DIM, EmbedOutput
+    from fleet.schemas.wire import RequestMessage
     from fleet.settings import FleetSettings
     from fleet.store import make_store
-    from producers.publish import publish_all
-    from schemas.models import EMBED_DIM, EmbedOutput
-    from schemas.wire import RequestMessage
 
     row = np.random.default_rng(7).standard_normal(EMBED_DIM).astype(np.float32) / 20
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from benchmarks.bench_model import sample_texts, use_random_weights
-from consumers.handlers.embed import EmbedHandler
+from fleet.consumers.handlers.embed import EmbedHandler
 
 
 def parity_texts() -> list[str]:

@@ -1,9 +1,11 @@
 """The worker side of Fleet: the worker loop, the micro-batcher and the model handlers.
 
 A worker pulls micro-batches of requests for one or more models from the broker (every priority level, higher
-first: ``fleet.brokers.prioritized``), sized by count and cost budget (``consumers.batcher``) and, for a model with
-a p99 target, by the batch-size controller (``consumers.batch_control``), runs each batch through a
-``consumers.handlers.base.ModelHandler`` on one device (``consumers.device``), writes every job's terminal record
-to the result store and only then acks (``consumers.settle``, with the DAG continuation as a settle hook). An
-operator's drain (``consumers.drain``) runs the same graceful stop as SIGTERM.
+first: ``fleet.brokers.prioritized``), sized by count and cost budget (``fleet.consumers.batcher``) and, for a model
+with
+a p99 target, by the batch-size controller (``fleet.consumers.batch_control``), runs each batch through a
+``fleet.consumers.handlers.base.ModelHandler`` on one device (``fleet.consumers.device``), writes every job's terminal
+record
+to the result store and only then acks (``fleet.consumers.settle``, with the DAG continuation as a settle hook). An
+operator's drain (``fleet.consumers.drain``) runs the same graceful stop as SIGTERM.
 """

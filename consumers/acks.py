@@ -1,7 +1,7 @@
 """The one place that maps an item's outcome to ack, retry or dead-letter. Pure and table-tested.
 
 ``attempt`` counts the runs of a job that count against it (its strikes, kept in its record by the store:
-``consumers.crashes``), not the broker's deliveries: a delivery that never reached the model, because the store or
+``fleet.consumers.crashes``), not the broker's deliveries: a delivery that never reached the model, because the store or
 the broker was away, is nobody's failure, nor is a worker killed while it computed many jobs. The broker's own
 count only backs a poison cap (``poisoned``) for a message that kills its worker before it can even start.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from schemas.jobs import JobError, JobState
+from fleet.schemas.jobs import JobError, JobState
 
 
 class Action(StrEnum):

@@ -1,13 +1,13 @@
 """Admission: what becomes of a fetched batch before the model sees it.
 
-``admit`` (while the previous batch computes) parses every message on its own (``consumers.requests``: a body that
+``admit`` (while the previous batch computes) parses every message on its own (``fleet.consumers.requests``: a body that
 breaks a parser is one invalid message, never a failed batch), reads the batch's records in one round trip and
 settles at once what must not run: invalid or poison messages, jobs that already ended (a redelivery, a cancel),
-jobs whose deadline passed, jobs out of runs (``consumers.crashes``: ``max_deliveries`` runs counted against
+jobs whose deadline passed, jobs out of runs (``fleet.consumers.crashes``: ``max_deliveries`` runs counted against
 them, or ten times that many started whatever ended them), and messages whose job id holds another model's or
 tenant's record (``Settler.conflicts``: never computed, that record never touched). A redelivered job whose previous
 run never ended (its worker disappeared) is judged by the size of that run's batch: a strike if it ran alone, else a
-smaller batch for its next run (``consumers.crashes``; the compute loop splits the batch). The first delivery of a
+smaller batch for its next run (``fleet.consumers.crashes``; the compute loop splits the batch). The first delivery of a
 job published without a record is not read: a DAG step (the runner makes none) and a request whose producer says so
 (header ``fleet-record: none``: ``fleet publish``, ``publish_all``). The start's compare-and-set finds a record that
 exists after all (a cancel, a duplicate, a re-publish of a finished job, another tenant's job: the store leaves that
@@ -18,7 +18,7 @@ checks the deadlines again and moves the jobs to ``running``: a job is
 The run count lives in the job's record (``deliveries``: runs started; ``strikes``: runs counted against it;
 ``batch_size``: how many jobs its latest run started with), so redeliveries caused by an outage of the store or
 the broker do not use up a job's runs, nor does a worker killed while it computed many jobs. A store outage is
-waited out (``consumers.outage``) until the worker stops; then the messages go back to the broker.
+waited out (``fleet.consumers.outage``) until the worker stops; then the messages go back to the broker.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ import asyncio
 import logging
 import time
 
-from consumers.acks import poisoned
-from consumers.crashes import OutOfRuns, after_vanished, out_of_runs
-from consumers.requests import Job, parse_delivery
-from consumers.settle import Settler, runs_allowed
 from fleet.brokers.base import Delivery
 from fleet.constants import HEADER_RECORD, RECORD_NONE
+from fleet.consumers.acks import poisoned
+from fleet.consumers.crashes import OutOfRuns, after_vanished, out_of_runs
+from fleet.consumers.requests import Job, parse_delivery
+from fleet.consumers.settle import Settler, runs_allowed
 from fleet.errors import StoreError
+from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.models import ModelSpec
 from fleet.store.base import Start
-from schemas.jobs import JobError, JobRecord, JobState
-from schemas.models import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from consumers.stats import percentile
+from fleet.consumers.stats import percentile
 
 Direction = Literal["grow", "shrink", ""]
 

@@ -39,7 +39,8 @@ terminal (settled elsewhere). A job is dead-lettered (``max_deliveries``) by ``o
 The broker's own delivery count still backs both for a message that stops its worker before it can even start
 (``acks.poisoned``, ``POISON_FACTOR`` deliveries per run). Neither broker ends a message before Fleet decides:
 Fleet's NATS groups deliver without limit (``max_deliver`` -1, also set on a group found with a limit), and Kafka
-has no delivery limit. Nothing here changes the order of effects in ``consumers.settle``: a dead letter is a stored
+has no delivery limit. Nothing here changes the order of effects in ``fleet.consumers.settle``: a dead letter is a
+stored
 ``failed`` record first, then the letter, then the ack.
 
 Cost: nothing more per job on the normal path than two fields in the start's compare-and-set (about 15 bytes of
@@ -53,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from consumers.requests import Job
+from fleet.consumers.requests import Job
 from fleet.store.base import Start
 
 RAW_RUNS_FACTOR = 10  # runs started, whatever ended them, per run allowed: the last-resort bound

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
 from fleet.brokers.events import Listener, validated
-from schemas.wire import DrainRequest
+from fleet.schemas.wire import DrainRequest
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream
 from fleet.brokers.events import validated
 from fleet.routing import announce_to
+from fleet.schemas.wire import DispatcherBeat, IdleAnnouncement
 from fleet.tasks import cancel_and_wait, wait_event
-from schemas.wire import DispatcherBeat, IdleAnnouncement
 
 log = logging.getLogger(__name__)
 

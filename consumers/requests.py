@@ -11,9 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.brokers.base import Delivery
 from fleet.encoding import no_vectors_message
-from schemas.jobs import JobError
-from schemas.models import ModelSpec
-from schemas.wire import JOB_ID_PATTERN, RequestMessage
+from fleet.schemas.jobs import JobError
+from fleet.schemas.models import ModelSpec
+from fleet.schemas.wire import JOB_ID_PATTERN, RequestMessage
 
 _JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 _validate_request_json = RequestMessage.__pydantic_validator__.validate_json
@@ -33,8 +33,8 @@ class Job:
     attempt: int = 1  # this run's number: one more than the runs the job's record counts (set at admission)
     deadline: float | None = None  # unix seconds: the request's deadline, else its record's expiry
     unread: bool = False  # admission did not read its record (a DAG step's first delivery: it has none yet)
-    strikes: int = 0  # runs counted against it so far (``consumers.crashes``), this one not included
-    bound: int | None = None  # the most jobs this run may start with (``consumers.crashes``; None: any)
+    strikes: int = 0  # runs counted against it so far (``fleet.consumers.crashes``), this one not included
+    bound: int | None = None  # the most jobs this run may start with (``fleet.consumers.crashes``; None: any)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

@@ -5,7 +5,7 @@ Every message a worker takes leaves through here, whatever became of it: a resul
 (``expire``) and one whose job had already ended elsewhere (``stored``). The order is always the same:
 
 1. the outcome is written to the store (first terminal write wins; a store outage is waited out, see
-   ``consumers.outage``: it is not the job's failure);
+   ``fleet.consumers.outage``: it is not the job's failure);
 2. the ``on_settled`` hooks run with the stored terminal record (DAG continuation, cache fill, tests); a hook that
    raises hands the message back, and because the record is terminal its redelivery only runs the hooks again;
 3. ``acks.for_stored`` says ack or dead letter (a ``failed`` job (re)sends its letter, de-duplicated by id);
@@ -19,7 +19,7 @@ job as ``failed`` (a record made here, not stored: a DAG run does not wait for a
 message is dead-lettered with the error ``job_id_conflict``, so that the subject moves on.
 
 Only a retriable model error skips the terminal write: ``acks.decide`` says retry (while the job's strikes allow,
-``consumers.crashes``), its run is marked as one that counts against it (``batch_size`` 1, one ``start_many`` for
+``fleet.consumers.crashes``), its run is marked as one that counts against it (``batch_size`` 1, one ``start_many`` for
 the batch's retries, on that error path only; a store outage there only leaves it uncounted) and the message is
 handed back with a delay. Because the ack comes last, a crash anywhere before it means a redelivery, which finds
 the record terminal.
@@ -33,19 +33,19 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from consumers import metrics
-from consumers.acks import Action, decide, for_stored
-from consumers.crashes import start_of
-from consumers.outage import StoreOutage
-from consumers.requests import Job
-from consumers.stats import WorkerStats
 from fleet.brokers.base import Broker, Delivery, ack_all
+from fleet.consumers import metrics
+from fleet.consumers.acks import Action, decide, for_stored
+from fleet.consumers.crashes import start_of
+from fleet.consumers.outage import StoreOutage
+from fleet.consumers.requests import Job
+from fleet.consumers.stats import WorkerStats
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
+from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.store import transitions
 from fleet.store.base import Finish, ResultStore
 from fleet.store.quotas import Quotas, release_quietly, tenant_of_record
-from schemas.jobs import JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
 

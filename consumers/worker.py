@@ -1,5 +1,5 @@
 """The worker: its lifecycle, drain and loops. It pulls micro-batches, runs the model off the event loop, and
-leaves admission (``consumers.admission``) and settling (``consumers.settle``) to their own modules.
+leaves admission (``fleet.consumers.admission``) and settling (``fleet.consumers.settle``) to their own modules.
 
 Pipeline (one worker, one model, one device)::
 
@@ -16,7 +16,7 @@ Heartbeats and ack-deadline extensions run in their own tasks, so a long batch n
 redelivered.
 
 An admitted batch computes as one run, unless it holds jobs redelivered from a worker that disappeared while they
-computed in a batch of many: ``consumers.crashes`` then splits it into smaller runs (bisection), each started and
+computed in a batch of many: ``fleet.consumers.crashes`` then splits it into smaller runs (bisection), each started and
 computed in turn. A worker told to stop marks the run it is computing as a draining worker's (best effort, one
 store call), so that if it is killed before the run ends, the run does not count against its jobs.
 """
@@ -37,31 +37,31 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from consumers import metrics
-from consumers.admission import Admission
-from consumers.batch_control import BatchLimits, ControlState, ControlWindow, control, initial_state
-from consumers.batcher import BatchBounds, BatchCollector
-from consumers.crashes import DRAINING, split, start_of
-from consumers.drain import DrainListener
-from consumers.handlers.base import ModelHandler
-from consumers.idle import IdleAnnouncer
-from consumers.outage import StoreOutage
-from consumers.requests import Job, parse_delivery
-from consumers.settle import Held, OnSettled, Settler
-from consumers.stats import WorkerStats
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.brokers.prioritized import subscribe_inbox, subscribe_priorities
+from fleet.consumers import metrics
+from fleet.consumers.admission import Admission
+from fleet.consumers.batch_control import BatchLimits, ControlState, ControlWindow, control, initial_state
+from fleet.consumers.batcher import BatchBounds, BatchCollector
+from fleet.consumers.crashes import DRAINING, split, start_of
+from fleet.consumers.drain import DrainListener
+from fleet.consumers.handlers.base import ModelHandler
+from fleet.consumers.idle import IdleAnnouncer
+from fleet.consumers.outage import StoreOutage
+from fleet.consumers.requests import Job, parse_delivery
+from fleet.consumers.settle import Held, OnSettled, Settler
+from fleet.consumers.stats import WorkerStats
 from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, FleetError
 from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
+from fleet.schemas.jobs import JobError
+from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.quotas import make_quotas
 from fleet.tasks import cancel_and_wait
-from schemas.jobs import JobError
-from schemas.wire import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +142,13 @@ class Worker:
         settings: batch limits, ack wait, max deliveries, heartbeat interval, drain timeout.
         max_batch, max_wait_ms: override the settings and the model's preferences. With a p99 target (the
             model's ``p99_target_ms`` or ``settings.p99_target_ms``) they are ceilings, and ``worker.max_batch``
-            and ``worker.max_wait_ms`` are the controller's current values (``consumers.batch_control``).
+            and ``worker.max_wait_ms`` are the controller's current values (``fleet.consumers.batch_control``).
         routing: override ``settings.routing`` for this model: ``pull`` competes on the request subject,
             ``dispatch`` reads this worker's inbox and announces free slots to the dispatchers.
         on_settled: hooks awaited with ``(job, terminal record, won)`` after a job's record is terminal and before
-            its message is acked (see ``consumers.settle``); more can be appended to ``worker.settler.on_settled``.
-        on_drain: called when an operator asks this worker to drain (``consumers.drain``); ``fleet worker`` passes
+            its message is acked (see ``fleet.consumers.settle``); more can be appended to
+            ``worker.settler.on_settled``.
+        on_drain: called when an operator asks this worker to drain (``fleet.consumers.drain``); ``fleet worker`` passes
             what SIGTERM does. Without it the worker runs its own ``stop``.
 
     ``state`` is ``starting`` until the model is loaded and warmed up, then ``ready`` (``degraded`` while the store
@@ -332,7 +333,7 @@ class Worker:
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
 
     async def _mark_draining(self) -> None:
-        """Mark the run computing as a draining worker's (``consumers.crashes``): killed before it ends (a grace
+        """Mark the run computing as a draining worker's (``fleet.consumers.crashes``): killed before it ends (a grace
         period that runs out), it does not count against its jobs. Best effort: a run left unmarked only counts
         as any run does."""
         items = [start_of(job, self.model, self.worker_id, DRAINING) for job in self._computing if job.job_id]

@@ -7,7 +7,7 @@
   ``when`` is false, and when any of its dependencies was skipped, unless its ``when`` reads the ``state`` of every
   such dependency (``when: "${steps.a.state == 'succeeded' || steps.b.state == 'succeeded'}"`` merges two
   branches): then its ``when`` alone decides. A ``for_each`` that is not a list, inputs over
-  ``dags.limits.MAX_LAUNCH_BYTES`` together, or an input or ``when`` that raises, fails the step before any job;
+  ``fleet.dags.limits.MAX_LAUNCH_BYTES`` together, or an input or ``when`` that raises, fails the step before any job;
   an empty list succeeds it at once with ``outputs: []``.
 - ``apply_result``: one job's terminal record. A duplicate (the job already recorded, or its step settled) changes
   nothing. A step settles when all its jobs have: ``succeeded`` if they all succeeded, else ``failed`` (a job that
@@ -29,12 +29,12 @@ from typing import Any
 
 import orjson
 
-from dags.expressions import ExpressionError, render, truthy
-from dags.limits import MAX_LAUNCH_BYTES
-from dags.state import MAX_FAN_OUT, RunState, StepRun, check_run_id, job_id
-from dags.validate import CompiledDag, CompiledStep
+from fleet.dags.expressions import ExpressionError, render, truthy
+from fleet.dags.limits import MAX_LAUNCH_BYTES
+from fleet.dags.state import MAX_FAN_OUT, RunState, StepRun, check_run_id, job_id
+from fleet.dags.validate import CompiledDag, CompiledStep
 from fleet.errors import InvalidInput
-from schemas.jobs import JobState
+from fleet.schemas.jobs import JobState
 
 FAILED_ITEM_STATES = frozenset({JobState.failed.value, JobState.expired.value})
 

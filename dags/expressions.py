@@ -9,7 +9,7 @@ The parsed syntax tree says which context paths an expression reads (``paths``),
 and its validation come: JMESPath has no reference to the root inside a projection, a filter or a ``&expref``, so
 only the spine of the expression, and function arguments, read the context.
 
-Expressions are bounded (``dags.limits``): their length and nesting are checked before jmespath's recursive parser
+Expressions are bounded (``fleet.dags.limits``): their length and nesting are checked before jmespath's recursive parser
 sees them, their syntax tree's depth after, and a search runs with a budget of values (``limits.value_budget``);
 each refusal is an ``ExpressionError`` naming the limit.
 """
@@ -26,8 +26,8 @@ from jmespath import exceptions as jmespath_errors
 from jmespath.functions import Functions
 from jmespath.parser import ParsedResult
 
-from dags import limits
-from dags.spec import format_path
+from fleet.dags import limits
+from fleet.dags.spec import format_path
 
 PREFIX, SUFFIX = "${", "}"
 CONTEXT_NAMES = ("input", "steps", "item", "index")
@@ -84,7 +84,7 @@ def is_expression(value: Any) -> bool:
 
 def compile_expression(source: str) -> Expression:
     """Parse ``${...}``; raises ``ExpressionError`` with JMESPath's message when it does not parse, or naming the
-    limit (``dags.limits``) it is over."""
+    limit (``fleet.dags.limits``) it is over."""
     if not is_expression(source):
         raise ExpressionError(f"{_head(source)!r} is not an expression: write it as '${{...}}'")
     try:

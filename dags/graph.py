@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dags.expressions import expressions_in
-from dags.validate import CompiledDag, CompiledStep
+from fleet.dags.expressions import expressions_in
+from fleet.dags.validate import CompiledDag, CompiledStep
 
 
 def nodes(dag: CompiledDag) -> list[dict[str, Any]]:

@@ -61,7 +61,7 @@ _QUOTES = "'\"`"
 
 class LimitExceeded(ValueError):
     """A spec, an expression or an evaluation over one of this module's limits (``limit`` names it). Internal:
-    ``dags.spec`` turns it into ``DagInvalid``, ``dags.expressions`` into ``ExpressionError``."""
+    ``fleet.dags.spec`` turns it into ``DagInvalid``, ``fleet.dags.expressions`` into ``ExpressionError``."""
 
     def __init__(self, message: str, limit: str) -> None:
         super().__init__(message)

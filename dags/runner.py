@@ -1,8 +1,8 @@
 """Runs chained through topics: start a run, continue it from each settled job, cancel it, show it.
 
-No orchestrator process: ``DagRunner.on_settled`` is a worker's settle hook (``consumers.settle``). When a DAG
+No orchestrator process: ``DagRunner.on_settled`` is a worker's settle hook (``fleet.consumers.settle``). When a DAG
 job's terminal record is stored, the settling worker applies the result to the run's document with one atomic
-compare-and-set (``fleet.store.dagstore``), lets the pure evaluator say what starts now (``dags.evaluate``), and
+compare-and-set (``fleet.store.dagstore``), lets the pure evaluator say what starts now (``fleet.dags.evaluate``), and
 publishes those jobs before its own message is acked. A worker that dies in between leaves its message unacked;
 the redelivery finds the job terminal, changes nothing in the run, and publishes every job of the run that is still
 outstanding again (``evaluate.outstanding``): their ids are deterministic (``<run>.<step>.<index>``), so the broker
@@ -15,15 +15,15 @@ one skips it, and pending steps are never started. A run that is over at its sta
 event stream answers at once.
 
 Tenants: a DAG spec and a run belong to a tenant. Each tenant has its own namespace of DAG names and run ids
-(``dags.state.scoped``: ``<tenant>:<name>`` in the store; the default tenant's are the bare names), so another
+(``fleet.dags.state.scoped``: ``<tenant>:<name>`` in the store; the default tenant's are the bare names), so another
 tenant's DAG or run id is, to a tenant, one that does not exist. A run's job ids carry its key
-(``<run>.<step>.<index>.<key>``, ``dags.state.job_id``), which no client can guess or claim; a result whose job id
+(``<run>.<step>.<index>.<key>``, ``fleet.dags.state.job_id``), which no client can guess or claim; a result whose job id
 is not the one its run gives that step and index is ignored. A run started before keys (no ``key`` in its
 document) keeps its bare id, its spec's bare name and its old job ids until it ends; ``store_id`` and ``spec_ref``
 tell the two apart by the document, and the settle hook by the job id.
 
 Parsing and validating a spec, and evaluating a run (its start, a settle's change, what is outstanding), run in a
-thread, each pass within one budget of values (``dags.limits``), so neither a gateway's nor a worker's event loop
+thread, each pass within one budget of values (``fleet.dags.limits``), so neither a gateway's nor a worker's event loop
 waits on an expression. A settle evaluates its change in a thread against the document as it reads it first;
 ``update_run`` then applies that result, or evaluates again (on the loop, within the budget) when the document
 changed in between.
@@ -39,19 +39,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from dags import evaluate, limits
-from dags.spec import load_spec
-from dags.state import SETTLED, RunState, check_run_id, has_key, job_id, new_key, scoped
-from dags.validate import CompiledDag, validate
 from fleet import constants as c
 from fleet import tenancy
 from fleet.brokers.base import Broker
+from fleet.dags import evaluate, limits
+from fleet.dags.spec import load_spec
+from fleet.dags.state import SETTLED, RunState, check_run_id, has_key, job_id, new_key, scoped
+from fleet.dags.validate import CompiledDag, validate
 from fleet.errors import InvalidInput, RunIdTaken, StoreError, UnknownDag, UnknownRun
+from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.models import ModelSpec
+from fleet.schemas.wire import DagContext, RequestMessage
 from fleet.store.base import Finish, ResultStore
 from fleet.store.dagstore import DagStore, RunDoc
-from schemas.jobs import JobError, JobRecord, JobState
-from schemas.models import ModelSpec
-from schemas.wire import DagContext, RequestMessage
 
 __all__ = ["DagRunner", "UnknownDag", "UnknownRun"]  # the errors live in fleet.errors; imported here too
 
@@ -397,7 +397,7 @@ class _Lenient(Mapping[str, ModelSpec]):
     (the spec was checked against it when it was registered)."""
 
     def __init__(self, known: Mapping[str, ModelSpec], spec: Any) -> None:
-        from schemas.models import BUILTIN_SPECS
+        from fleet.schemas.models import BUILTIN_SPECS
 
         self._known = {**BUILTIN_SPECS, **known}
         self._names = {step.model for step in spec.steps}
@@ -406,7 +406,7 @@ class _Lenient(Mapping[str, ModelSpec]):
         if name in self._known:
             return self._known[name]
         if name in self._names:
-            from schemas.models import BUILTIN_SPECS
+            from fleet.schemas.models import BUILTIN_SPECS
 
             return _any_input(BUILTIN_SPECS["echo"], name)
         raise KeyError(name)

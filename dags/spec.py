@@ -1,9 +1,10 @@
 """Loading the DAG DSL: ``load_spec`` from YAML text, JSON text or a dict into a ``DagSpec`` (whose shape, with
-``StepSpec``'s, lives in ``schemas.dags``).
+``StepSpec``'s, lives in ``fleet.schemas.dags``).
 
 Loading checks the shape only (types, names, sizes); what the steps mean together (references, cycles, models,
-inputs) is ``dags.validate``. Every refusal is one ``DagInvalid`` listing all the problems found. Text is read within
-``dags.limits``: nested at most ``MAX_SPEC_DEPTH`` (checked before the parser recurses), holding at most
+inputs) is ``fleet.dags.validate``. Every refusal is one ``DagInvalid`` listing all the problems found. Text is read
+within
+``fleet.dags.limits``: nested at most ``MAX_SPEC_DEPTH`` (checked before the parser recurses), holding at most
 ``MAX_SPEC_NODES`` values, none of them NaN, an infinity, an integer past 4,300 digits or a lone surrogate.
 """
 
@@ -17,10 +18,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from dags import limits
-from dags.limits import MAX_SPEC_NODES, LimitExceeded
+from fleet.dags import limits
+from fleet.dags.limits import MAX_SPEC_NODES, LimitExceeded
 from fleet.errors import DagInvalid
-from schemas.dags import MAX_STEPS, NAME_PATTERN, DagSpec, OnError, StepSpec
+from fleet.schemas.dags import MAX_STEPS, NAME_PATTERN, DagSpec, OnError, StepSpec
 
 __all__ = ["MAX_STEPS", "NAME_PATTERN", "DagSpec", "OnError", "StepSpec", "load_spec", "parse_text"]
 

@@ -19,14 +19,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dags.runner import DagRunner
 from fleet import constants as c
 from fleet.brokers.base import Delivery, Subscription
+from fleet.dags.runner import DagRunner
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, FleetError, StoreError
+from fleet.schemas.jobs import JobError
+from fleet.schemas.wire import DagStartMessage
 from fleet.tasks import cancel_and_wait
-from schemas.jobs import JobError
-from schemas.wire import DagStartMessage
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Shape (what ``to_dict`` gives)::
 Job ids: ``job_id`` gives ``<run>.<step>.<index>.<key>``, where ``key`` is the run's secret (``new_key``: 64
 random bits made when the run is created and kept in its document, so a republish gives the same ids), so no
 client can guess a step's id; the gateway also refuses every id of that shape at submit
-(``schemas.dags.STEP_JOB_ID_PATTERN``). A run written before keys (its document has none) keeps the ids
+(``fleet.schemas.dags.STEP_JOB_ID_PATTERN``). A run written before keys (its document has none) keeps the ids
 ``<run>.<step>.<index>`` it started with. ``RunState.key`` travels beside ``to_dict()`` (the document's ``key``),
 not in it.
 
@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from fleet import tenancy
 from fleet.errors import InvalidInput
-from schemas.dags import RUN_ID_PATTERN, STEP_JOB_ID_PATTERN
+from fleet.schemas.dags import RUN_ID_PATTERN, STEP_JOB_ID_PATTERN
 
 StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
 SETTLED: frozenset[str] = frozenset({"succeeded", "failed", "skipped", "cancelled"})

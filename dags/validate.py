@@ -7,7 +7,7 @@ name, ``steps`` as a whole, an unknown step, a step's own output, an unknown fie
 outside the input of a ``for_each`` step; ``outputs`` of a step without ``for_each`` and ``output`` of one with it
 (a fan-out step has ``outputs``, one per item; any other step has ``output``); an ``after`` naming an unknown step or
 the step itself; a cycle (named: ``a -> b -> a``); an input schema that is not a JSON Schema (its patterns are
-checked within a time limit: ``dags.input_schema``); and a static input that does not match the model's input
+checked within a time limit: ``fleet.dags.input_schema``); and a static input that does not match the model's input
 schema. Values that are expressions are unknown until the run, so the static check drops every top-level field
 holding one and ignores what their absence alone explains (missing fields, and the model's whole-input checks).
 """
@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 from pydantic import ValidationError
 
-from dags.expressions import (
+from fleet.dags.expressions import (
     CONTEXT_NAMES,
     STEP_FIELDS,
     Expression,
@@ -32,10 +32,10 @@ from dags.expressions import (
     expressions_in,
     is_expression,
 )
-from dags.input_schema import bounded_validator
-from dags.spec import DagSpec, StepSpec, format_path
+from fleet.dags.input_schema import bounded_validator
+from fleet.dags.spec import DagSpec, StepSpec, format_path
 from fleet.errors import DagInvalid
-from schemas.models import ModelSpec
+from fleet.schemas.models import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

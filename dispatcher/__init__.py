@@ -1,7 +1,7 @@
 """Direct assignment: ``fleet dispatcher`` holds each request of a model in ``dispatch`` routing until its result is
 stored and assigns it to a worker's inbox (``fleet.inbox.<worker>``) by a load-balancing policy: JIQ idle queues
 fed by workers' idle announcements, the amnesia list of recently active workers, and power-of-d, peak-EWMA and
-JIQ with a shortest-expected-delay check for comparison (``dispatcher.policies``). ``dispatcher.state`` and
-``dispatcher.roster`` hold the per-dispatcher worker state; ``dispatcher.sim_engine`` is the discrete-event
+JIQ with a shortest-expected-delay check for comparison (``fleet.dispatcher.policies``). ``fleet.dispatcher.state`` and
+``fleet.dispatcher.roster`` hold the per-dispatcher worker state; ``fleet.dispatcher.sim_engine`` is the discrete-event
 simulator (``fleet sim``) that runs the same policies, checked against queueing formulas in
-``dispatcher.analytic``."""
+``fleet.dispatcher.analytic``."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from dispatcher.policies import PULL
+from fleet.dispatcher.policies import PULL
 
 MAX_TERMS = 64
 MAX_CHAIN_STATES = 200_000

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dispatcher.service import Dispatcher
+from fleet.dispatcher.service import Dispatcher
 
 
 def create_status_app(dispatchers: list[Dispatcher]) -> FastAPI:

@@ -33,8 +33,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from dispatcher.state import DispatcherState, WorkerView
 from fleet import constants as c
+from fleet.dispatcher.state import DispatcherState, WorkerView
 from fleet.routing import Announce, announce_to
 
 W = TypeVar("W", bound=Hashable)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.wire import Heartbeat
+from fleet.schemas.wire import Heartbeat
 
 
 @dataclass(slots=True)

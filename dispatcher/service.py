@@ -1,7 +1,7 @@
 """The live dispatcher: direct assignment of a model's requests to worker inboxes.
 
 One dispatcher of ``m`` consumes the model's request subject as a competing consumer (the same group pull-mode
-workers use), picks a worker with its policy (``dispatcher.policies``) and publishes the request to that worker's
+workers use), picks a worker with its policy (``fleet.dispatcher.policies``) and publishes the request to that worker's
 inbox. It holds the source message until the job's terminal result is in the store and only then acks it, so:
 
 * a worker that dies (stops heartbeating, or says ``stopped`` with work unfinished) has its assignments given to
@@ -27,23 +27,23 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher import metrics
-from dispatcher.policies import Choice, Policy, make_policy
-from dispatcher.roster import Roster
-from dispatcher.state import DispatcherState
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, EventStream, Subscription
 from fleet.brokers.events import validated
 from fleet.brokers.prioritized import subscribe_priorities
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
+from fleet.dispatcher import metrics
+from fleet.dispatcher.policies import Choice, Policy, make_policy
+from fleet.dispatcher.roster import Roster
+from fleet.dispatcher.state import DispatcherState
 from fleet.errors import BrokerError, StoreError
 from fleet.keepalive import keep_alive
 from fleet.priorities import priority_of_subject, rank
+from fleet.schemas.jobs import JobError
+from fleet.schemas.wire import JOB_ID_PATTERN, DispatcherBeat, Heartbeat, IdleAnnouncement
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait, wait_event
-from schemas.jobs import JobError
-from schemas.wire import JOB_ID_PATTERN, DispatcherBeat, Heartbeat, IdleAnnouncement
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dispatcher.policies import PULL, Policy, announce_to, make_policy
-from dispatcher.state import DispatcherState
+from fleet.dispatcher.policies import PULL, Policy, announce_to, make_policy
+from fleet.dispatcher.state import DispatcherState
 
 ServiceDist = Literal["exponential", "deterministic", "lognormal"]
 SERVICE_DISTS: tuple[ServiceDist, ...] = ("exponential", "deterministic", "lognormal")
@@ -52,7 +52,7 @@ class SimConfig:
     """One simulated point. Times are in mean service times.
 
     Args:
-        policy: a name from ``dispatcher.policies.POLICY_NAMES`` (``pull`` is the central-queue baseline).
+        policy: a name from ``fleet.dispatcher.policies.POLICY_NAMES`` (``pull`` is the central-queue baseline).
         load: arrival rate over total capacity, in (0, 1).
         servers: n, the number of workers.
         dispatchers: m, the number of dispatchers (ignored by ``pull``).

@@ -15,8 +15,8 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from dispatcher.analytic import analytic_mean, jiq_random_retract_mean
-from dispatcher.sim_engine import Progress, SimConfig, SimResult, simulate
+from fleet.dispatcher.analytic import analytic_mean, jiq_random_retract_mean
+from fleet.dispatcher.sim_engine import Progress, SimConfig, SimResult, simulate
 
 Row = dict[str, Any]
 

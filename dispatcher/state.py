@@ -2,7 +2,7 @@
 
 The state is pure data with O(1) updates, driven by whoever owns the clock: the live dispatcher (wall time in
 seconds, events from the broker and the store) or the simulator (simulated time in mean service times). Policies
-(``dispatcher.policies``) read it to choose a worker; neither side does I/O here.
+(``fleet.dispatcher.policies``) read it to choose a worker; neither side does I/O here.
 
 Vocabulary:
 

@@ -134,7 +134,7 @@ def pending_message_key(job_id: str) -> str:
 
 def dag_key(run_id: str) -> str:
     """A DAG run's document: its state (every step, item and output), version, key, times (``fleet.dagstore``);
-    ``run_id`` is ``<tenant>:<run>`` for a tenant other than the default (``dags.runner.store_id``)."""
+    ``run_id`` is ``<tenant>:<run>`` for a tenant other than the default (``fleet.dags.runner.store_id``)."""
     return f"{KEY_PREFIX}:dag:{run_id}"
 
 
@@ -143,7 +143,7 @@ DAG_SPECS_KEY = f"{KEY_PREFIX}:dagspecs"  # set of registered DAG names (``<tena
 
 def dag_spec_key(name: str) -> str:
     """Hash of a DAG's registered versions: field ``<n>`` the spec as JSON, ``latest`` the newest n. A tenant's DAG
-    is ``<tenant>:<name>`` (``dags.state.scoped``; the default tenant's is the bare name)."""
+    is ``<tenant>:<name>`` (``fleet.dags.state.scoped``; the default tenant's is the bare name)."""
     return f"{KEY_PREFIX}:dagspec:{name}"
 
 
@@ -159,7 +159,7 @@ DAG_START_SUBJECT = "fleet.req._dagrun"  # publish {"dag", "input", "run_id"?} h
 
 
 def scale_key(model: str) -> str:
-    """The autoscaler's latest status of one model (JSON of ``schemas.scaling.ScalingStatus``)."""
+    """The autoscaler's latest status of one model (JSON of ``fleet.schemas.scaling.ScalingStatus``)."""
     return f"{KEY_PREFIX}:scale:{model}"
 
 
@@ -245,7 +245,7 @@ SCALE_LOCK_KEY = f"{KEY_PREFIX}:scale:_lock"  # held by the one autoscaler that 
 SCALE_MODELS_KEY = f"{KEY_PREFIX}:scale:_models"  # set of models with scaling state
 
 
-# Load-balancing policies of the dispatcher (``dispatcher.policies``); named here so settings can check them.
+# Load-balancing policies of the dispatcher (``fleet.dispatcher.policies``); named here so settings can check them.
 DISPATCH_POLICIES = (
     "random",
     "round-robin",

@@ -11,8 +11,8 @@ from typing import Any
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
-from schemas.jobs import JobError
-from schemas.wire import DeadLetter
+from fleet.schemas.jobs import JobError
+from fleet.schemas.wire import DeadLetter
 
 log = logging.getLogger(__name__)
 

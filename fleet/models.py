@@ -11,7 +11,7 @@ from typing import Any
 
 from fleet import constants as c
 from fleet.errors import ConfigError, UnknownModel
-from schemas.models import BUILTIN_SPECS, ModelSpec
+from fleet.schemas.models import BUILTIN_SPECS, ModelSpec
 
 
 def import_object(path: str) -> Any:
@@ -39,7 +39,7 @@ def resolve_spec(ref: str) -> ModelSpec:
     obj = import_object(ref)
     spec = obj if isinstance(obj, ModelSpec) else getattr(obj, "spec", None)
     if not isinstance(spec, ModelSpec):
-        raise ConfigError(f"{ref!r} has no 'spec' attribute of type schemas.models.ModelSpec")
+        raise ConfigError(f"{ref!r} has no 'spec' attribute of type fleet.schemas.models.ModelSpec")
     check_model_name(spec.name)
     return spec
 

@@ -1,8 +1,8 @@
-"""The worker's half of JIQ, shared by the live worker (``consumers.idle``) and the simulator (``dispatcher``).
+"""The worker's half of JIQ, shared by the live worker (``fleet.consumers.idle``) and the simulator (``dispatcher``).
 
 A newly idle worker announces itself to one dispatcher: a random one (JIQ-Random), or the one with the shortest
 idle queue among ``d`` sampled (JIQ-SQ(d)). Dispatchers advertise which rule their policy wants in their
-heartbeats (``schemas.wire.DispatcherBeat.announce``).
+heartbeats (``fleet.schemas.wire.DispatcherBeat.announce``).
 """
 
 from __future__ import annotations

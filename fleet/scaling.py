@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from fleet import constants as c
 from fleet.errors import ConfigError, StoreError
 from fleet.links import link_error, redact, redis_options
-from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
+from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 
 if TYPE_CHECKING:
     from fleet.settings import FleetSettings

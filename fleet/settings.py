@@ -107,7 +107,7 @@ class FleetSettings(BaseSettings):
         ge=1,
         le=1000,
         description="runs that count against a job (it failed retriably, or its worker died while it ran alone) "
-        "before it is dead-lettered; 10x as many runs whatever ended them (consumers.crashes)",
+        "before it is dead-lettered; 10x as many runs whatever ended them (fleet.consumers.crashes)",
     )
     heartbeat_interval_s: float = Field(c.DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
     drain_timeout_s: float = Field(c.DEFAULT_DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: finish in-flight work")

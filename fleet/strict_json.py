@@ -1,5 +1,5 @@
 """The one parser of JSON that comes from outside: the gateway's request bodies and ``/v1/ws`` frames
-(``producers.gateway.client_json`` turns a refusal into its 4xx), the lines of ``fleet publish`` and the CLI's
+(``fleet.producers.gateway.client_json`` turns a refusal into its 4xx), the lines of ``fleet publish`` and the CLI's
 ``--input``. A value survives exactly or is refused (``JsonRefused``, saying what and naming the limit); it is
 never changed on the way.
 

@@ -1,12 +1,12 @@
 """``fleet publish``: send requests from a JSON Lines file straight to a model's subject.
 
 Each line is one model input (``{"text": "hello"}`` for embed), or with ``requests=True`` one complete wire
-message (``schemas.wire.RequestMessage``). Inputs are validated against the model's schema before anything is
+message (``fleet.schemas.wire.RequestMessage``). Inputs are validated against the model's schema before anything is
 sent; job ids are printed in input order.
 
 ``tenant`` names the tenant the jobs belong to (``RequestMessage.tenant``; None: the default tenant): input lines
 get it, request lines that name no tenant get it, and a request line naming another tenant is an invalid line.
-A request line may not name a job id of the shape reserved for DAG steps (``schemas.dags.STEP_JOB_ID_PATTERN``)
+A request line may not name a job id of the shape reserved for DAG steps (``fleet.schemas.dags.STEP_JOB_ID_PATTERN``)
 nor carry a ``dag`` context: those are the DAG runner's.
 The broker does not check the field: what keeps a producer to its own tenant is the broker's permissions on the
 subjects (README, "Broker permissions").
@@ -29,9 +29,9 @@ from fleet import strict_json, tenancy
 from fleet.brokers.base import Broker, Outgoing
 from fleet.encoding import ENCODING_FORMATS, no_vectors_message
 from fleet.errors import InvalidInput
-from schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
-from schemas.models import ModelSpec
-from schemas.wire import TENANT_PATTERN, RequestMessage, to_priority
+from fleet.schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
+from fleet.schemas.models import ModelSpec
+from fleet.schemas.wire import TENANT_PATTERN, RequestMessage, to_priority
 
 _STEP_JOB_ID_RE = re.compile(STEP_JOB_ID_PATTERN)
 

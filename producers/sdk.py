@@ -47,8 +47,8 @@ from fleet.errors import (
     UnknownModel,
     UnknownRun,
 )
-from producers.sdk_http import GatewayUnreachable, make_http
-from schemas.jobs import JobRecord, JobState
+from fleet.producers.sdk_http import GatewayUnreachable, make_http
+from fleet.schemas.jobs import JobRecord, JobState
 
 __all__ = [
     "FleetClient",

@@ -9,7 +9,7 @@ Example::
         for record in fleet.subscribe([id1, id2]):
             ...
 
-Each method is ``FleetClient``'s of the same name (same arguments, same exceptions: see ``producers.sdk``), run on
+Each method is ``FleetClient``'s of the same name (same arguments, same exceptions: see ``fleet.producers.sdk``), run on
 an event loop of the client's own in a background thread (an ``anyio`` blocking portal), so it also works where an
 event loop is already running, and one client may be shared by threads.
 """
@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from anyio.from_thread import start_blocking_portal
 
-from producers.sdk import FleetClient
-from schemas.jobs import JobRecord
+from fleet.producers.sdk import FleetClient
+from fleet.schemas.jobs import JobRecord
 
 __all__ = ["FleetSyncClient"]
 

@@ -4,9 +4,9 @@ These models are the contract between producers in any language and the fleet; `
 writes them as JSON Schema.
 """
 
-from schemas.api import ErrorBody, ErrorResponse, SubmitRequest, SubmitResponse
-from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
-from schemas.wire import WIRE_VERSION, DeadLetter, Heartbeat, RequestMessage
+from fleet.schemas.api import ErrorBody, ErrorResponse, SubmitRequest, SubmitResponse
+from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
+from fleet.schemas.wire import WIRE_VERSION, DeadLetter, Heartbeat, RequestMessage
 
 __all__ = [
     "TERMINAL_STATES",

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
-from schemas.jobs import CacheLevel, JobState
-from schemas.wire import CLIENT_JOB_ID_PATTERN, ENCODING_HELP, EncodingFormat, Priority
+from fleet.schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
+from fleet.schemas.jobs import CacheLevel, JobState
+from fleet.schemas.wire import CLIENT_JOB_ID_PATTERN, ENCODING_HELP, EncodingFormat, Priority
 
 _STEP_JOB_ID_RE = re.compile(STEP_JOB_ID_PATTERN)
 

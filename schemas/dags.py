@@ -1,5 +1,6 @@
 """The DAG DSL's shape (``DagSpec``, ``StepSpec``) and the REST bodies of the DAG routes (``/v1/dags``, ``/v1/runs``,
-``producers.gateway.routes_dags``); ``dags.spec`` loads specs, ``fleet schemas export`` writes their JSON Schemas."""
+``fleet.producers.gateway.routes_dags``); ``fleet.dags.spec`` loads specs, ``fleet schemas export`` writes their JSON
+Schemas."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MAX_STEPS = 256
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,57}$"
 """Run ids: no '.', so that ``<run>.<step>.<index>.<key>`` splits back; 58 + 1 + 63 (step id) + 1 + 4 (index below
-``dags.state.MAX_FAN_OUT``) + 1 + 16 (the run's key) stays within the 160 characters of
-``schemas.wire.JOB_ID_PATTERN``."""
+``fleet.dags.state.MAX_FAN_OUT``) + 1 + 16 (the run's key) stays within the 160 characters of
+``fleet.schemas.wire.JOB_ID_PATTERN``."""
 STEP_JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,57}\.[^.]+\.[0-9]+(\..*)?$"
 """The job ids reserved for the steps of DAG runs: ``<run>.<step>.<index>`` (runs started before step ids had a
-key) and ``<run>.<step>.<index>.<key>``. No client may submit a job under one (``schemas.api.SubmitRequest``)."""
+key) and ``<run>.<step>.<index>.<key>``. No client may submit a job under one (``fleet.schemas.api.SubmitRequest``)."""
 STEP_JOB_ID_RULE = (
     "job ids shaped '<run>.<step>.<index>' (optionally followed by '.<anything>') are reserved for the steps of "
     "DAG runs; choose another id (or let Fleet choose)"

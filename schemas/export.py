@@ -8,11 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
-from schemas.dags import DagRegistered, DagSpec, RunStarted, RunView, StartRunRequest
-from schemas.jobs import JobRecord
-from schemas.models import ModelSpec
-from schemas.operator import (
+from fleet.schemas.api import ErrorResponse, SubmitRequest, SubmitResponse
+from fleet.schemas.dags import DagRegistered, DagSpec, RunStarted, RunView, StartRunRequest
+from fleet.schemas.jobs import JobRecord
+from fleet.schemas.models import ModelSpec
+from fleet.schemas.operator import (
     DeadLetterList,
     DrainAccepted,
     LetterSelection,
@@ -22,7 +22,7 @@ from schemas.operator import (
     RedriveResult,
     ScaleRequest,
 )
-from schemas.wire import DagStartMessage, DeadLetter, DispatcherBeat, DrainRequest, Heartbeat, RequestMessage
+from fleet.schemas.wire import DagStartMessage, DeadLetter, DispatcherBeat, DrainRequest, Heartbeat, RequestMessage
 
 WIRE_MODELS: dict[str, type[BaseModel]] = {
     "request-message": RequestMessage,

@@ -1,6 +1,6 @@
 """Input and output schemas of the built-in models, and ``ModelSpec``, the declaration every model makes.
 
-A model handler (see ``consumers.handlers.base``) carries a ``spec``; the gateway validates inputs against
+A model handler (see ``fleet.consumers.handlers.base``) carries a ``spec``; the gateway validates inputs against
 ``spec.input_model`` without loading the model itself.
 """
 
@@ -24,7 +24,7 @@ class ModelSpec:
     """What a model declares: its name, its I/O schemas and its preferred batch limits.
 
     ``max_batch`` and ``max_wait_ms`` are the batch limits. With ``p99_target_ms`` the worker sizes its batches
-    from that target within ``min_batch..max_batch`` and ``0..max_wait_ms`` (``consumers.batch_control``);
+    from that target within ``min_batch..max_batch`` and ``0..max_wait_ms`` (``fleet.consumers.batch_control``);
     without it they are used as they are. ``max_batch_cost`` bounds a batch's summed item costs (the handler's
     ``cost``, e.g. tokens) as well as its count.
     """

@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.jobs import JobError
-from schemas.scaling import DecisionRecord, Pin
+from fleet.schemas.jobs import JobError
+from fleet.schemas.scaling import DecisionRecord, Pin
 
 MAX_LETTER_IDS = 1000  # letters one redrive or purge call may name
 

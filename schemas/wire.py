@@ -12,16 +12,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from schemas.jobs import JobError
+from fleet.schemas.jobs import JobError
 
 WIRE_VERSION = 1
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,159}$"
 """Job ids on the wire and in the store: a client's (``CLIENT_JOB_ID_PATTERN``) or a DAG step's, whose
-``<run>.<step>.<index>.<key>`` (``dags.state.job_id``) may be longer than a client may choose."""
+``<run>.<step>.<index>.<key>`` (``fleet.dags.state.job_id``) may be longer than a client may choose."""
 CLIENT_JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 """The job ids a client may choose (``POST /v1/jobs``), except the shape reserved for DAG steps
-(``schemas.dags.STEP_JOB_ID_PATTERN``)."""
+(``fleet.schemas.dags.STEP_JOB_ID_PATTERN``)."""
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # the tenants of API keys (fleet.store.keys.check_tenant)
 TENANT_HELP = (
     "the tenant the job belongs to; absent: the default tenant. The broker does not check it: a producer allowed "
@@ -73,7 +73,7 @@ Priority = Annotated[
 
 
 class DagContext(BaseModel):
-    """Where a job stands in a DAG run: the settling worker continues the run from it (``dags.runner``)."""
+    """Where a job stands in a DAG run: the settling worker continues the run from it (``fleet.dags.runner``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -23,11 +23,11 @@ from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
 from fleet.brokers.base import Broker
+from fleet.producers.gateway import CacheParts, create_app
+from fleet.producers.gateway.embedder import TextModel, load_embed_handler
+from fleet.schemas.models import ECHO, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from producers.gateway import CacheParts, create_app
-from producers.gateway.embedder import TextModel, load_embed_handler
-from schemas.models import ECHO, ModelSpec
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, served
 
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from fleet.cli import main
-from producers.gateway import routes_jobs
+from fleet.producers.gateway import routes_jobs
 
 EXIT_CODE = 86
 

@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.handlers import with_name
-from consumers.worker import Worker
-from dags.runner import DagRunner
-from dags.state import job_id
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.dags.state import job_id
+from fleet.schemas.jobs import JobRecord
 from fleet.settings import FleetSettings
 from fleet.store.base import Finish, ResultStore
 from fleet.store.dagstore import DagStore, RunDoc, make_dag_store
-from schemas.jobs import JobRecord
 from tests.handlers_for_tests import Steps
 from tests.infra import count_completions, drain_subject, eventually
 

@@ -21,18 +21,18 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.requests import Job
-from consumers.worker import Worker
 from fleet.brokers.base import Broker, Delivery
 from fleet.cli.compose import QuietServer
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.requests import Job
+from fleet.consumers.worker import Worker
+from fleet.producers.gateway import GatewayLimits, create_app
+from fleet.schemas.jobs import JobRecord
+from fleet.schemas.models import BUILTIN_SPECS, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.tasks import wait_event
-from producers.gateway import GatewayLimits, create_app
-from schemas.jobs import JobRecord
-from schemas.models import BUILTIN_SPECS, ModelSpec
 from tests import services
 
 # Short waits so that tests cross a WebSocket wait step (ws_wait_chunk_s) and see timeouts quickly.
@@ -59,7 +59,7 @@ WORKER_SETTINGS = FleetSettings.model_validate({"ack_wait_s": 5, "heartbeat_inte
 
 @dataclass
 class ObservedWorker:
-    """The real ``consumers.worker.Worker`` serving the echo model under a per-test name. ``seen`` keeps each
+    """The real ``fleet.consumers.worker.Worker`` serving the echo model under a per-test name. ``seen`` keeps each
     delivery it settled (through the settle path's ``on_settled`` hook); ``handled(n)`` waits until n deliveries
     were settled and nothing is held any more."""
 

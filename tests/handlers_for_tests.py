@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from consumers.handlers.base import ModelHandler
+from fleet.consumers.handlers.base import ModelHandler
 from fleet.errors import ModelError
-from schemas.models import ModelSpec
+from fleet.schemas.models import ModelSpec
 
 
 class ItemIn(BaseModel):

@@ -14,11 +14,11 @@ import redis.asyncio as aioredis
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker, Delivery
+from fleet.schemas.jobs import JobRecord
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from schemas.jobs import JobRecord
-from schemas.wire import RequestMessage
 
 # Pairs that every end-to-end test runs over.
 PAIRS = ["memory", "nats+redis", "kafka+redis"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.acks import POISON_FACTOR, Action, decide, for_stored, poisoned, retry_delay_s
-from consumers.stats import WorkerStats, percentile
-from schemas.jobs import JobError, JobState
+from fleet.consumers.acks import POISON_FACTOR, Action, decide, for_stored, poisoned, retry_delay_s
+from fleet.consumers.stats import WorkerStats, percentile
+from fleet.schemas.jobs import JobError, JobState
 
 TRANSIENT = JobError(type="model_error", message="cuda oom", retriable=True)
 PERMANENT = JobError(type="invalid_request", message="not json", retriable=False)

@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from consumers.batcher import BatchBounds, BatchCollector, collect_batch
-from consumers.handlers import with_name
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery
+from fleet.consumers.batcher import BatchBounds, BatchCollector, collect_batch
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobState
+from fleet.schemas.models import ModelSpec
+from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from schemas.jobs import JobState
-from schemas.models import ModelSpec
-from schemas.wire import Heartbeat
 from tests.handlers_for_tests import ItemIn, ItemOut, Items
 from tests.infra import PAIRS, connected_pair, publish_requests, settings_for, wait_terminal
 from tests.test_worker import urls_for
@@ -206,8 +206,8 @@ def test_fixed_batches_without_a_target() -> None:
 
 
 def test_embed_weighs_a_request_in_estimated_tokens_without_its_tokenizer() -> None:
-    from consumers.handlers.embed import EmbedHandler
-    from schemas.models import EMBED, EmbedInput
+    from fleet.consumers.handlers.embed import EmbedHandler
+    from fleet.schemas.models import EMBED, EmbedInput
 
     handler = EmbedHandler()  # not loaded: the estimate needs no tokenizer
     assert handler.cost(EmbedInput(text="word " * 8)) == 2 + 10

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from fleet import constants as c
-from producers.publish import publish_all
-from schemas.jobs import JobRecord, JobState
-from schemas.wire import RequestMessage
+from fleet.producers.publish import publish_all
+from fleet.schemas.jobs import JobRecord, JobState
+from fleet.schemas.wire import RequestMessage
 from tests.infra import drain_subject, eventually, request_bytes, wait_terminal
 from tests.test_worker import infra, make_worker, settings  # noqa: F401  (fixtures: every broker/store pair)
 

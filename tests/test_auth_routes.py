@@ -25,10 +25,10 @@ from websockets.exceptions import ConnectionClosed
 
 from fleet.cli import app as cli_app
 from fleet.errors import ConfigError
+from fleet.producers.gateway import create_app
+from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.keys import make_key_store
-from producers.gateway import create_app
-from schemas.wire import Heartbeat
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs, served, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -303,7 +303,7 @@ def test_non_loopback_gateway_needs_an_explicit_auth_setting() -> None:
 
 
 async def test_the_sdk_sends_its_key(request: Any, unique: str) -> None:
-    from producers.sdk import FleetClient, GatewayError
+    from fleet.producers.sdk import FleetClient, GatewayError
 
     async with keyed_gateway(request, "memory", unique) as gw:
         async with FleetClient(gw.base_url, api_key=gw.keys.submitter) as fleet:

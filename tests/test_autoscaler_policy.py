@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from autoscaler.config import ScalingConfig
-from autoscaler.policy import Decision, PolicyState, Signals, decide
+from fleet.autoscaler.config import ScalingConfig
+from fleet.autoscaler.policy import Decision, PolicyState, Signals, decide
 
 # A config without smoothing, so that a single decision shows the formula's result.
 IMMEDIATE: dict[str, Any] = {"max_replicas": 100, "scale_up_step": 100, "scale_down_stabilization_s": 0}

@@ -14,20 +14,20 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from autoscaler.backends.dry_run import DryRunBackend
-from autoscaler.backends.process import ProcessBackend
-from autoscaler.config import ScalingConfig
-from autoscaler.service import Autoscaler
-from autoscaler.signals import SignalReader
-from consumers.handlers import ModelHandler, with_name
-from consumers.handlers.sleep import SleepHandler
 from fleet import constants as c
+from fleet.autoscaler.backends.dry_run import DryRunBackend
+from fleet.autoscaler.backends.process import ProcessBackend
+from fleet.autoscaler.config import ScalingConfig
+from fleet.autoscaler.service import Autoscaler
+from fleet.autoscaler.signals import SignalReader
 from fleet.brokers.memory import MemoryBroker
+from fleet.consumers.handlers import ModelHandler, with_name
+from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.errors import ScalerError
 from fleet.scaling import MemoryScalingStore, RedisScalingStore
+from fleet.schemas.scaling import ScalingOverrides
+from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
-from schemas.scaling import ScalingOverrides
-from schemas.wire import Heartbeat
 from tests.infra import connected_pair, eventually, publish_requests, settings_for, wait_terminal
 from tests.processes import run_fleet
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from consumers.batch_control import (
+from fleet.consumers.batch_control import (
     BatchLimits,
     ControlState,
     ControlWindow,
@@ -19,8 +19,8 @@ from consumers.batch_control import (
     control,
     initial_state,
 )
+from fleet.schemas.models import EchoInput, EchoOutput, ModelSpec
 from fleet.settings import FleetSettings
-from schemas.models import EchoInput, EchoOutput, ModelSpec
 
 LIMITS = BatchLimits(p99_target_ms=100.0, max_batch=64, max_wait_ms=10.0, min_batch=2)
 

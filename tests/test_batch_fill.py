@@ -1,13 +1,13 @@
 """When a micro-batch waits to fill: only when the recent arrival rate says more messages will come within
-``max_wait_ms`` (``consumers.batcher``). A lone request pays no wait; under load batches fill as before."""
+``max_wait_ms`` (``fleet.consumers.batcher``). A lone request pays no wait; under load batches fill as before."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from consumers.batcher import ARRIVAL_TAU_S, FILL_WORTH_ARRIVALS, BatchBounds, BatchCollector
 from fleet.brokers.base import Delivery
+from fleet.consumers.batcher import ARRIVAL_TAU_S, FILL_WORTH_ARRIVALS, BatchBounds, BatchCollector
 from tests.test_adaptive_batching import FakeDelivery
 
 

@@ -16,12 +16,12 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from fleet.brokers.base import Broker
+from fleet.producers.gateway import CacheParts
+from fleet.producers.sdk import ws_url
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.cachestore import RedisCacheStore
 from fleet.store.redis import RedisStore
-from producers.gateway import CacheParts
-from producers.sdk import ws_url
 from tests.cache_helpers import Gateway, cache_count, gateway, shared_text_model, worker
 from tests.gateway_helpers import private_server, urls_for
 from tests.infra import PAIRS, connected_pair, eventually, settings_for

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from fleet.errors import ConfigError
+from fleet.producers.gateway.cache import resolve_levels
+from fleet.producers.gateway.semantic_index import SemanticIndex, default_nlist, faiss_gpus, index_device, texts_agree
+from fleet.schemas.models import BUILTIN_SPECS
 from fleet.settings import FleetSettings
-from producers.gateway.cache import resolve_levels
-from producers.gateway.semantic_index import SemanticIndex, default_nlist, faiss_gpus, index_device, texts_agree
-from schemas.models import BUILTIN_SPECS
 
 DIM = 32
 

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from fleet.producers.gateway.cache import ResultCache, build_cache
+from fleet.schemas.jobs import JobRecord, JobState
+from fleet.schemas.models import ECHO
 from fleet.settings import FleetSettings
 from fleet.store.cachestore import CacheStore, MemoryCacheStore, RedisCacheStore, VectorEntry
 from fleet.store.redis import RedisStore
-from producers.gateway.cache import ResultCache, build_cache
-from schemas.jobs import JobRecord, JobState
-from schemas.models import ECHO
 from tests.cache_helpers import cache_count
 from tests.gateway_helpers import private_server
 
@@ -102,8 +102,8 @@ async def test_a_redis_outage_is_a_miss_counted_as_an_error() -> None:
 
 
 async def test_an_l3_index_keeps_answering_while_its_log_cannot_be_read() -> None:
-    from producers.gateway.cache_l3 import L3Options, SemanticLevel
-    from producers.gateway.embedder import BatchingEmbedder
+    from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
+    from fleet.producers.gateway.embedder import BatchingEmbedder
 
     class Broken(MemoryCacheStore):
         async def read_vectors(self, log: str, after: str, limit: int) -> list[tuple[str, VectorEntry]]:

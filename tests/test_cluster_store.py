@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from consumers.handlers import with_name
-from consumers.worker import Worker
 from fleet import constants as c
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobState
 from fleet.store.base import Finish, Start
 from fleet.store.cluster import done_channel_cluster, seed_nodes
 from fleet.store.redis import RedisStore
-from schemas.jobs import JobState
 from tests.handlers_for_tests import Items
 from tests.infra import CLUSTER_PAIR, connected_pair, eventually, publish_requests, settings_for, wait_terminal
 

@@ -24,26 +24,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.handlers.embed import EmbedHandler
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.handlers.embed import EmbedHandler
+from fleet.consumers.worker import Worker
 from fleet.encoding import convert_output, decode_array, decode_output, decode_vector, encode_vector
 from fleet.errors import InvalidInput
+from fleet.producers.gateway import create_app
+from fleet.producers.publish import prepare_line
+from fleet.producers.sdk import FleetClient
+from fleet.producers.sdk_sync import FleetSyncClient
+from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.models import ECHO, EMBED, EMBED_DIM, EmbedInput, EmbedOutput, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store import transitions
 from fleet.store.base import ResultStore
 from fleet.store.memory import MemoryStore
 from fleet.store.packed import _text as packed_text
 from fleet.store.redis import RedisStore
-from producers.gateway import create_app
-from producers.publish import prepare_line
-from producers.sdk import FleetClient
-from producers.sdk_sync import FleetSyncClient
-from schemas.jobs import JobError, JobRecord, JobState
-from schemas.models import ECHO, EMBED, EMBED_DIM, EmbedInput, EmbedOutput, ModelSpec
 from tests.gateway_helpers import FAST_LIMITS, WORKER_SETTINGS, served, urls_for
 from tests.infra import PAIRS, connected_pair, drain_subject, request_bytes, settings_for, wait_terminal
 from tests.processes import run_fleet

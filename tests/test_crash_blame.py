@@ -1,5 +1,5 @@
 """Crashes that are not a job's fault do not count against it; a job that kills its worker is still stopped
-(issue 26 item 7, ``consumers.crashes``).
+(issue 26 item 7, ``fleet.consumers.crashes``).
 
 Real ``fleet worker`` processes over NATS + Redis with ``max_deliveries=2``:
 
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from consumers.crashes import Blame, after_vanished
-from consumers.handlers import with_name
-from consumers.worker import Worker
 from fleet import constants as c
+from fleet.consumers.crashes import Blame, after_vanished
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobRecord, JobState
+from fleet.schemas.wire import DeadLetter
 from fleet.store.base import ResultStore, Start
-from schemas.jobs import JobRecord, JobState
-from schemas.wire import DeadLetter
 from tests.handlers_for_tests import Items
 from tests.infra import connected_pair, drain_subject, eventually, publish_requests, settings_for, wait_terminal
 from tests.processes import fleet_process, stop

@@ -1,10 +1,10 @@
-"""The crash rule (``consumers.crashes``) is pure: tables of cases."""
+"""The crash rule (``fleet.consumers.crashes``) is pure: tables of cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from consumers.crashes import RAW_RUNS_FACTOR, Blame, OutOfRuns, after_vanished, out_of_runs, plan
+from fleet.consumers.crashes import RAW_RUNS_FACTOR, Blame, OutOfRuns, after_vanished, out_of_runs, plan
 
 
 @pytest.mark.parametrize(

@@ -16,18 +16,18 @@ import pytest
 from fastapi import FastAPI
 from websockets.asyncio.client import connect as ws_connect
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
-from dags.runner import DagRunner, UnknownDag, UnknownRun
-from dags.spec import MAX_SPEC_BYTES
-from dags.state import parse_job_id
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner, UnknownDag, UnknownRun
+from fleet.dags.spec import MAX_SPEC_BYTES
+from fleet.dags.state import parse_job_id
 from fleet.errors import DagInvalid
+from fleet.producers.sdk import FleetClient, GatewayError, ws_url
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
-from producers.sdk import FleetClient, GatewayError, ws_url
 from tests.gateway_helpers import WORKER_SETTINGS, asgi_gateway, error_of, model_refs, served, urls_for
 from tests.infra import connected_pair, settings_for
 
@@ -414,7 +414,7 @@ def _as_dict(echo: str, unique: str) -> dict[str, Any]:
 
 
 def test_every_dag_route_is_tagged_and_documented() -> None:
-    from producers.gateway import create_app
+    from fleet.producers.gateway import create_app
 
     spec = create_app(FleetSettings()).openapi()
     routes = {p: ops for p, ops in spec["paths"].items() if p.startswith(("/v1/dags", "/v1/runs"))}

@@ -12,8 +12,8 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
-from schemas.jobs import JobState
-from schemas.wire import DagContext, RequestMessage
+from fleet.schemas.jobs import JobState
+from fleet.schemas.wire import DagContext, RequestMessage
 from tests.dag_fixtures import fleet_fixture, infra_fixture, settings_fixture  # noqa: F401  (fixtures)
 from tests.dagkit import DagFleet, all_job_ids, terminal_once
 

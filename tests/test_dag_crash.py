@@ -25,11 +25,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from dags.runner import DagRunner
 from fleet import constants as c
+from fleet.dags.runner import DagRunner
+from fleet.schemas.jobs import JobState
+from fleet.schemas.models import BUILTIN_SPECS
 from fleet.store.dagstore import make_dag_store
-from schemas.jobs import JobState
-from schemas.models import BUILTIN_SPECS
 from tests.infra import connected_pair, count_completions, settings_for
 from tests.processes import ROOT, fleet_argv, fleet_env
 

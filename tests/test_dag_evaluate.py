@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dags.evaluate import (
+from fleet.dags.evaluate import (
     StepLaunch,
     advance,
     apply_result,
@@ -25,11 +25,11 @@ from dags.evaluate import (
     run_state,
     run_view,
 )
-from dags.spec import load_spec
-from dags.state import RunState
-from dags.validate import CompiledDag, validate
+from fleet.dags.spec import load_spec
+from fleet.dags.state import RunState
+from fleet.dags.validate import CompiledDag, validate
 from fleet.errors import InvalidInput
-from schemas.models import BUILTIN_SPECS
+from fleet.schemas.models import BUILTIN_SPECS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "dags" / "examples"
 

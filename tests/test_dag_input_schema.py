@@ -1,4 +1,5 @@
-"""``dags.input_schema``: a DAG's input schema checks ``pattern`` and ``patternProperties`` as jsonschema does, but
+"""``fleet.dags.input_schema``: a DAG's input schema checks ``pattern`` and ``patternProperties`` as jsonschema does,
+but
 with a time limit per match; a pattern that does not compile is refused at registration."""
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from dags.input_schema import MAX_PATTERN_SECONDS, bounded_validator
-from dags.spec import load_spec
-from dags.validate import validate
+from fleet.dags.input_schema import MAX_PATTERN_SECONDS, bounded_validator
+from fleet.dags.spec import load_spec
+from fleet.dags.validate import validate
 from fleet.errors import DagInvalid
-from schemas.models import BUILTIN_SPECS
+from fleet.schemas.models import BUILTIN_SPECS
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "string", "pattern": "^[a-z]+-[0-9]{2}$"},

@@ -1,6 +1,6 @@
 """Issue 26, item 3 and the spec part of item 5: nothing a spec, an expression or a run start carries runs unbounded.
 
-The limits themselves (``dags.limits``) as tables, then each attack of the issue against a real gateway process on
+The limits themselves (``fleet.dags.limits``) as tables, then each attack of the issue against a real gateway process on
 NATS + Redis: a 4xx naming the limit (or, for a run whose evaluation goes over its budget, a run that failed saying
 so) within a second, while ``/healthz`` answers within ``HEALTHZ_BOUND_S``. The attack on a later step is evaluated
 by a real worker's settle hook, whose event loop is watched the same way.
@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
-from dags import limits
-from dags.expressions import ExpressionError, compile_expression
-from dags.runner import DagRunner
-from dags.spec import load_spec, parse_text
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.dags import limits
+from fleet.dags.expressions import ExpressionError, compile_expression
+from fleet.dags.runner import DagRunner
+from fleet.dags.spec import load_spec, parse_text
 from fleet.errors import DagInvalid
 from fleet.store.dagstore import make_dag_store
 from tests.gateway_helpers import WORKER_SETTINGS, model_refs, urls_for

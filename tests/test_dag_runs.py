@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
-from dags.runner import DagRunner
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.schemas.jobs import JobState
+from fleet.schemas.models import BUILTIN_SPECS
 from fleet.store.dagstore import make_dag_store
-from schemas.jobs import JobState
-from schemas.models import BUILTIN_SPECS
 from tests.dag_fixtures import fleet_fixture, infra_fixture, settings_fixture  # noqa: F401  (fixtures)
 from tests.dagkit import DagFleet, all_job_ids, terminal_once
 from tests.infra import eventually

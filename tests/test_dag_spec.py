@@ -12,15 +12,15 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from dags.expressions import compile_expression, references, truthy
-from dags.graph import edges, graph, mermaid, nodes
-from dags.spec import MAX_SPEC_BYTES, MAX_STEPS, DagSpec, load_spec
-from dags.state import RUN_ID_PATTERN, has_key, is_reserved, job_id, new_key, parse_job_id
-from dags.validate import CompiledDag, validate
+from fleet.dags.expressions import compile_expression, references, truthy
+from fleet.dags.graph import edges, graph, mermaid, nodes
+from fleet.dags.spec import MAX_SPEC_BYTES, MAX_STEPS, DagSpec, load_spec
+from fleet.dags.state import RUN_ID_PATTERN, has_key, is_reserved, job_id, new_key, parse_job_id
+from fleet.dags.validate import CompiledDag, validate
 from fleet.errors import DagInvalid
-from schemas.api import SubmitRequest
-from schemas.models import BUILTIN_SPECS
-from schemas.wire import JOB_ID_PATTERN
+from fleet.schemas.api import SubmitRequest
+from fleet.schemas.models import BUILTIN_SPECS
+from fleet.schemas.wire import JOB_ID_PATTERN
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "dags" / "examples"
 

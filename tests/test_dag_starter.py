@@ -7,16 +7,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
-from dags.runner import DagRunner
-from dags.starter import DAG_START_DLQ_MODEL, DagStarter
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.dags.starter import DAG_START_DLQ_MODEL, DagStarter
+from fleet.schemas.wire import DeadLetter
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
-from schemas.wire import DeadLetter
 from tests.infra import connected_pair, drain_subject, eventually, settings_for
 
 HOSTILE = [

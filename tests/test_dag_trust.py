@@ -30,17 +30,17 @@ import pytest
 from typer.testing import CliRunner
 from websockets.asyncio.client import connect as ws_connect
 
-from dags import evaluate
-from dags.runner import DagRunner
-from dags.starter import DagStarter
-from dags.state import MAX_FAN_OUT, parse_job_id
 from fleet import constants as c
 from fleet.cli import app as cli_app
+from fleet.dags import evaluate
+from fleet.dags.runner import DagRunner
+from fleet.dags.starter import DagStarter
+from fleet.dags.state import MAX_FAN_OUT, parse_job_id
+from fleet.producers.publish import prepare
+from fleet.producers.sdk import FleetClient, ws_url
+from fleet.schemas.models import BUILTIN_SPECS
+from fleet.schemas.wire import DagContext, DagStartMessage, RequestMessage
 from fleet.store.dagstore import make_dag_store
-from producers.publish import prepare
-from producers.sdk import FleetClient, ws_url
-from schemas.models import BUILTIN_SPECS
-from schemas.wire import DagContext, DagStartMessage, RequestMessage
 from tests.gateway_helpers import error_of
 from tests.infra import eventually
 from tests.test_tenants import Env, env, same_as_unknown  # noqa: F401  (the two tenants' gateway and worker)

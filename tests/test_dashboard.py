@@ -21,10 +21,10 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "fleet" / "dashboards" / "fleet.json"
 METRIC_MODULES = [
     "fleet.lag",
-    "consumers.metrics",
-    "producers.gateway.metrics",
-    "dispatcher.metrics",
-    "autoscaler.service",
+    "fleet.consumers.metrics",
+    "fleet.producers.gateway.metrics",
+    "fleet.dispatcher.metrics",
+    "fleet.autoscaler.service",
 ]
 SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", "_count")}
 SERIES = re.compile(r"\b(fleet_[a-z0-9_]+)(\{[^}]*\})?")

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
+from fleet.producers.gateway import create_app
+from fleet.producers.gateway.dashboard import STATIC_DIR
 from fleet.settings import FleetSettings
-from producers.gateway import create_app
-from producers.gateway.dashboard import STATIC_DIR
 from tests.gateway_helpers import FAST_LIMITS, model_refs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ async def test_with_a_token_the_page_loads_and_asks_for_it(unique: str) -> None:
 
 def test_every_static_file_ships_in_the_wheel() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["producers.gateway.dashboard"]
+    globs = config["tool"]["setuptools"]["package-data"]["fleet.producers.gateway.dashboard"]
     files = [p.relative_to(STATIC_DIR.parent).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()]
     assert files
     missing = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]

@@ -18,20 +18,20 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from consumers.handlers import with_name
-from consumers.requests import Job
-from consumers.worker import Worker
-from dispatcher.service import Dispatcher
 from fleet import constants as c
+from fleet.consumers.handlers import with_name
+from fleet.consumers.requests import Job
+from fleet.consumers.worker import Worker
+from fleet.dispatcher.service import Dispatcher
 from fleet.errors import ModelError
+from fleet.producers.gateway import create_app
+from fleet.schemas.jobs import JobError, JobRecord
+from fleet.schemas.operator import MAX_LETTER_IDS
+from fleet.schemas.wire import DeadLetter
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.deadletters import StoredLetter, make_dead_letter_store
-from producers.gateway import create_app
-from schemas.jobs import JobError, JobRecord
-from schemas.operator import MAX_LETTER_IDS
-from schemas.wire import DeadLetter
 from tests.gateway_helpers import FAST_LIMITS, error_of, urls_for
 from tests.handlers_for_tests import ItemIn, ItemOut, Items
 from tests.infra import connected_pair, eventually, settings_for

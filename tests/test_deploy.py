@@ -442,8 +442,8 @@ def test_the_autoscaler_role_grants_only_the_scale_of_its_worker_deployments() -
 def test_the_autoscaler_scales_exactly_the_worker_deployments_with_the_chart_scaling() -> None:
     from kubernetes.client import ApiClient
 
-    from autoscaler.backends.kubernetes import KubernetesBackend
-    from autoscaler.config import ScalingConfig
+    from fleet.autoscaler.backends.kubernetes import KubernetesBackend
+    from fleet.autoscaler.config import ScalingConfig
 
     docs = render(*SCENARIOS["nats-fleet"])
     (autoscaler,) = named(docs, "Deployment", "autoscaler")

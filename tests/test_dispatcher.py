@@ -12,17 +12,17 @@ from typing import Any
 import httpx
 import pytest
 
-from consumers.handlers import with_name
-from consumers.worker import Worker
-from dispatcher.http import create_status_app
-from dispatcher.policies import make_policy
-from dispatcher.service import Dispatcher
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.dispatcher.http import create_status_app
+from fleet.dispatcher.policies import make_policy
+from fleet.dispatcher.service import Dispatcher
+from fleet.schemas.jobs import JobState
+from fleet.schemas.wire import DeadLetter
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from schemas.jobs import JobState
-from schemas.wire import DeadLetter
 from tests.handlers_for_tests import Items
 from tests.infra import PAIRS, connected_pair, drain_subject, eventually, publish_requests, settings_for, wait_terminal
 

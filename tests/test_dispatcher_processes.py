@@ -14,9 +14,9 @@ import pytest
 from fleet import constants as c
 from fleet.brokers.base import EventStream
 from fleet.brokers.events import validated
+from fleet.schemas.jobs import JobState
+from fleet.schemas.wire import DispatcherBeat
 from fleet.store.base import ResultStore
-from schemas.jobs import JobState
-from schemas.wire import DispatcherBeat
 from tests.infra import count_completions, eventually, publish_requests, wait_terminal
 from tests.processes import fleet_process, run_fleet
 from tests.test_processes import WORKER, infra, urls, worker_env  # noqa: F401 (fixtures)

@@ -23,11 +23,11 @@ from websockets.asyncio.client import connect as ws_connect
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.producers.gateway import GatewayLimits, create_app
+from fleet.producers.sdk import ws_url
+from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from producers.gateway import GatewayLimits, create_app
-from producers.sdk import ws_url
-from schemas.jobs import JobState
 from tests.gateway_helpers import (
     WORKER_ID,
     ObservedWorker,

@@ -13,16 +13,16 @@ import nats
 import nats.js.errors
 import pytest
 
-from consumers.handlers import with_name
-from consumers.handlers.sleep import SleepHandler
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.worker import Worker
 from fleet.errors import QueueFull
+from fleet.producers.gateway.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
+from fleet.producers.sdk import error_from_response
+from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings
-from producers.gateway.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
-from producers.sdk import error_from_response
-from schemas.jobs import JobState
 from tests.gateway_helpers import WORKER_SETTINGS, asgi_gateway, error_of, model_refs, private_server
 from tests.infra import connected_pair, eventually, request_bytes, settings_for
 from tests.test_gateway import metric

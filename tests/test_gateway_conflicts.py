@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from schemas.jobs import input_digest
+from fleet.schemas.jobs import input_digest
 from tests.gateway_helpers import error_of
 from tests.test_gateway import Env, open_env
 

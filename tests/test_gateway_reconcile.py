@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from fleet import constants as c
+from fleet.producers.gateway.reconcile import Reconciler
+from fleet.schemas.jobs import JobRecord, JobState, input_digest
 from fleet.store.base import ResultStore
 from fleet.store.redis import RedisStore
-from producers.gateway.reconcile import Reconciler
-from schemas.jobs import JobRecord, JobState, input_digest
 from tests import services
 from tests.contract import store_fixtures
 from tests.crashing_gateway import EXIT_CODE

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from consumers.device import resolve_device, torch_dtype_for
-from consumers.handlers import BUILTIN_HANDLERS, ModelHandler, resolve_handler
-from consumers.handlers.echo import EchoHandler
-from consumers.handlers.embed import EmbedHandler, forward_chunks, packaged_model_path
-from consumers.handlers.sleep import SleepHandler, draw_service_ms
+from fleet.consumers.device import resolve_device, torch_dtype_for
+from fleet.consumers.handlers import BUILTIN_HANDLERS, ModelHandler, resolve_handler
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.handlers.embed import EmbedHandler, forward_chunks, packaged_model_path
+from fleet.consumers.handlers.sleep import SleepHandler, draw_service_ms
 from fleet.errors import ConfigError, InvalidInput, ModelError, UnknownModel
-from schemas.models import (
+from fleet.schemas.models import (
     SLEEP_MAX_MS,
     EchoInput,
     EchoOutput,
@@ -110,7 +110,7 @@ def test_user_handler_resolves_by_import_path_and_runs() -> None:
         ("tests.test_handlers:NotAHandler", ConfigError, "not a subclass"),
         ("tests.test_handlers:UpperIn", ConfigError, "not a subclass"),
         ("tests.test_handlers:BadNameHandler", ConfigError, "is not allowed"),
-        ("consumers.handlers.base:ModelHandler", ConfigError, "has no class attribute 'spec'"),
+        ("fleet.consumers.handlers.base:ModelHandler", ConfigError, "has no class attribute 'spec'"),
     ],
 )
 def test_resolve_handler_rejects_bad_references(ref: str, error: type[Exception], fragment: str) -> None:

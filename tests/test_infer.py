@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from consumers.handlers import with_name
-from consumers.worker import Worker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
 from fleet.errors import InvalidInput, UnknownModel
+from fleet.producers.sdk import FleetClient, InferTimeout, JobFailed
+from fleet.producers.sdk_sync import FleetSyncClient
+from fleet.schemas.jobs import JobError, JobState
 from fleet.store.base import ResultStore
-from producers.sdk import FleetClient, InferTimeout, JobFailed
-from producers.sdk_sync import FleetSyncClient
-from schemas.jobs import JobError, JobState
 from tests.gateway_helpers import WORKER_SETTINGS, EchoSleepGateway, echo_sleep_gateway, error_of
 from tests.handlers_for_tests import Items
 from tests.infra import PAIRS, eventually

@@ -1,4 +1,5 @@
-"""Numbers and strings survive or are refused, never changed (``producers.gateway.client_json``, ``fleet.finite``).
+"""Numbers and strings survive or are refused, never changed (``fleet.producers.gateway.client_json``,
+``fleet.finite``).
 
 On a real gateway (uvicorn) with a real echo worker, memory and NATS + Redis: a huge integer, NaN, -Infinity,
 1e400, a lone surrogate and nesting 600 deep get a 4xx naming what was wrong (never a 500, never a job whose
@@ -27,13 +28,13 @@ from fleet import strict_json
 from fleet.brokers.base import Broker
 from fleet.cli import app as cli_app
 from fleet.errors import InvalidInput
+from fleet.producers.gateway import create_app
+from fleet.producers.gateway.client_json import MAX_DEPTH, MAX_INT_DIGITS
+from fleet.producers.publish import prepare
+from fleet.producers.sdk import FleetClient, ws_url
+from fleet.schemas.models import ECHO
+from fleet.schemas.wire import RequestMessage
 from fleet.store.base import ResultStore
-from producers.gateway import create_app
-from producers.gateway.client_json import MAX_DEPTH, MAX_INT_DIGITS
-from producers.publish import prepare
-from producers.sdk import FleetClient, ws_url
-from schemas.models import ECHO
-from schemas.wire import RequestMessage
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import connected_pair, settings_for, wait_terminal
 

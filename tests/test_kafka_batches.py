@@ -22,9 +22,9 @@ from fleet.brokers.kafka import KafkaBroker
 from fleet.brokers.kafka_batches import KeyPartitioner, Record, murmur2, murmur2_many, partition_of, send_batches
 from fleet.brokers.kafka_subscription import KafkaDelivery, KafkaSubscription
 from fleet.errors import BrokerUnavailable, PayloadTooLarge
+from fleet.producers.publish import publish_all
+from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
-from producers.publish import publish_all
-from schemas.wire import RequestMessage
 from tests.aof_redis import restartable
 
 BrokerFactory = Callable[..., Awaitable[KafkaBroker]]

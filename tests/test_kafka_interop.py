@@ -1,7 +1,7 @@
 """Kafka as a user meets it from outside Fleet's Python: requests produced with ``kcat`` are served by a real
 ``fleet worker`` process, and bad Kafka configuration stops the ``fleet`` command at start-up with a clear message.
 
-The wire format is the documented one (``schemas.wire.RequestMessage`` as JSON, the job id as record key); results
+The wire format is the documented one (``fleet.schemas.wire.RequestMessage`` as JSON, the job id as record key); results
 are read from Redis with plain redis-py at ``fleet:job:<id>``, dead letters with ``kcat -C``.
 """
 

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 from fleet import constants as c
 from fleet.cli import app as cli_app
 from fleet.errors import ConfigError
+from fleet.schemas.keys import AuditEntry
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.audit import AuditLog, make_audit_log
 from fleet.store.base import ResultStore
 from fleet.store.keys import KEY_RE, KeyStore, digest, make_key_store, parse_expiry
-from schemas.keys import AuditEntry
 
 STORES = ["memory", "redis"]
 

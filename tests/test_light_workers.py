@@ -47,7 +47,7 @@ def test_building_and_warming_an_echo_or_sleep_worker_imports_no_torch(model: st
 
 
 def test_the_embed_handler_imports_torch_only_when_it_loads() -> None:
-    resolved = "from consumers.handlers import resolve_handler\nresolve_handler('embed')(device='cpu')"
+    resolved = "from fleet.consumers.handlers import resolve_handler\nresolve_handler('embed')(device='cpu')"
     assert imported_after(resolved) == dict.fromkeys(HEAVY, False)
     loaded = resolved.replace("(device='cpu')", "(device='cpu').load()")
     assert imported_after(loaded) == dict.fromkeys(HEAVY, True)  # the check above can fail

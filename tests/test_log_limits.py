@@ -37,8 +37,8 @@ def test_a_client_template_passes_its_burst_per_window_and_the_next_window_says_
 
 def test_fleet_loggers_get_a_larger_burst_and_levels_are_counted_apart() -> None:
     limiter = RepeatLimiter(window_s=60, fleet_burst=10, client_burst=2, clock=Clock())
-    assert sum(limiter.filter(record("consumers.worker", "heartbeat not sent: %s", i)) for i in range(50)) == 10
-    assert limiter.filter(record("consumers.worker", "heartbeat not sent: %s", 0, level=logging.INFO))
+    assert sum(limiter.filter(record("fleet.consumers.worker", "heartbeat not sent: %s", i)) for i in range(50)) == 10
+    assert limiter.filter(record("fleet.consumers.worker", "heartbeat not sent: %s", 0, level=logging.INFO))
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,7 @@ async def test_a_second_group_on_a_request_subject_is_a_config_error_naming_the_
 async def test_a_group_found_with_a_delivery_limit_gets_unlimited_deliveries(
     broker: NatsBroker, server: PrivateNats, unique: str
 ) -> None:
-    """JetStream must never stop redelivering before Fleet's crash rule decides (consumers.crashes, issue 26)."""
+    """JetStream must never stop redelivering before Fleet's crash rule decides (fleet.consumers.crashes, issue 26)."""
     model = f"md{unique}"
     subject = c.request_subject(model)
     durable = durable_name(subject, c.consumer_name(model))

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from fleet.producers.gateway import create_app
+from fleet.producers.gateway.errors import ApiError
+from fleet.producers.gateway.operator_access import OperatorGate, is_loopback
 from fleet.settings import FleetSettings
-from producers.gateway import create_app
-from producers.gateway.errors import ApiError
-from producers.gateway.operator_access import OperatorGate, is_loopback
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs
 
 TOKEN = "s3cret-operator-token"

@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.handlers.sleep import SleepHandler
-from consumers.worker import Worker
 from fleet import constants as c
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.worker import Worker
+from fleet.producers.gateway import create_app
 from fleet.settings import FleetSettings
-from producers.gateway import create_app
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs
 from tests.infra import connected_pair, eventually, settings_for, wait_terminal
 from tests.processes import fleet_process

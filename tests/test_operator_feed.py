@@ -16,16 +16,16 @@ import httpx
 import pytest
 
 from fleet.brokers import make_broker
+from fleet.producers.gateway import create_app
+from fleet.producers.gateway.operator_beats import Beats
+from fleet.producers.gateway.operator_feed import BACKLOG_EVENTS, OperatorFeed
 from fleet.scaling import MemoryScalingStore
+from fleet.schemas.operator import OperatorSnapshot
+from fleet.schemas.scaling import DecisionRecord
+from fleet.schemas.wire import DispatcherBeat, Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.dagstore import make_dag_store
-from producers.gateway import create_app
-from producers.gateway.operator_beats import Beats
-from producers.gateway.operator_feed import BACKLOG_EVENTS, OperatorFeed
-from schemas.operator import OperatorSnapshot
-from schemas.scaling import DecisionRecord
-from schemas.wire import DispatcherBeat, Heartbeat
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -200,7 +200,7 @@ async def test_decisions_of_the_last_15_minutes_show_newest_first(env: Env) -> N
                 reason=reason,
             )
         )
-    from schemas.scaling import ScalingStatus
+    from fleet.schemas.scaling import ScalingStatus
 
     await scaling.put_status(
         ScalingStatus(
@@ -318,7 +318,7 @@ async def test_recent_runs_index_keeps_the_newest_runs(
 
 
 def test_schema_export_has_the_operator_models() -> None:
-    from schemas.export import all_schemas
+    from fleet.schemas.export import all_schemas
 
     schemas = all_schemas({})
     snapshot = schemas["operator-snapshot.schema.json"]
@@ -330,7 +330,7 @@ def test_schema_export_has_the_operator_models() -> None:
 
 
 async def test_closing_the_streams_ends_them_so_a_shutdown_is_not_held_up(unique: str) -> None:
-    from producers.gateway.app import close_operator_streams
+    from fleet.producers.gateway.app import close_operator_streams
 
     refs, _ = model_refs(unique, "echo")
     app = create_app(FleetSettings(models=refs, operator_interval_s=0.2), limits=FAST_LIMITS)

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from autoscaler.backends.dry_run import DryRunBackend
-from autoscaler.config import ScalingConfig
-from autoscaler.service import Autoscaler
+from fleet.autoscaler.backends.dry_run import DryRunBackend
+from fleet.autoscaler.config import ScalingConfig
+from fleet.autoscaler.service import Autoscaler
 from fleet.scaling import MemoryScalingStore, RedisScalingStore, ScalingStore
-from schemas.scaling import ScalingOverrides, ScalingStatus
+from fleet.schemas.scaling import ScalingOverrides, ScalingStatus
 from tests.gateway_helpers import error_of
 from tests.test_autoscaler_service import memory_fleet
 from tests.test_scaling_api import Api, open_api

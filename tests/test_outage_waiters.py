@@ -23,15 +23,15 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-from consumers.handlers import with_name
-from consumers.handlers.sleep import SleepHandler
-from consumers.worker import Worker
 from fleet.brokers import make_broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.worker import Worker
+from fleet.producers.gateway import create_app
+from fleet.producers.sdk import FleetClient, ws_url
+from fleet.schemas.jobs import JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store.redis import RedisStore
-from producers.gateway import create_app
-from producers.sdk import FleetClient, ws_url
-from schemas.jobs import JobRecord, JobState
 from tests.aof_redis import AofRedis, aof_redis
 from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, model_refs, served
 from tests.infra import connected_pair

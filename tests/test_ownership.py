@@ -1,5 +1,6 @@
 """A job id names one job of one model and one tenant: the worker never computes a message into another job's
-record, nor answers a message from it (``fleet.store.transitions.foreign``, ``consumers.settle.Settler.conflicts``).
+record, nor answers a message from it (``fleet.store.transitions.foreign``,
+``fleet.consumers.settle.Settler.conflicts``).
 
 Attacks with two tenants' keys on a real gateway, a real worker and each broker/store pair: tenant B publishes a
 message straight to a model's subject naming tenant A's job id (the forge), and tenant A's message (a DAG step, a
@@ -21,9 +22,9 @@ import pytest
 
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.producers.gateway import create_app
 from fleet.store.base import ResultStore
 from fleet.store.keys import make_key_store
-from producers.gateway import create_app
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import connected_pair, eventually, request_bytes, settings_for
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from fleet import constants as c
 from fleet.encoding import Base64Vector, encode_vector
 from fleet.errors import StoreError
+from fleet.schemas.jobs import JobRecord, JobState
 from fleet.store import transitions
 from fleet.store.packed import parse_record
 from fleet.store.redis import RedisStore
-from schemas.jobs import JobRecord, JobState
 
 
 def done(output: object) -> JobRecord:

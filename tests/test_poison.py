@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from consumers.requests import parse_delivery
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers.base import Broker, Subscription
+from fleet.consumers.requests import parse_delivery
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobState
+from fleet.schemas.wire import DeadLetter
 from fleet.store.base import ResultStore
-from schemas.jobs import JobState
-from schemas.wire import DeadLetter
 from tests.infra import request_bytes, wait_terminal
 from tests.test_worker import infra, make_worker, settings  # noqa: F401  (fixtures: every broker/store pair)
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from dispatcher.policies import (
+from fleet.dispatcher.policies import (
     POLICIES,
     POLICY_NAMES,
     JiqAmnesiaPolicy,
@@ -18,7 +18,7 @@ from dispatcher.policies import (
     announce_to,
     make_policy,
 )
-from dispatcher.state import Bag, DispatcherState
+from fleet.dispatcher.state import Bag, DispatcherState
 
 
 def state_with(*workers: str, window: float = 10.0) -> DispatcherState[str]:

@@ -18,28 +18,28 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from consumers.handlers import with_name
-from consumers.handlers.sleep import SleepHandler
-from consumers.worker import Worker
-from dispatcher.service import Dispatcher
 from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.brokers.memory import MemoryBroker
 from fleet.brokers.prioritized import PrioritySubscription, subscribe_priorities
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.worker import Worker
+from fleet.dispatcher.service import Dispatcher
 from fleet.errors import BrokerUnavailable, InvalidInput
 from fleet.lag import read_lag, read_lag_by_priority
 from fleet.priorities import check_weights, priority_of_subject, serve_cycle, serve_order
+from fleet.producers.gateway.calls import message_priority
+from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.publish import check_priority, prepare
+from fleet.producers.sdk import FleetClient
+from fleet.schemas.api import SubmitRequest
+from fleet.schemas.export import all_schemas
+from fleet.schemas.jobs import JobRecord, JobState
+from fleet.schemas.models import BUILTIN_SPECS
+from fleet.schemas.wire import PRIORITY_NAMES, RequestMessage, to_priority
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from producers.gateway.calls import message_priority
-from producers.gateway.reconcile import Reconciler
-from producers.publish import check_priority, prepare
-from producers.sdk import FleetClient
-from schemas.api import SubmitRequest
-from schemas.export import all_schemas
-from schemas.jobs import JobRecord, JobState
-from schemas.models import BUILTIN_SPECS
-from schemas.wire import PRIORITY_NAMES, RequestMessage, to_priority
 from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs
 from tests.infra import PAIRS, connected_pair, eventually, settings_for, wait_terminal
 

@@ -15,8 +15,8 @@ import pytest
 
 from fleet import constants as c
 from fleet.brokers.nats import durable_name
+from fleet.schemas.jobs import JobState
 from fleet.store.base import ResultStore
-from schemas.jobs import JobState
 from tests.infra import connected_pair, count_completions, eventually, publish_requests, settings_for, wait_terminal
 from tests.processes import fleet_process, run_fleet, stop
 from tests.services import free_port

@@ -19,9 +19,9 @@ from subprocess import Popen
 import pytest
 
 from fleet.brokers import make_broker
+from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from schemas.jobs import JobState
 from tests.aof_redis import Restartable, restartable
 from tests.infra import TEST_SETTINGS, eventually, publish_requests
 from tests.processes import fleet_process, wait_http_ready

@@ -13,11 +13,11 @@ import pytest
 
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
+from fleet.producers.gateway import create_app
 from fleet.readiness import FRESH_INTERVALS, Beat, ReadyWorkers, parse_beat
+from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.memory import MemoryStore
-from producers.gateway import create_app
-from schemas.wire import Heartbeat
 from tests.processes import fleet_process, stop, wait_http_ready
 from tests.services import free_port
 

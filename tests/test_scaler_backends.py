@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from autoscaler.backends import BACKENDS, ScalerBackend, default_backend_name, make_backend
-from autoscaler.backends.dry_run import DryRunBackend
-from autoscaler.backends.inprocess import InProcessBackend
-from autoscaler.backends.kubernetes import KubernetesBackend
-from autoscaler.backends.process import ProcessBackend, settings_env
-from consumers.handlers import with_name
-from consumers.worker import Worker
 from fleet import constants as c
+from fleet.autoscaler.backends import BACKENDS, ScalerBackend, default_backend_name, make_backend
+from fleet.autoscaler.backends.dry_run import DryRunBackend
+from fleet.autoscaler.backends.inprocess import InProcessBackend
+from fleet.autoscaler.backends.kubernetes import KubernetesBackend
+from fleet.autoscaler.backends.process import ProcessBackend, settings_env
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
 from fleet.errors import ConfigError, ScalerError
+from fleet.schemas.jobs import JobState
+from fleet.schemas.wire import Heartbeat
 from fleet.store.base import ResultStore
-from schemas.jobs import JobState
-from schemas.wire import Heartbeat
 from tests.handlers_for_tests import Items
 from tests.infra import connected_pair, count_completions, eventually, publish_requests, settings_for, wait_terminal
 from tests.k8s_api import FakeKubeApi, serve

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from fleet.producers.gateway import create_app
 from fleet.scaling import ScalingStore, make_scaling_store
+from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 from fleet.settings import FleetSettings
-from producers.gateway import create_app
-from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs, urls_for
 from tests.infra import connected_pair, settings_for
 

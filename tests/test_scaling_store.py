@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from fleet.scaling import MemoryScalingStore, RedisScalingStore, ScalingStore, make_scaling_store
+from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 from fleet.settings import FleetSettings
-from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 
 
 @pytest.fixture(params=["redis", "memory"])

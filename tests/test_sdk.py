@@ -19,10 +19,10 @@ from fleet.errors import (
     StoreError,
     UnknownModel,
 )
+from fleet.producers.gateway import create_app
+from fleet.producers.sdk import FleetClient, GatewayError, GatewayUnreachable, JobFailed, error_from_response
+from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings
-from producers.gateway import create_app
-from producers.sdk import FleetClient, GatewayError, GatewayUnreachable, JobFailed, error_from_response
-from schemas.jobs import JobState
 from tests import services
 from tests.gateway_helpers import EchoSleepGateway, echo_sleep_gateway, model_refs
 from tests.infra import PAIRS

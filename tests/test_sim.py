@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner, Result
 
-from dispatcher import analytic
-from dispatcher.sim_engine import SimConfig, simulate
-from dispatcher.sim_report import grid, parse_speeds, result_row, run_grid
 from fleet.cli import app
+from fleet.dispatcher import analytic
+from fleet.dispatcher.sim_engine import SimConfig, simulate
+from fleet.dispatcher.sim_report import grid, parse_speeds, result_row, run_grid
 from tests.processes import run_fleet
 
 HETEROGENEOUS = tuple(parse_speeds("1x6,0.333x2"))

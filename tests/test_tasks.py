@@ -12,12 +12,12 @@ import pytest
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.lag import LagMonitor
+from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
+from fleet.producers.gateway.embedder import BatchingEmbedder
+from fleet.schemas.jobs import JobState
 from fleet.store.cachestore import MemoryCacheStore, VectorEntry
 from fleet.store.memory import MemoryStore
 from fleet.tasks import cancel_and_wait, wait_event
-from producers.gateway.cache_l3 import L3Options, SemanticLevel
-from producers.gateway.embedder import BatchingEmbedder
-from schemas.jobs import JobState
 
 
 class SwallowingBroker(MemoryBroker):

@@ -24,21 +24,21 @@ import pytest
 from typer.testing import CliRunner
 from websockets.asyncio.client import connect as ws_connect
 
-from consumers.handlers import with_name
-from consumers.handlers.echo import EchoHandler
-from consumers.worker import Worker
-from dags.runner import DagRunner
 from fleet import constants as c
 from fleet import tenancy
 from fleet.brokers.base import Broker
 from fleet.cli import app as cli_app
+from fleet.consumers.handlers import with_name
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.producers.publish import prepare, publish_all
+from fleet.producers.sdk import ws_url
+from fleet.schemas.jobs import JobRecord
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
 from fleet.store.keys import make_key_store
-from producers.publish import prepare, publish_all
-from producers.sdk import ws_url
-from schemas.jobs import JobRecord
 from tests.cache_helpers import Gateway, gateway, worker
 from tests.gateway_helpers import WORKER_SETTINGS, error_of, urls_for
 from tests.infra import connected_pair, eventually, request_bytes, settings_for
@@ -450,8 +450,8 @@ def test_visibility_and_the_default_tenant() -> None:
 async def test_l3_sync_routes_each_logged_entry_to_its_tenants_index_only() -> None:
     import numpy as np
 
+    from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
     from fleet.store.cachestore import MemoryCacheStore, VectorEntry
-    from producers.gateway.cache_l3 import L3Options, SemanticLevel
 
     store, dim = MemoryCacheStore(), 8
     options = L3Options(dim=dim, max_entries=100, nprobe=4, sync_interval_s=60, ttl_s=60, timeout_s=1)

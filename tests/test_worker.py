@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from consumers.handlers import with_name
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers.base import Broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.wire import DeadLetter, Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from schemas.jobs import JobError, JobRecord, JobState
-from schemas.wire import DeadLetter, Heartbeat
 from tests.handlers_for_tests import Items
 from tests.infra import (
     CLUSTER_PAIR,

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from consumers.handlers import with_name
-from consumers.worker import Worker
 from fleet import constants as c
 from fleet.brokers import make_broker
+from fleet.consumers.handlers import with_name
+from fleet.consumers.worker import Worker
+from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from schemas.jobs import JobState
 from tests.aof_redis import Restartable, restartable
 from tests.handlers_for_tests import Items
 from tests.infra import TEST_SETTINGS, eventually, request_bytes, wait_terminal

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoscaler.backends.base import ScalerBackend
+from fleet.autoscaler.backends.base import ScalerBackend
 from fleet.errors import ConfigError
 from fleet.settings import FleetSettings
 
@@ -39,19 +39,19 @@ def make_backend(name: str, settings: FleetSettings, **kwargs: Any) -> ScalerBac
 
 def _build(name: str, settings: FleetSettings, kwargs: dict[str, Any]) -> ScalerBackend:
     if name == "process":
-        from autoscaler.backends.process import ProcessBackend
+        from fleet.autoscaler.backends.process import ProcessBackend
 
         return ProcessBackend(settings, **kwargs)
     if name == "inprocess":
-        from autoscaler.backends.inprocess import InProcessBackend
+        from fleet.autoscaler.backends.inprocess import InProcessBackend
 
         return InProcessBackend(**kwargs)
     if name == "kubernetes":
-        from autoscaler.backends.kubernetes import KubernetesBackend
+        from fleet.autoscaler.backends.kubernetes import KubernetesBackend
 
         return KubernetesBackend(**kwargs)
     if name == "dry-run":
-        from autoscaler.backends.dry_run import DryRunBackend
+        from fleet.autoscaler.backends.dry_run import DryRunBackend
 
         return DryRunBackend(**kwargs)
     raise ConfigError(f"unknown scaler backend {name!r}; known backends: {', '.join(BACKENDS)}")

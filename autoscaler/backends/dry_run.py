@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from autoscaler.backends.base import check_replicas
+from fleet.autoscaler.backends.base import check_replicas
 
 log = logging.getLogger(__name__)
 

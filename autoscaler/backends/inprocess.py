@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from autoscaler.backends.base import check_replicas
+from fleet.autoscaler.backends.base import check_replicas
 from fleet.errors import ScalerError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 
-from autoscaler.backends.base import check_replicas
+from fleet.autoscaler.backends.base import check_replicas
 from fleet.errors import ConfigError, ScalerError
 
 log = logging.getLogger(__name__)

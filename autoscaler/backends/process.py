@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from autoscaler.backends.base import check_replicas
+from fleet.autoscaler.backends.base import check_replicas
 from fleet.errors import ConfigError, ScalerError
 from fleet.models import resolve_spec
 from fleet.settings import FleetSettings

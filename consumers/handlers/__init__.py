@@ -1,6 +1,6 @@
 """Model handlers: the built-in ``echo``, ``sleep`` and ``embed``, and ``resolve_handler`` for user models.
 
-See ``consumers.handlers.base.ModelHandler`` for the interface a user model implements.
+See ``fleet.consumers.handlers.base.ModelHandler`` for the interface a user model implements.
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from consumers.handlers.base import ModelHandler
+from fleet.consumers.handlers.base import ModelHandler
 from fleet.errors import ConfigError, UnknownModel
 from fleet.models import check_model_name, import_object
-from schemas.models import ModelSpec
+from fleet.schemas.models import ModelSpec
 
 # Import paths, not classes: resolving ``echo`` must not import torch.
 BUILTIN_HANDLERS: dict[str, str] = {
-    "echo": "consumers.handlers.echo:EchoHandler",
-    "sleep": "consumers.handlers.sleep:SleepHandler",
-    "embed": "consumers.handlers.embed:EmbedHandler",
+    "echo": "fleet.consumers.handlers.echo:EchoHandler",
+    "sleep": "fleet.consumers.handlers.sleep:SleepHandler",
+    "embed": "fleet.consumers.handlers.embed:EmbedHandler",
 }
 
 HandlerClass = type[ModelHandler[Any, Any]]
@@ -49,11 +49,11 @@ def resolve_handler(ref: str) -> HandlerClass:
 def _checked(ref: str, obj: object) -> HandlerClass:
     if not (isinstance(obj, type) and issubclass(obj, ModelHandler)):
         raise ConfigError(
-            f"{ref!r} is {type(obj).__name__} {obj!r}, not a subclass of consumers.handlers.base.ModelHandler"
+            f"{ref!r} is {type(obj).__name__} {obj!r}, not a subclass of fleet.consumers.handlers.base.ModelHandler"
         )
     spec = getattr(obj, "spec", None)
     if not isinstance(spec, ModelSpec):
-        raise ConfigError(f"handler {ref!r} has no class attribute 'spec' of type schemas.models.ModelSpec")
+        raise ConfigError(f"handler {ref!r} has no class attribute 'spec' of type fleet.schemas.models.ModelSpec")
     check_model_name(spec.name)
     if getattr(obj, "__abstractmethods__", None):
         missing = ", ".join(sorted(obj.__abstractmethods__))

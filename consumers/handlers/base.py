@@ -3,8 +3,8 @@
 A handler is a class that declares a ``spec`` (name, input and output schemas, preferred batch limits) and turns a
 micro-batch of validated inputs into one output per input::
 
-    from schemas.models import ModelSpec
-    from consumers.handlers.base import ModelHandler
+    from fleet.schemas.models import ModelSpec
+    from fleet.consumers.handlers.base import ModelHandler
 
     class Upper(ModelHandler[UpperIn, UpperOut]):
         spec = ModelSpec("upper", UpperIn, UpperOut, max_batch=16)
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.encoding import convert_output
 from fleet.errors import ConfigError, InvalidInput, ModelError
-from schemas.models import ModelSpec
+from fleet.schemas.models import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ModelHandler(ABC, Generic[InT, OutT]):
 
     def __init__(self, *, device: str = "cpu", slowness: float = 1.0, **options: Any) -> None:
         """Args:
-        device: the resolved torch device (``cpu``, ``cuda``, ``cuda:N``; see ``consumers.device``).
+        device: the resolved torch device (``cpu``, ``cuda``, ``cuda:N``; see ``fleet.consumers.device``).
             Handlers that do not use torch ignore it.
         slowness: per-worker service-time factor (> 0); only synthetic models such as ``sleep`` use it.
         options: handler-specific settings. A subclass takes its own as keyword arguments and passes the rest

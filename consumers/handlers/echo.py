@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.handlers.base import ModelHandler
-from schemas.construct import built
-from schemas.models import ECHO, EchoInput, EchoOutput
+from fleet.consumers.handlers.base import ModelHandler
+from fleet.schemas.construct import built
+from fleet.schemas.models import ECHO, EchoInput, EchoOutput
 
 
 def _echo_output(root: dict[str, Any]) -> EchoOutput:

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from consumers.device import is_cuda, resolve_device, torch_dtype_for
-from consumers.handlers.base import ModelHandler
+from fleet.consumers.device import is_cuda, resolve_device, torch_dtype_for
+from fleet.consumers.handlers.base import ModelHandler
 from fleet.encoding import encode_vector
 from fleet.errors import ConfigError
-from schemas.construct import built
-from schemas.models import EMBED, EMBED_DIM, EmbedInput, EmbedOutput
+from fleet.schemas.construct import built
+from fleet.schemas.models import EMBED, EMBED_DIM, EmbedInput, EmbedOutput
 
 if TYPE_CHECKING:
     import torch

@@ -12,8 +12,8 @@ import math
 import random
 import time
 
-from consumers.handlers.base import ModelHandler
-from schemas.models import SLEEP, SLEEP_MAX_MS, SleepInput, SleepOutput
+from fleet.consumers.handlers.base import ModelHandler
+from fleet.schemas.models import SLEEP, SLEEP_MAX_MS, SleepInput, SleepOutput
 
 
 def draw_service_ms(item: SleepInput, slowness: float, rng: random.Random) -> float:

@@ -11,13 +11,14 @@ Contract (checked by ``tests/contract/test_broker_contract.py`` on every impleme
   existed are kept for it. Several groups on one subject each get every message on Kafka and in memory; on NATS
   a request or inbox subject has exactly one group (work-queue retention) and a second is refused.
 * ``Subscription.fetch(n, timeout_s)`` returns as soon as at least one message is available (up to ``n`` of those
-  immediately available), or ``[]`` after ``timeout_s``. Batch filling is the caller's job (``consumers.batcher``).
+  immediately available), or ``[]`` after ``timeout_s``. Batch filling is the caller's job
+  (``fleet.consumers.batcher``).
 * A fetched message that is neither acked nor terminated within ``ack_wait_s`` (or that is ``nak``-ed) is
   delivered again, with ``delivery_count`` one higher. Delivery is at-least-once.
 * ``lag(subject, group)`` counts messages not yet acked by the group: waiting plus in flight. Acks may be sent
   without waiting for a confirmation (NATS), so lag reflects an ack within milliseconds rather than at once.
 * ``publish_many(messages)`` (optional: Kafka has it) publishes a list of ``Outgoing`` messages with ``publish``'s
-  guarantees, de-duplication and errors, in fewer broker round trips; ``producers.publish.publish_all`` uses it
+  guarantees, de-duplication and errors, in fewer broker round trips; ``fleet.producers.publish.publish_all`` uses it
   where a broker has it.
 * ``emit``/``listen`` carry best-effort control events (heartbeats, idle announcements): no durability, no acks.
   Subjects use NATS wildcards in ``listen``: ``*`` one token, ``>`` the rest.

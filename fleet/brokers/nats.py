@@ -29,7 +29,7 @@ with its own settings: give them all the same ``FLEET_MAX_QUEUED*``.
 
 Groups are durable pull consumers, one per ``(subject, group)``, named ``durable_name(subject, group)``, with
 explicit acks, ``ack_wait = ack_wait_s`` and unlimited deliveries (a group found with a ``max_deliver`` is given
-unlimited ones): the worker dead-letters by itself (``consumers.crashes``: the runs its record counts against it,
+unlimited ones): the worker dead-letters by itself (``fleet.consumers.crashes``: the runs its record counts against it,
 and ``delivery_count`` for poison messages that crash it before they start), never JetStream.
 
 Acked messages that a work-queue stream still holds after a server crash (nats-server 2.9 writes the deletes

@@ -71,7 +71,7 @@ def settings_from(**flags: Any) -> FleetSettings:
 
 def refuse_open_bind(settings: FleetSettings) -> None:
     """Exit (2) before anything starts when a gateway would listen on a non-loopback host with FLEET_AUTH unset."""
-    from producers.gateway.app import check_auth
+    from fleet.producers.gateway.app import check_auth
 
     try:
         check_auth(settings)
@@ -265,7 +265,7 @@ def schemas_export(
 ) -> None:
     """Write JSON Schema files for the wire format, job records, REST bodies and each model's input and output."""
     from fleet.models import resolve_specs
-    from schemas.export import export
+    from fleet.schemas.export import export
 
     settings = settings_from(models=models)
     try:

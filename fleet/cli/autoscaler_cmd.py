@@ -18,8 +18,8 @@ import typer
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from autoscaler.backends.base import ScalerBackend
-    from autoscaler.config import ScalingConfig
+    from fleet.autoscaler.backends.base import ScalerBackend
+    from fleet.autoscaler.config import ScalingConfig
     from fleet.brokers.base import Broker as BrokerClient
     from fleet.scaling import ScalingStore
     from fleet.settings import FleetSettings
@@ -44,7 +44,7 @@ def scaling_configs(models: list[str], flags: dict[str, Any]) -> "dict[str, Scal
     Raises:
         ValueError: a bad value or two conflicting settings (the message names both).
     """
-    from autoscaler.config import ScalingConfig
+    from fleet.autoscaler.config import ScalingConfig
 
     config = ScalingConfig.model_validate({k: v for k, v in flags.items() if v is not None})
     return dict.fromkeys(models, config)
@@ -91,7 +91,7 @@ async def run_autoscaler(
     interval_s: float,
 ) -> None:
     """Run the autoscaler until SIGINT/SIGTERM; then release the lock and close the backend (workers drain)."""
-    from autoscaler.service import Autoscaler
+    from fleet.autoscaler.service import Autoscaler
     from fleet.cli.compose import stop_on_signals
 
     stop = asyncio.Event()
@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
     def _build(
         settings: "FleetSettings", flags: dict[str, Any], backend: str, kwargs: dict[str, Any]
     ) -> "tuple[dict[str, ScalingConfig], ScalerBackend]":
-        from autoscaler.backends import make_backend
+        from fleet.autoscaler.backends import make_backend
         from fleet.errors import FleetError
         from fleet.models import resolve_specs
 

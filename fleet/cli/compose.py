@@ -17,24 +17,26 @@ from typing import Any
 
 import uvicorn
 
-from autoscaler.backends import default_backend_name, make_backend
-from autoscaler.config import ScalingConfig
-from autoscaler.service import Autoscaler
-from consumers.device import resolve_device
-from consumers.handlers import ModelHandler, resolve_handler
-from consumers.handlers.echo import EchoHandler
-from consumers.handlers.sleep import SleepHandler
-from consumers.worker import Worker
-from dags.runner import DagRunner
-from dags.starter import DagStarter
-from dispatcher.service import Dispatcher
+from fleet.autoscaler.backends import default_backend_name, make_backend
+from fleet.autoscaler.config import ScalingConfig
+from fleet.autoscaler.service import Autoscaler
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.cli.probes import WorkerProbe, serve_probes
+from fleet.consumers.device import resolve_device
+from fleet.consumers.handlers import ModelHandler, resolve_handler
+from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.dags.starter import DagStarter
+from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
 from fleet.links import redact
 from fleet.models import resolve_spec, resolve_specs
 from fleet.outages import OutageLog, services_of, watch_outages
+from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
+from fleet.producers.gateway.operator_access import OperatorGate
 from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
@@ -43,8 +45,6 @@ from fleet.store import make_store
 from fleet.store.base import ResultStore
 from fleet.store.dagstore import make_dag_store
 from fleet.tasks import cancel_and_wait
-from producers.gateway.app import check_auth, close_operator_streams, create_app
-from producers.gateway.operator_access import OperatorGate
 
 log = logging.getLogger(__name__)
 

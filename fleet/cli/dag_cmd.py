@@ -75,10 +75,10 @@ def is_file(target: str) -> bool:
 
 def compile_file(path: Path, models: str | None) -> Any:
     """The ``CompiledDag`` of a file, validated against the built-in models and ``models``."""
-    from dags.spec import load_spec
-    from dags.validate import validate
+    from fleet.dags.spec import load_spec
+    from fleet.dags.validate import validate
     from fleet.models import resolve_specs
-    from schemas.models import BUILTIN_SPECS
+    from fleet.schemas.models import BUILTIN_SPECS
 
     text = _read(path)
     try:
@@ -91,7 +91,7 @@ def compile_file(path: Path, models: str | None) -> Any:
 
 
 def graph_of(dag: Any) -> dict[str, Any]:
-    from dags import graph
+    from fleet.dags import graph
 
     return {"name": dag.spec.name, "nodes": graph.nodes(dag), "edges": graph.edges(dag), "mermaid": graph.mermaid(dag)}
 
@@ -136,7 +136,7 @@ def progress_table(view: dict[str, Any]) -> Table:
 
 
 async def _fetch_graph(url: str, name: str, api_key: str | None) -> dict[str, Any]:
-    from producers.sdk import FleetClient
+    from fleet.producers.sdk import FleetClient
 
     async with FleetClient(url, api_key=api_key) as fleet:
         shown = await fleet.get_dag(name)
@@ -155,7 +155,7 @@ async def _run(
     version: int | None = None,
 ) -> int:
     """Register ``spec`` (a file's text) or run the DAG named ``target``."""
-    from producers.sdk import FleetClient
+    from fleet.producers.sdk import FleetClient
 
     async with FleetClient(url, api_key=api_key) as fleet:
         name = (await fleet.register_dag(spec))[0] if spec is not None else target

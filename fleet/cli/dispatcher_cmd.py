@@ -59,10 +59,10 @@ async def run_dispatchers(
     """One dispatcher per model on one broker and store connection, plus the status server; SIGTERM stops."""
     import uvicorn
 
-    from dispatcher.http import create_status_app
-    from dispatcher.service import Dispatcher
     from fleet.cli.compose import QuietServer, connected, ensure_models, startup_deadline, stop_on_signals
     from fleet.cli.ports import listen_socket
+    from fleet.dispatcher.http import create_status_app
+    from fleet.dispatcher.service import Dispatcher
 
     # bound first: a port in use is one error line (naming --port) before anything connects
     sock = listen_socket(host, port, "--port (0 turns the status server off)") if port else None

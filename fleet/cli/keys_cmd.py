@@ -65,7 +65,7 @@ def _when(at: float | None) -> str:
 
 
 async def _audit(log: Any, action: str, target: str, details: dict[str, Any]) -> None:
-    from schemas.keys import AuditEntry
+    from fleet.schemas.keys import AuditEntry
 
     await log.append(AuditEntry(at=time.time(), action=action, actor="cli", target=target, details=details))
 

@@ -10,8 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fleet.brokers import make_broker
 from fleet.models import resolve_spec
+from fleet.producers.publish import check_encoding, check_priority, check_tenant, prepare, publish_all, read_lines
 from fleet.settings import FleetSettings
-from producers.publish import check_encoding, check_priority, check_tenant, prepare, publish_all, read_lines
 
 MAX_ERRORS_SHOWN = 20
 

@@ -1,4 +1,4 @@
-"""`fleet sim`: the discrete-event load-balancing simulator (``dispatcher.sim_engine``), as a table or JSON."""
+"""`fleet sim`: the discrete-event load-balancing simulator (``fleet.dispatcher.sim_engine``), as a table or JSON."""
 
 # No ``from __future__ import annotations``: typer evaluates the command's annotations.
 import json
@@ -10,7 +10,7 @@ import typer
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from dispatcher.sim_engine import SimConfig
+    from fleet.dispatcher.sim_engine import SimConfig
 
 DEFAULT_LOADS = "0.5,0.7,0.9"
 SIM_HELP = (
@@ -35,7 +35,7 @@ def parse_policies(text: str | None) -> list[str]:
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
-    from dispatcher.policies import POLICY_NAMES
+    from fleet.dispatcher.policies import POLICY_NAMES
 
     if text is None:
         return list(POLICY_NAMES)
@@ -81,7 +81,7 @@ def _progress_bar() -> "Progress":
 
 
 def _run_with_progress(configs: "list[SimConfig]", with_analytic: bool) -> list[dict[str, Any]]:
-    from dispatcher.sim_report import run_grid
+    from fleet.dispatcher.sim_report import run_grid
 
     total = sum(c.jobs for c in configs)
     with _progress_bar() as bar:
@@ -207,8 +207,8 @@ def _build(
     sigma: float,
 ) -> "tuple[SimConfig, list[str], list[float]]":
     """Validate the flags into a base config, the policy names and the loads (``ValueError`` says what is wrong)."""
-    from dispatcher.sim_engine import SERVICE_DISTS, SimConfig
-    from dispatcher.sim_report import parse_speeds
+    from fleet.dispatcher.sim_engine import SERVICE_DISTS, SimConfig
+    from fleet.dispatcher.sim_report import parse_speeds
 
     names, load_list = parse_policies(policies), parse_loads(loads)
     if servers is not None and servers < 1:
@@ -241,7 +241,7 @@ def _build(
 
 
 def _run(base: "SimConfig", names: list[str], loads: list[float], *, analytic: bool, as_json: bool) -> None:
-    from dispatcher.sim_report import grid, run_grid
+    from fleet.dispatcher.sim_report import grid, run_grid
 
     configs = grid(base, names, loads)
     if as_json:

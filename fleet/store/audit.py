@@ -11,9 +11,9 @@ import collections
 from typing import Any, Protocol
 
 from fleet import constants as c
+from fleet.schemas.keys import AuditEntry
 from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors
-from schemas.keys import AuditEntry
 
 
 class AuditLog(Protocol):

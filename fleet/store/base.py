@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.jobs import JobError, JobRecord, JobState
 
 
 @dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x
@@ -48,9 +48,9 @@ class Start:
     tenant: str | None = None
     """The request message's tenant: written into a record the start creates (None: the default tenant)."""
     batch_size: int | None = None
-    """How many jobs the run starts with (``consumers.crashes``: 0 marks a draining worker's runs)."""
+    """How many jobs the run starts with (``fleet.consumers.crashes``: 0 marks a draining worker's runs)."""
     strikes: int = 0
-    """The job's runs counted against it so far (``consumers.crashes``); a record keeps the larger count."""
+    """The job's runs counted against it so far (``fleet.consumers.crashes``); a record keeps the larger count."""
 
 
 @dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x

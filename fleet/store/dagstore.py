@@ -1,11 +1,11 @@
 """Where DAG specs and runs live: next to the job records, in Redis (or in memory for ``fleet up``).
 
 * Specs: ``register(name, spec)`` adds an immutable version (1, 2, ...) under ``fleet:dagspec:<name>``. The
-  runner names a tenant's DAG ``<tenant>:<name>`` (``dags.state.scoped``; the default tenant's is the bare name),
+  runner names a tenant's DAG ``<tenant>:<name>`` (``fleet.dags.state.scoped``; the default tenant's is the bare name),
   so each tenant has its own versions: ``fleet:dagspec:<tenant>:<name>``.
 * Runs: one JSON document per run under ``fleet:dag:<run>`` (``RunDoc``: the run's state, the spec version it
   runs, its key, its tenant, its times; the runner's ``<run>`` is ``<tenant>:<run id>`` for a tenant other than
-  the default, ``dags.runner.store_id``), created once (``create_run`` is idempotent on the run id) and changed
+  the default, ``fleet.dags.runner.store_id``), created once (``create_run`` is idempotent on the run id) and changed
   only through ``update_run``: read, apply a pure function, write back with one atomic compare-and-set script that also
   publishes the new document on ``fleet:dagevents:<run>``. Two workers settling two items of one fan-out at once
   cannot both win: the loser reads again and re-applies its change, so a join fires exactly once.
@@ -32,7 +32,7 @@ RunDoc = dict[str, Any]
 """``{"run": RunState.to_dict(), "version": int, "key"?: str, "tenant"?: str, "created_at": float,
 "deadline": float | None, "finished_at": float | None,
 "times": {<step>: {"started_at": float | None, "finished_at": float | None}}}`` (``key``: the secret part of the
-run's job ids, ``dags.state.job_id``; absent in a run written before keys; ``tenant``: absent for the default)."""
+run's job ids, ``fleet.dags.state.job_id``; absent in a run written before keys; ``tenant``: absent for the default)."""
 
 MAX_CAS_ATTEMPTS = 64
 KNOWN_RUNS = 10_000  # run documents a process remembers having written, to skip the read before an update

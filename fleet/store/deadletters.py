@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleet import constants as c
+from fleet.schemas.wire import DeadLetter
 from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors, text
-from schemas.wire import DeadLetter
 
 
 @dataclass(frozen=True, slots=True)

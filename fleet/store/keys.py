@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import ConfigError
+from fleet.schemas.keys import KeyInfo, Role
 from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors, text
-from schemas.keys import KeyInfo, Role
 
 KEY_RE = re.compile(rf"^{c.API_KEY_PREFIX}_([0-9a-f]{{{2 * c.API_KEY_ID_BYTES}}})_([A-Za-z0-9_-]{{20,100}})$")
 DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])$")

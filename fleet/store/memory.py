@@ -13,10 +13,10 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.packed import parse_record
-from schemas.jobs import JobError, JobRecord, JobState
 
 
 class MemoryStore:

@@ -30,7 +30,7 @@ import orjson
 import pybase64
 
 from fleet.encoding import Base64Vector
-from schemas.jobs import JobRecord
+from fleet.schemas.jobs import JobRecord
 
 MARK = b"\x00"
 _b64_text = pybase64.b64encode_as_string  # what fleet.encoding.encode_vector writes

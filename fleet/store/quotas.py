@@ -13,7 +13,7 @@ of now: b at once from rest, then r per second.
 Quota: ``queued_key(tenant)`` is a sorted set of the tenant's queued job ids, each scored by when its *hold* ends
 (its deadline plus a slack, or the record's TTL). A job is counted when it is admitted and leaves the set when
 
-* a worker settles it (``release``: one pipelined call per batch, from ``consumers.settle``), or
+* a worker settles it (``release``: one pipelined call per batch, from ``fleet.consumers.settle``), or
 * its hold ends: members past their score are trimmed by the admission script itself, or
 * a sweep finds its record terminal or gone: a tenant at its bound has the records of its oldest members re-read
   (at most once a second per gateway, ``fleet.constants.QUOTA_SWEEP_INTERVAL_S``) and the ended ones removed, so a
@@ -43,10 +43,10 @@ from typing import Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import StoreError
+from fleet.schemas.jobs import JobRecord
 from fleet.store.base import ResultStore
 from fleet.store.redis import CREATE_PENDING_LUA
 from fleet.store.redis_errors import RedisErrors, text
-from schemas.jobs import JobRecord
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fleet import constants as c
 from fleet.errors import StoreError
 from fleet.links import link_error, redact
+from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 from fleet.store import cluster as cl
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
@@ -45,7 +46,6 @@ from fleet.store.packed import parse_record
 from fleet.store.pubsub import PubSubMux
 from fleet.store.recheck import RECHECK_INTERVAL_S, Rechecker
 from fleet.store.redis_packing import with_hiredis_packing
-from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
 _Item = TypeVar("_Item", Start, Finish)

@@ -22,7 +22,7 @@ Ownership (``foreign``): a job id names one job of one model and one tenant. ``s
 every store leave a record of another model or another tenant exactly as it is and hand it back, so that a message
 naming someone else's job id (a raw publish, a guessed id) is never computed into that record; the check is part of
 the same compare-and-set step that writes, so no write can slip in between. The caller recognises the foreign
-record with the same function and treats the message as a conflict (``consumers.settle.Settler.conflicts``).
+record with the same function and treats the message as a conflict (``fleet.consumers.settle.Settler.conflicts``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import orjson
 from pydantic import BaseModel
 
 from fleet.constants import DEFAULT_TENANT
+from fleet.schemas.construct import built
+from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 from fleet.store.packed import pack
-from schemas.construct import built
-from schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 
 _SERIALIZER = JobRecord.__pydantic_serializer__
 _FIELDS = set(JobRecord.model_fields)
@@ -44,7 +44,7 @@ _RUNNING = JobState.running
 
 def trusted(values: dict[str, Any]) -> JobRecord:
     """A record from values of the right types for every field, without validating them again: what
-    ``JobRecord.model_construct`` makes, at a quarter of its cost (``schemas.construct.built``)."""
+    ``JobRecord.model_construct`` makes, at a quarter of its cost (``fleet.schemas.construct.built``)."""
     return built(JobRecord, values, _FIELDS.copy())
 
 
@@ -121,7 +121,8 @@ def started(
 ) -> JobRecord:
     """The record after a worker picked the job up; a terminal ``current`` is returned unchanged. ``tenant`` (the
     request message's) is written only into a record created here: an existing record keeps its own.
-    ``batch_size`` and ``strikes`` are the run's (``consumers.crashes``); a record keeps the larger strike count."""
+    ``batch_size`` and ``strikes`` are the run's (``fleet.consumers.crashes``); a record keeps the larger strike
+    count."""
     if current is None:
         return _fresh(
             job_id,

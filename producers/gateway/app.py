@@ -15,22 +15,11 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from dags.runner import DagRunner
 from fleet.brokers.base import Broker
+from fleet.dags.runner import DagRunner
 from fleet.errors import ConfigError
 from fleet.models import resolve_specs
-from fleet.readiness import WorkerTracker
-from fleet.scaling import ScalingStore, make_scaling_store
-from fleet.settings import FleetSettings
-from fleet.startup import Deadline, retry_until
-from fleet.store.audit import make_audit_log
-from fleet.store.base import ResultStore
-from fleet.store.cachestore import CacheStore, make_cache_store
-from fleet.store.dagstore import DagStore, make_dag_store
-from fleet.store.deadletters import make_dead_letter_store
-from fleet.store.keys import make_key_store
-from fleet.store.quotas import make_quotas
-from producers.gateway import (
+from fleet.producers.gateway import (
     dag_events,
     dashboard,
     routes_dags,
@@ -45,23 +34,34 @@ from producers.gateway import (
     sse,
     ws,
 )
-from producers.gateway.auth import Authenticator
-from producers.gateway.backlog import Backlog
-from producers.gateway.cache import ResultCache, build_cache
-from producers.gateway.deadletter_recorder import DeadLetterRecorder
-from producers.gateway.docs import install_docs
-from producers.gateway.embedder import TextModel
-from producers.gateway.errors import install_error_handlers
-from producers.gateway.limits import GatewayLimits
-from producers.gateway.metrics import MetricsMiddleware
-from producers.gateway.openapi_doc import install_openapi
-from producers.gateway.operator_access import OperatorGate, is_loopback, log_access
-from producers.gateway.operator_beats import BeatListener, Beats
-from producers.gateway.operator_feed import OperatorFeed
-from producers.gateway.ratelimit import RateLimitHeaders, build_limiter
-from producers.gateway.reconcile import Reconciler
-from producers.gateway.state import GatewayState
-from schemas.models import ModelSpec
+from fleet.producers.gateway.auth import Authenticator
+from fleet.producers.gateway.backlog import Backlog
+from fleet.producers.gateway.cache import ResultCache, build_cache
+from fleet.producers.gateway.deadletter_recorder import DeadLetterRecorder
+from fleet.producers.gateway.docs import install_docs
+from fleet.producers.gateway.embedder import TextModel
+from fleet.producers.gateway.errors import install_error_handlers
+from fleet.producers.gateway.limits import GatewayLimits
+from fleet.producers.gateway.metrics import MetricsMiddleware
+from fleet.producers.gateway.openapi_doc import install_openapi
+from fleet.producers.gateway.operator_access import OperatorGate, is_loopback, log_access
+from fleet.producers.gateway.operator_beats import BeatListener, Beats
+from fleet.producers.gateway.operator_feed import OperatorFeed
+from fleet.producers.gateway.ratelimit import RateLimitHeaders, build_limiter
+from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.gateway.state import GatewayState
+from fleet.readiness import WorkerTracker
+from fleet.scaling import ScalingStore, make_scaling_store
+from fleet.schemas.models import ModelSpec
+from fleet.settings import FleetSettings
+from fleet.startup import Deadline, retry_until
+from fleet.store.audit import make_audit_log
+from fleet.store.base import ResultStore
+from fleet.store.cachestore import CacheStore, make_cache_store
+from fleet.store.dagstore import DagStore, make_dag_store
+from fleet.store.deadletters import make_dead_letter_store
+from fleet.store.keys import make_key_store
+from fleet.store.quotas import make_quotas
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def create_app(
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
         lifespan=_lifespan(settings, broker, store, limits, scaling, workers, cache_parts or CacheParts()),
-        docs_url=None,  # served from installed assets instead of a CDN: producers.gateway.docs
+        docs_url=None,  # served from installed assets instead of a CDN: fleet.producers.gateway.docs
         redoc_url=None,
     )
     install_docs(app)

@@ -8,7 +8,7 @@
   works as a bearer: it gives the operator role (no tenant). No bearer, a malformed, unknown, expired or revoked
   key: 401 with ``WWW-Authenticate: Bearer``; a role too low for the route: 403.
 * ``off``: submit, read and push routes are open (the principal is the ``default`` tenant); the operator and admin
-  routes keep the operator gate of ``producers.gateway.operator_access`` (the token, or open on a loopback bind).
+  routes keep the operator gate of ``fleet.producers.gateway.operator_access`` (the token, or open on a loopback bind).
 
 WebSockets take the key from the ``Authorization`` header, or (browsers cannot set headers on a WebSocket) from
 the subprotocols ``["fleet", "bearer.<key>"]``: the server then answers with the subprotocol ``fleet``. A refused
@@ -36,13 +36,13 @@ from starlette.requests import HTTPConnection
 
 from fleet import constants as c
 from fleet.errors import FleetError
+from fleet.producers.gateway.errors import ApiError, describe_fleet_error, error_json, error_responses
+from fleet.schemas.keys import AuditEntry, KeyInfo
 from fleet.store.audit import AuditLog
 from fleet.store.keys import KeyStore, digest
-from producers.gateway.errors import ApiError, describe_fleet_error, error_json, error_responses
-from schemas.keys import AuditEntry, KeyInfo
 
 if TYPE_CHECKING:
-    from producers.gateway.operator_access import OperatorGate
+    from fleet.producers.gateway.operator_access import OperatorGate
 
 log = logging.getLogger(__name__)
 

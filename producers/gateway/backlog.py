@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from fleet.brokers.base import Broker
 from fleet.errors import QueueFull
 from fleet.lag import QUEUE_LAG, read_lag
+from fleet.producers.gateway.metrics import REJECTED
 from fleet.tasks import cancel_and_wait, wait_event
-from producers.gateway.metrics import REJECTED
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The gateway's result caches: L1 in-process, L2 exact in the store, L3 semantic (``cache_l3``).
 
 Per model opt-in (``FLEET_CACHE``). The key of a request is the sha256 of the canonical JSON of ``{model, version,
-input, tenant}`` (``schemas.jobs.input_digest``), under ``fleet.constants.cache_entry_key(model, version, digest)``:
+input, tenant}`` (``fleet.schemas.jobs.input_digest``), under ``fleet.constants.cache_entry_key(model, version,
+digest)``:
 a new ``ModelSpec.version`` never reads an older version's entries, and one tenant never reads another's. A model
 named in ``FLEET_CACHE_SHARED`` leaves the tenant out of the key (``{model, version, input}``, as before tenants)
 and keeps one L3 index: its entries answer every tenant. Otherwise L3 searches only the requesting tenant's index
@@ -42,21 +43,21 @@ from cachetools import TTLCache
 from fleet import constants as c
 from fleet.encoding import DEFAULT_ENCODING, convert_output
 from fleet.errors import ConfigError, StoreError
-from fleet.settings import FleetSettings
-from fleet.store.base import ResultStore
-from fleet.store.cachestore import CacheStore, VectorEntry
-from producers.gateway.cache_l3 import L3Options, SemanticLevel
-from producers.gateway.embedder import BatchingEmbedder, TextModel, load_embed_handler
-from producers.gateway.metrics import (
+from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
+from fleet.producers.gateway.embedder import BatchingEmbedder, TextModel, load_embed_handler
+from fleet.producers.gateway.metrics import (
     CACHE_FILLS,
     CACHE_L3_ENTRIES,
     CACHE_L3_READY,
     CACHE_LOOKUP_SECONDS,
     CACHE_REQUESTS,
 )
-from producers.gateway.semantic_index import gpu_mirror, index_device
-from schemas.jobs import CacheLevel, JobRecord, JobState, input_digest
-from schemas.models import EMBED_DIM, ModelSpec
+from fleet.producers.gateway.semantic_index import gpu_mirror, index_device
+from fleet.schemas.jobs import CacheLevel, JobRecord, JobState, input_digest
+from fleet.schemas.models import EMBED_DIM, ModelSpec
+from fleet.settings import FleetSettings
+from fleet.store.base import ResultStore
+from fleet.store.cachestore import CacheStore, VectorEntry
 
 logger = logging.getLogger(__name__)
 

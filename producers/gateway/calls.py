@@ -18,10 +18,10 @@ from fleet import constants as c
 from fleet import tenancy
 from fleet.brokers.base import Broker
 from fleet.errors import BrokerUnavailable, JobNotFound, QueueFull, StoreError
+from fleet.producers.gateway.limits import GatewayLimits
+from fleet.schemas.jobs import JobRecord
+from fleet.schemas.wire import to_priority
 from fleet.store.base import ResultStore
-from producers.gateway.limits import GatewayLimits
-from schemas.jobs import JobRecord
-from schemas.wire import to_priority
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.producers.gateway.errors import ApiError
 from fleet.strict_json import MAX_DEPTH, MAX_INT_DIGITS, JsonRefused, loads
-from producers.gateway.errors import ApiError
 
 __all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "parse_json"]
 

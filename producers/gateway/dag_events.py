@@ -33,10 +33,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
-from dags.runner import DagRunner, UnknownRun, store_id
+from fleet.dags.runner import DagRunner, UnknownRun, store_id
 from fleet.errors import StoreError
-from fleet.store.dagstore import RunDoc
-from producers.gateway.auth import (
+from fleet.producers.gateway.auth import (
     AUTH_RESPONSES,
     SUBMITTER_DEPS,
     Principal,
@@ -44,14 +43,15 @@ from producers.gateway.auth import (
     websocket_principal,
     ws_subprotocol,
 )
-from producers.gateway.calls import patiently
-from producers.gateway.errors import error_json
-from producers.gateway.metrics import SSE_STREAMS_OPEN, WEBSOCKETS_OPEN
-from producers.gateway.routes_dags import runner_of, view_doc
-from producers.gateway.sse import KEEP_ALIVE, OUTAGE_PAUSE_S, STREAM_HEADERS, sse_event
-from producers.gateway.state import GatewayState, gateway_state
-from producers.gateway.ws import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_NOT_FOUND, _first_of
-from schemas.api import ErrorResponse
+from fleet.producers.gateway.calls import patiently
+from fleet.producers.gateway.errors import error_json
+from fleet.producers.gateway.metrics import SSE_STREAMS_OPEN, WEBSOCKETS_OPEN
+from fleet.producers.gateway.routes_dags import runner_of, view_doc
+from fleet.producers.gateway.sse import KEEP_ALIVE, OUTAGE_PAUSE_S, STREAM_HEADERS, sse_event
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.producers.gateway.ws import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_NOT_FOUND, _first_of
+from fleet.schemas.api import ErrorResponse
+from fleet.store.dagstore import RunDoc
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from pydantic import ValidationError
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.deadletter import raw_text
+from fleet.schemas.jobs import JobError
+from fleet.schemas.wire import DeadLetter
 from fleet.store.deadletters import DeadLetterStore
 from fleet.tasks import cancel_and_wait
-from schemas.jobs import JobError
-from schemas.wire import DeadLetter
 
 log = logging.getLogger(__name__)
 

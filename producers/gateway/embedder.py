@@ -1,6 +1,6 @@
 """The gateway's text embedder for the L3 cache: concurrent lookups batched into one forward pass, off the loop.
 
-The model is the ``embed`` handler's (all-MiniLM-L6-v2, ``consumers.handlers.embed``), resolved by import path
+The model is the ``embed`` handler's (all-MiniLM-L6-v2, ``fleet.consumers.handlers.embed``), resolved by import path
 (``fleet.models.import_object``) so that the gateway does not import the worker package, and loaded in a worker
 thread on first use, on the device the worker would choose (``settings.device``). ``BatchingEmbedder.embed``
 queues a text; one drain task takes whatever is queued (up to ``max_batch``), runs the model in a thread, and
@@ -21,7 +21,7 @@ from fleet.models import import_object
 
 logger = logging.getLogger(__name__)
 
-EMBED_HANDLER = "consumers.handlers.embed:EmbedHandler"
+EMBED_HANDLER = "fleet.consumers.handlers.embed:EmbedHandler"
 
 
 class TextModel(Protocol):

@@ -1,4 +1,4 @@
-"""Every gateway error becomes ``schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``.
+"""Every gateway error becomes ``fleet.schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``.
 
 Error types and status codes:
 
@@ -6,7 +6,7 @@ Error types and status codes:
 type                   status  when
 =====================  ======  ==========================================================
 malformed_json         400     the body is not JSON, or nests arrays and objects past 100 levels (details: limit;
-                               ``producers.gateway.client_json``)
+                               ``fleet.producers.gateway.client_json``)
 invalid_request        422     the body, a path or a query parameter has the wrong shape, or the body holds a value
                                JSON cannot carry exactly: NaN, Infinity, 1e400, an integer of more than 4300 digits
                                (details: limit), a lone UTF-16 surrogate
@@ -71,7 +71,7 @@ from fleet.errors import (
     UnknownModel,
     UnknownRun,
 )
-from schemas.api import ErrorBody, ErrorResponse
+from fleet.schemas.api import ErrorBody, ErrorResponse
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _header(description: str, kind: str = "integer") -> dict[str, Any]:
 
 
 RETRY_AFTER_HEADER = {"Retry-After": _header("seconds to wait before trying again")}
-# The IETF draft RateLimit headers of a route that tenants' limits count (producers.gateway.ratelimit): on every
+# The IETF draft RateLimit headers of a route that tenants' limits count (fleet.producers.gateway.ratelimit): on every
 # answer while a rate limit applies to the caller's tenant.
 RATE_LIMIT_HEADERS = {
     "RateLimit-Limit": _header("the tenant's burst: requests it may make at once"),

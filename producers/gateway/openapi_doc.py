@@ -1,7 +1,7 @@
 """The gateway's OpenAPI document, told truthfully: what FastAPI cannot know from the route signatures alone.
 
 * Every operation with a JSON body documents ``400 malformed_json`` (a body that is not JSON), which the error
-  handlers answer on every route (``producers.gateway.errors``).
+  handlers answer on every route (``fleet.producers.gateway.errors``).
 * ``?wait`` says its bounds: ``0 < wait <= FLEET_MAX_LONG_POLL_S`` (the gateway's ``check_wait``).
 * ``POST /v1/jobs`` and ``POST /v1/infer`` take one body per served model (``oneOf``, discriminated by ``model``),
   each with that model's own input schema instead of an untyped ``input`` object. The models are known once the
@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from schemas.api import SubmitRequest
-from schemas.models import ModelSpec
+from fleet.schemas.api import SubmitRequest
+from fleet.schemas.models import ModelSpec
 
 SUBMIT_PATHS = ("/v1/jobs", "/v1/infer")
 MALFORMED_JSON_RESPONSE = {

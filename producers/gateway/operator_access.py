@@ -1,6 +1,6 @@
 """Who may use the operator surface when API keys are off (``FLEET_AUTH=off``): the operator gate.
 
-The check is "the caller's principal has the ``operator`` role" (``producers.gateway.auth.require_operator``,
+The check is "the caller's principal has the ``operator`` role" (``fleet.producers.gateway.auth.require_operator``,
 re-exported here). With ``FLEET_AUTH=off`` the gate gives such a principal:
 
 * ``FLEET_OPERATOR_TOKEN`` set: ``Authorization: Bearer <token>`` (compared in constant time). No header: 401 with
@@ -10,7 +10,7 @@ re-exported here). With ``FLEET_AUTH=off`` the gate gives such a principal:
   403 ``operator_disabled`` saying to set the token (logged once at start-up).
 
 With ``FLEET_AUTH=keys`` an API key with the operator (or admin) role gives it, and the token still does
-(``producers.gateway.auth``).
+(``fleet.producers.gateway.auth``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from fleet.producers.gateway.auth import ALL_ROLES, OPERATOR, Principal, require_operator
+from fleet.producers.gateway.errors import ApiError
+from fleet.schemas.operator import OperatorAccess
 from fleet.settings import FleetSettings
-from producers.gateway.auth import ALL_ROLES, OPERATOR, Principal, require_operator
-from producers.gateway.errors import ApiError
-from schemas.operator import OperatorAccess
 
 log = logging.getLogger(__name__)
 

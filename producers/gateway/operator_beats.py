@@ -3,7 +3,7 @@ and every dispatcher's beat (``fleet.ctl.dispatcher.<model>``).
 
 ``Beats`` keeps the latest beat of each worker and dispatcher with the time it arrived, and per model the
 cumulative completions and failures summed from the workers' counters (a worker seen for the first time only sets
-its baseline, as in ``autoscaler.signals``). A worker or dispatcher silent for ``SILENT_INTERVALS`` heartbeat
+its baseline, as in ``fleet.autoscaler.signals``). A worker or dispatcher silent for ``SILENT_INTERVALS`` heartbeat
 intervals, or one that said ``stopped``, is forgotten. It also answers whether a worker id was heard from, which is
 how ``POST /v1/workers/{id}/drain`` knows a worker exists.
 """
@@ -21,8 +21,8 @@ from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
 from fleet.brokers.events import Listener, validated
 from fleet.readiness import WorkerTracker
-from schemas.operator import DispatcherView, WorkerView
-from schemas.wire import DispatcherBeat, Heartbeat
+from fleet.schemas.operator import DispatcherView, WorkerView
+from fleet.schemas.wire import DispatcherBeat, Heartbeat
 
 log = logging.getLogger(__name__)
 

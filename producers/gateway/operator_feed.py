@@ -26,14 +26,10 @@ from typing import Any
 
 from fleet.brokers.base import Broker
 from fleet.lag import read_lag
+from fleet.producers.gateway.operator_beats import Beats
+from fleet.producers.gateway.routes_scaling import shown_status
 from fleet.scaling import ScalingStore
-from fleet.settings import FleetSettings
-from fleet.store.dagstore import DagStore, RunDoc
-from fleet.store.deadletters import DeadLetterStore, StoredLetter
-from fleet.tasks import cancel_and_wait, wait_event
-from producers.gateway.operator_beats import Beats
-from producers.gateway.routes_scaling import shown_status
-from schemas.operator import (
+from fleet.schemas.operator import (
     DeadLetterGroup,
     DeadLetterView,
     ModelPanel,
@@ -41,7 +37,11 @@ from schemas.operator import (
     RunSummary,
     Sample,
 )
-from schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
+from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
+from fleet.settings import FleetSettings
+from fleet.store.dagstore import DagStore, RunDoc
+from fleet.store.deadletters import DeadLetterStore, StoredLetter
+from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import constants as c
+from fleet.producers.gateway.auth import SUBMITTER, authenticator
+from fleet.producers.gateway.calls import store_call
+from fleet.producers.gateway.errors import ApiError
+from fleet.schemas.api import SubmitResponse
+from fleet.schemas.jobs import JobRecord, JobState
 from fleet.store.base import ResultStore
 from fleet.store.quotas import QUOTA_EXCEEDED, Decision, LimitPolicy, Quotas, hold_s
-from producers.gateway.auth import SUBMITTER, authenticator
-from producers.gateway.calls import store_call
-from producers.gateway.errors import ApiError
-from schemas.api import SubmitResponse
-from schemas.jobs import JobRecord, JobState
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from prometheus_client import Counter
 
 from fleet.brokers.base import Broker
 from fleet.errors import FleetError
+from fleet.producers.gateway.calls import message_priority, publish_request, store_call
+from fleet.producers.gateway.limits import GatewayLimits
+from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait, wait_event
-from producers.gateway.calls import message_priority, publish_request, store_call
-from producers.gateway.limits import GatewayLimits
-from schemas.jobs import JobError, JobRecord, JobState
 
 log = logging.getLogger(__name__)
 

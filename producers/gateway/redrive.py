@@ -21,12 +21,12 @@ import uuid
 
 from pydantic import ValidationError
 
+from fleet.producers.gateway.calls import publish_request, store_call
+from fleet.producers.gateway.state import GatewayState
+from fleet.schemas.jobs import JobRecord, JobState, input_digest
+from fleet.schemas.operator import LetterSelection, PurgeResult, RedriveResult
+from fleet.schemas.wire import RequestMessage
 from fleet.store.deadletters import DeadLetterStore, StoredLetter
-from producers.gateway.calls import publish_request, store_call
-from producers.gateway.state import GatewayState
-from schemas.jobs import JobRecord, JobState, input_digest
-from schemas.operator import LetterSelection, PurgeResult, RedriveResult
-from schemas.wire import RequestMessage
 
 log = logging.getLogger(__name__)
 

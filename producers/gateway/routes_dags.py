@@ -1,18 +1,19 @@
 """``/v1/dags`` and ``/v1/runs``: register DAG specs, show them, start runs, poll (optionally long-poll) and cancel
-them. The push routes (WebSocket and server-sent events) are in ``producers.gateway.dag_events``.
+them. The push routes (WebSocket and server-sent events) are in ``fleet.producers.gateway.dag_events``.
 
 ``POST /v1/dags`` takes YAML (``application/yaml``, ``text/yaml``, ``text/plain``, or no content type) or JSON
 (``application/json``): text that does not parse is ``400 malformed_spec`` naming the line and column, a spec that
-parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. The limits of ``dags.limits``
+parses but is wrong ``422 dag_invalid`` with one ``{step, path, message}`` per problem. The limits of
+``fleet.dags.limits``
 hold before anything parses deeper: text nested over 64 levels or holding an integer of over 4,300 digits is a 400
 naming the limit, a value JSON cannot carry (NaN, an infinity, a lone surrogate) and an expression over its length or
-nesting a 422. A run start's body is read by the gateway's one JSON parser (``producers.gateway.client_json``),
+nesting a 422. A run start's body is read by the gateway's one JSON parser (``fleet.producers.gateway.client_json``),
 as every request body is. Parsing,
 validation and every evaluation run in a thread, so the event loop keeps serving. Registering the same spec
 again keeps its version; a changed spec gets the next one. A run runs the latest version at its start, or the
 ``version`` its start names; the run's answers name the version it runs.
 
-Each tenant has its own DAGs and run ids (a namespace per tenant, ``dags.state.scoped``): the key's tenant
+Each tenant has its own DAGs and run ids (a namespace per tenant, ``fleet.dags.state.scoped``): the key's tenant
 registers, lists, shows and runs only its own DAGs, and another tenant's DAG of the same name is one that does not
 exist (its own ``POST /v1/dags`` of that name makes its own version 1). A run belongs to the tenant of the key that
 started it (its document's ``tenant``; its steps' jobs carry it too); reading or cancelling another tenant's run
@@ -30,23 +31,29 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
-from dags import graph, limits
-from dags.limits import LimitExceeded
-from dags.runner import DagRunner, store_id, view_of
-from dags.spec import MAX_SPEC_BYTES, parse_text
-from dags.state import RunState, scoped
-from dags.validate import CompiledDag
+from fleet.dags import graph, limits
+from fleet.dags.limits import LimitExceeded
+from fleet.dags.runner import DagRunner, store_id, view_of
+from fleet.dags.spec import MAX_SPEC_BYTES, parse_text
+from fleet.dags.state import RunState, scoped
+from fleet.dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
+from fleet.producers.gateway import ratelimit
+from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway.calls import patiently
+from fleet.producers.gateway.client_json import parse_json
+from fleet.producers.gateway.errors import (
+    ApiError,
+    error_responses,
+    limited_responses,
+    validation_errors,
+    validation_message,
+)
+from fleet.producers.gateway.limits import read_limited_body
+from fleet.producers.gateway.routes_jobs import check_wait
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.dags import DagDetail, DagList, DagRegistered, DagSummary, RunStarted, RunView, StartRunRequest
 from fleet.store.dagstore import RunDoc
-from producers.gateway import ratelimit
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from producers.gateway.calls import patiently
-from producers.gateway.client_json import parse_json
-from producers.gateway.errors import ApiError, error_responses, limited_responses, validation_errors, validation_message
-from producers.gateway.limits import read_limited_body
-from producers.gateway.routes_jobs import check_wait
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.dags import DagDetail, DagList, DagRegistered, DagSummary, RunStarted, RunView, StartRunRequest
 
 router = APIRouter(tags=["dags"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 
@@ -101,7 +108,7 @@ def parse_spec_body(raw: bytes, content_type: str) -> dict[str, Any]:
     """The spec mapping of a ``POST /v1/dags`` body.
 
     Raises:
-        PayloadTooLarge: over ``dags.spec.MAX_SPEC_BYTES``.
+        PayloadTooLarge: over ``fleet.dags.spec.MAX_SPEC_BYTES``.
         ApiError: 415 for another content type, 400 ``malformed_spec`` for text that does not parse.
     """
     if len(raw) > MAX_SPEC_BYTES:
@@ -210,7 +217,7 @@ async def show_dag(
 # -- runs -----------------------------------------------------------------------------------------------------
 def parse_start(raw: bytes) -> StartRunRequest:
     """Raises ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field (or a value JSON
-    cannot carry exactly: ``producers.gateway.client_json``)."""
+    cannot carry exactly: ``fleet.producers.gateway.client_json``)."""
     data = parse_json(raw) if raw.strip() else {}
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
@@ -235,7 +242,7 @@ def parse_start(raw: bytes) -> StartRunRequest:
     ),
     responses=limited_responses(202, 400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_RUN_BODY,
-    dependencies=[Depends(ratelimit.limit_rate)],  # the tenant's rate limit (producers.gateway.ratelimit)
+    dependencies=[Depends(ratelimit.limit_rate)],  # the tenant's rate limit (fleet.producers.gateway.ratelimit)
 )
 async def start_run(
     name: str,

@@ -7,14 +7,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
+from fleet.producers.gateway import redrive as actions
+from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.errors import error_responses
+from fleet.producers.gateway.operator_access import Principal, require_operator
+from fleet.producers.gateway.operator_feed import dead_letter_view
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.operator import DeadLetterGroup, DeadLetterList, LetterSelection, PurgeResult, RedriveResult
 from fleet.store.deadletters import DeadLetterStore
-from producers.gateway import redrive as actions
-from producers.gateway.auth import record_action
-from producers.gateway.errors import error_responses
-from producers.gateway.operator_access import Principal, require_operator
-from producers.gateway.operator_feed import dead_letter_view
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.operator import DeadLetterGroup, DeadLetterList, LetterSelection, PurgeResult, RedriveResult
 
 router = APIRouter(prefix="/v1/deadletters", tags=["operator"])
 

@@ -22,13 +22,13 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from producers.gateway.calls import long_poll
-from producers.gateway.errors import ApiError, limited_responses
-from producers.gateway.routes_jobs import SUBMIT_BODY, check_wait, submit
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import InferResponse
-from schemas.jobs import JobRecord, JobState
+from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway.calls import long_poll
+from fleet.producers.gateway.errors import ApiError, limited_responses
+from fleet.producers.gateway.routes_jobs import SUBMIT_BODY, check_wait, submit
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.api import InferResponse
+from fleet.schemas.jobs import JobRecord, JobState
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
 

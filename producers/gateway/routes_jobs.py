@@ -7,14 +7,14 @@ it; only then is the answer ``202``. A publish that fails deletes the record and
 before the acknowledgement leaves the mark, and a reconcile sweep (``reconcile``) publishes the job again.
 
 Submitting an id that already has a record with the same model and input (same canonical JSON, key order aside:
-``schemas.jobs.input_digest``) is idempotent: the answer is ``202`` with the existing job's current status and
+``fleet.schemas.jobs.input_digest``) is idempotent: the answer is ``202`` with the existing job's current status and
 nothing new is created, also when the queue is full. Another model, another input or another tenant's job is
 ``409 job_id_conflict``, one answer for all (``id_conflict``: the id, nothing of the job that holds it).
 When that job is still ``queued`` the request is published again with the same message id; the broker's
 de-duplication drops it when the first publish got through. A failed re-publish answers ``503`` but leaves the
 existing record alone: it belongs to the first submission.
 
-Result caches (``producers.gateway.cache``): for a model that opted in, the lookup comes after the checks and
+Result caches (``fleet.producers.gateway.cache``): for a model that opted in, the lookup comes after the checks and
 before the queue bound. A hit is still a job: its record is created (with the request message, as any job) and
 finished ``succeeded`` at once with the cached output, ``cache`` and ``cache_similarity`` set, through the store's
 ``finish``, so polling, long-polls, WebSockets and SSE see it as any computed job; the answer is ``202`` with
@@ -45,13 +45,12 @@ from fleet import constants as c
 from fleet import tenancy
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
-from fleet.store import transitions
-from producers.gateway import ratelimit
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from producers.gateway.cache import Hit, Lookup
-from producers.gateway.calls import long_poll, publish_request, read_job, store_call
-from producers.gateway.client_json import parse_json
-from producers.gateway.errors import (
+from fleet.producers.gateway import ratelimit
+from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway.cache import Hit, Lookup
+from fleet.producers.gateway.calls import long_poll, publish_request, read_job, store_call
+from fleet.producers.gateway.client_json import parse_json
+from fleet.producers.gateway.errors import (
     ApiError,
     error_responses,
     error_type,
@@ -59,13 +58,14 @@ from producers.gateway.errors import (
     validation_errors,
     validation_message,
 )
-from producers.gateway.limits import read_limited_body
-from producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import SubmitRequest, SubmitResponse
-from schemas.jobs import JobError, JobRecord, JobState, input_digest
-from schemas.models import ModelSpec
-from schemas.wire import RequestMessage
+from fleet.producers.gateway.limits import read_limited_body
+from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.api import SubmitRequest, SubmitResponse
+from fleet.schemas.jobs import JobError, JobRecord, JobState, input_digest
+from fleet.schemas.models import ModelSpec
+from fleet.schemas.wire import RequestMessage
+from fleet.store import transitions
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def parse_submit(raw: bytes) -> SubmitRequest:
 
     Raises:
         ApiError: 400 ``malformed_json`` or 422 ``invalid_request`` naming each bad field, or a value JSON cannot
-            carry exactly (``producers.gateway.client_json``: non-finite numbers, huge integers, lone surrogates,
+            carry exactly (``fleet.producers.gateway.client_json``: non-finite numbers, huge integers, lone surrogates,
             nesting past its limit).
     """
     data = parse_json(raw)

@@ -12,13 +12,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import ValidationError
 
 from fleet.errors import ConfigError
+from fleet.producers.gateway.auth import Principal, record_action, require_admin, require_operator
+from fleet.producers.gateway.client_json import parse_json
+from fleet.producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
+from fleet.producers.gateway.limits import read_limited_body
+from fleet.schemas.keys import AuditList, CreateKeyRequest, KeyCreated, KeyInfo, KeyList
 from fleet.store.audit import AuditLog
 from fleet.store.keys import KeyStore, parse_expiry
-from producers.gateway.auth import Principal, record_action, require_admin, require_operator
-from producers.gateway.client_json import parse_json
-from producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
-from producers.gateway.limits import read_limited_body
-from schemas.keys import AuditList, CreateKeyRequest, KeyCreated, KeyInfo, KeyList
 
 router = APIRouter(tags=["keys"])
 

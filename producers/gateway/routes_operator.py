@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from producers.gateway.errors import error_responses
-from producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
-from producers.gateway.operator_feed import OperatorFeed
-from schemas.operator import OperatorAccess, OperatorSnapshot
+from fleet.producers.gateway.errors import error_responses
+from fleet.producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
+from fleet.producers.gateway.operator_feed import OperatorFeed
+from fleet.schemas.operator import OperatorAccess, OperatorSnapshot
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
 

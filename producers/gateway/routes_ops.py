@@ -11,12 +11,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from fleet.producers.gateway.errors import error_response
+from fleet.producers.gateway.metrics import REGISTRY
+from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.readiness import WorkerTracker
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
-from producers.gateway.errors import error_response
-from producers.gateway.metrics import REGISTRY
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import ErrorResponse
+from fleet.schemas.api import ErrorResponse
 
 router = APIRouter()
 

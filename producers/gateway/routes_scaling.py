@@ -13,14 +13,14 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
+from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.errors import ApiError, error_responses
+from fleet.producers.gateway.operator_access import Principal, require_operator
+from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.scaling import ScalingStore
+from fleet.schemas.operator import ScaleRequest
+from fleet.schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
 from fleet.settings import FleetSettings
-from producers.gateway.auth import record_action
-from producers.gateway.errors import ApiError, error_responses
-from producers.gateway.operator_access import Principal, require_operator
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.operator import ScaleRequest
-from schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
 
 router = APIRouter(prefix="/v1/scaling", tags=["scaling"])
 

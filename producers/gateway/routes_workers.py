@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Request
 
 from fleet import constants as c
-from producers.gateway.auth import record_action
-from producers.gateway.errors import ApiError, error_responses
-from producers.gateway.operator_access import Principal, require_operator
-from producers.gateway.operator_beats import Beats
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.operator import DrainAccepted
-from schemas.wire import DrainRequest
+from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.errors import ApiError, error_responses
+from fleet.producers.gateway.operator_access import Principal, require_operator
+from fleet.producers.gateway.operator_beats import Beats
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.operator import DrainAccepted
+from fleet.schemas.wire import DrainRequest
 
 router = APIRouter(prefix="/v1/workers", tags=["operator"])
 

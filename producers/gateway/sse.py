@@ -30,13 +30,13 @@ from fastapi.responses import StreamingResponse
 
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
-from producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from producers.gateway.calls import read_job, store_call
-from producers.gateway.errors import error_json
-from producers.gateway.metrics import SSE_STREAMS_OPEN
-from producers.gateway.state import GatewayState, gateway_state
-from schemas.api import ErrorResponse
-from schemas.jobs import JobRecord
+from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway.calls import read_job, store_call
+from fleet.producers.gateway.errors import error_json
+from fleet.producers.gateway.metrics import SSE_STREAMS_OPEN
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.api import ErrorResponse
+from fleet.schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What the gateway's request handlers share, built by the lifespan in ``producers.gateway.app``.
+"""What the gateway's request handlers share, built by the lifespan in ``fleet.producers.gateway.app``.
 
 It lives apart from ``app`` so that the route modules, which ``app`` imports, never import ``app`` back.
 """
@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from fleet.brokers.base import Broker
+from fleet.producers.gateway.limits import GatewayLimits
+from fleet.schemas.models import ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from producers.gateway.limits import GatewayLimits
-from schemas.models import ModelSpec
 
 if TYPE_CHECKING:
-    from dags.runner import DagRunner
-    from producers.gateway.backlog import Backlog
-    from producers.gateway.cache import ResultCache
+    from fleet.dags.runner import DagRunner
+    from fleet.producers.gateway.backlog import Backlog
+    from fleet.producers.gateway.cache import ResultCache
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ An unknown job gets ``{"error": {...}}`` and close code 4404.
 and the server sends, once per subscription, ``{"type": "result", "job": {...record...}}`` when the job ends, or
 ``{"type": "error", "job_id": "id9", "error": {...}}`` for an unknown job. A store outage is no error: the watchers
 wait it out and send each result once the store is back. A frame the server cannot use (not JSON, or a value JSON
-cannot carry exactly: ``producers.gateway.client_json``; wrong shape, more than
+cannot carry exactly: ``fleet.producers.gateway.client_json``; wrong shape, more than
 ``GatewayLimits.ws_max_ids_per_frame`` ids, more than ``ws_max_ids_per_connection`` ids watched at once, over
 ``ws_max_frame_bytes``) gets ``{"type": "error", "job_id": null, "error": {...}}`` and the connection stays open.
 Subscribing again to an id whose result was already sent sends it again. Keep-alive: uvicorn pings every
@@ -35,13 +35,13 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
-from producers.gateway.auth import websocket_principal, ws_subprotocol
-from producers.gateway.calls import patiently, store_call
-from producers.gateway.client_json import parse_json
-from producers.gateway.errors import ApiError, error_json
-from producers.gateway.metrics import WEBSOCKETS_OPEN
-from producers.gateway.state import GatewayState
-from schemas.jobs import JobRecord
+from fleet.producers.gateway.auth import websocket_principal, ws_subprotocol
+from fleet.producers.gateway.calls import patiently, store_call
+from fleet.producers.gateway.client_json import parse_json
+from fleet.producers.gateway.errors import ApiError, error_json
+from fleet.producers.gateway.metrics import WEBSOCKETS_OPEN
+from fleet.producers.gateway.state import GatewayState
+from fleet.schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def parse_frame(text: str, max_bytes: int, max_ids: int) -> tuple[str, list[str]
         raise FrameError("frame_too_large", f"frame is {size} bytes, over the limit of {max_bytes} bytes")
     try:
         data = parse_json(text, "the frame")
-    except ApiError as exc:  # not JSON, or a value JSON cannot carry exactly (producers.gateway.client_json)
+    except ApiError as exc:  # not JSON, or a value JSON cannot carry exactly (fleet.producers.gateway.client_json)
         raise FrameError("invalid_frame", exc.message) from None
     shape = 'a frame is {"subscribe": ["<job id>", ...]} or {"unsubscribe": [...]}'
     if not isinstance(data, dict) or len(data) != 1 or next(iter(data)) not in ("subscribe", "unsubscribe"):

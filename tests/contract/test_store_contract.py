@@ -18,12 +18,12 @@ import pytest
 from fleet import constants as c
 from fleet.encoding import decode_vector, encode_vector
 from fleet.errors import ConfigError, StoreError
+from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store import make_store, transitions
 from fleet.store.base import Finish, ResultStore, Start
 from fleet.store.memory import MemoryStore
 from fleet.store.redis import RedisStore
-from schemas.jobs import JobError, JobRecord, JobState
 from tests import services
 from tests.aof_redis import AofRedis, aof_redis
 from tests.contract import store_fixtures
