@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -271,3 +273,29 @@ async def test_python_example_against_fleet_up(
     assert DOC_URL in example.code, f"{example.where} names no gateway at {DOC_URL}"
     monkeypatch.chdir(ROOT)  # examples read dags/examples/... as a user in the checkout would
     await asyncio.wait_for(run_python(example, example.code.replace(DOC_URL, fleet_up)), timeout=60)
+
+
+# -- the benchmark page ---------------------------------------------------------------------------------------
+def docs_hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_page_is_made_from_the_result_files(tmp_path: Path) -> None:
+    hooks = docs_hooks()
+    assert "make bench" in hooks.placeholder_benchmarks_markdown(tmp_path)  # no results yet: says how to make them
+    (tmp_path / "bench_probe.json").write_text('{"benchmark": "bench_probe", "ratio": 0.97}', encoding="utf-8")
+    page = hooks.placeholder_benchmarks_markdown(tmp_path)
+    assert "bench_probe" in page and "0.97" in page
+
+
+def test_the_benchmark_page_calls_benchmarks_report_when_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = ModuleType("benchmarks.report")
+    report.render_markdown = lambda results_dir: f"rendered {results_dir.name}"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.report", report)
+    assert docs_hooks().benchmarks_markdown(tmp_path) == f"rendered {tmp_path.name}"
