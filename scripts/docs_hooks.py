@@ -16,6 +16,7 @@ docs/ or committed. The functions are plain ``str``-returning functions, so test
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -136,6 +137,7 @@ def cli_markdown() -> str:
 
 
 # -- REST -------------------------------------------------------------------------------------------------------
+@functools.cache  # one app per build: the REST page and openapi.json share it
 def openapi_document() -> dict[str, Any]:
     from fleet.settings import FleetSettings
     from producers.gateway import create_app
@@ -179,7 +181,7 @@ def operation_markdown(method: str, path: str, op: dict[str, Any]) -> str:
         title = first.get("title") or schema_text(first)
         lines += [f"Body: {kinds}, {cell(title)}.", ""]
     lines += ["| status | meaning | body |", "| --- | --- | --- |"]
-    for status, answer in op.get("responses", {}).items():
+    for status, answer in sorted(op.get("responses", {}).items()):
         content = answer.get("content", {})
         shape = ", ".join(schema_text(v.get("schema", {})) for v in content.values() if v.get("schema")) or ""
         lines.append(f"| {status} | {cell(answer.get('description', ''))} | {cell(shape)} |")
