@@ -266,6 +266,7 @@ def fleet_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.timeout(240)  # the first one waits for `fleet up` to load embed, slower on a loaded machine
 @pytest.mark.parametrize("example", examples_of("python-gateway"))
 async def test_python_example_against_fleet_up(
     example: Example, fleet_up: str, monkeypatch: pytest.MonkeyPatch
