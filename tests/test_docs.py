@@ -6,6 +6,7 @@ A runnable example is a fenced block with an HTML comment on the line before it 
     <!-- check: python-gateway -->         run it against a real `fleet up` (http://127.0.0.1:8000 is replaced)
     <!-- check: shell -->                  run each command with bash; in a console block, `$ ` lines are commands
                                            and the lines after one are output it must print
+    <!-- check: shell-gateway -->          the same against a real `fleet up` (FLEET_URL set, the URL replaced)
     <!-- check: dag -->                    load the YAML/JSON as a DAG spec and validate it on the built-in models
     <!-- check: json [module.Model] -->    parse strictly, then validate with that pydantic model when named
 """
@@ -39,7 +40,7 @@ from tests.processes import ROOT, fleet_env, fleet_process, wait_http_ready
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 MARKER = re.compile(r"^<!-- check: ([\w-]+)(?: ([\w.]+))? -->$")
 FENCE = re.compile(r"^```(\w*)")
-KINDS = {"python", "python-gateway", "shell", "dag", "json"}
+KINDS = {"python", "python-gateway", "shell", "shell-gateway", "dag", "json"}
 DOC_URL = "http://127.0.0.1:8000"
 
 
@@ -209,13 +210,13 @@ def console_steps(code: str) -> Iterator[tuple[str, list[str]]]:
         yield command, expected
 
 
-@pytest.mark.parametrize("example", examples_of("shell"))
-def test_shell_example(example: Example, shell_dir: Path) -> None:
+def run_shell(example: Example, shell_dir: Path, gateway: str | None = None) -> None:
     env = fleet_env(PATH=f"{shell_dir.parent / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    if example.language == "console":
-        steps = list(console_steps(example.code))
-    else:
-        steps = [(example.code, [])]
+    code = example.code
+    if gateway:
+        env["FLEET_URL"] = gateway
+        code = code.replace(DOC_URL, gateway)
+    steps = list(console_steps(code)) if example.language == "console" else [(code, [])]
     assert steps, f"{example.where}: no command in the block"
     for command, expected in steps:
         result = subprocess.run(
@@ -231,6 +232,17 @@ def test_shell_example(example: Example, shell_dir: Path) -> None:
         )
         for line in expected:
             assert line in result.stdout, f"{example.where}: {command!r} did not print {line!r}:\n{result.stdout}"
+
+
+@pytest.mark.parametrize("example", examples_of("shell"))
+def test_shell_example(example: Example, shell_dir: Path) -> None:
+    run_shell(example, shell_dir)
+
+
+@pytest.mark.timeout(240)  # the first one waits for `fleet up` to load embed
+@pytest.mark.parametrize("example", examples_of("shell-gateway"))
+def test_shell_example_against_fleet_up(example: Example, shell_dir: Path, fleet_up: str) -> None:
+    run_shell(example, shell_dir, fleet_up)
 
 
 # -- Python examples ------------------------------------------------------------------------------------------
