@@ -1,6 +1,6 @@
 # The two commands a newcomer needs: `make up` runs Fleet, `make test` runs the whole test suite.
 # Both create .venv on first use (with uv, cached between runs).
-.PHONY: up test venv lint bench lock
+.PHONY: up test venv lint bench lock docs docs-serve
 
 up:
 	bash scripts/up.sh
@@ -21,3 +21,11 @@ bench:
 # UPGRADE=1` moves every dependency to its newest allowed version. Commit uv.lock with the change.
 lock: venv
 	.venv/bin/uv lock $(if $(UPGRADE),--upgrade,)
+
+# The documentation site (docs/, mkdocs.yml; the reference pages are generated from the code as it builds):
+# `make docs` builds it strictly into site/, `make docs-serve` serves it with live reload on 127.0.0.1:8001.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --site-dir site
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8001

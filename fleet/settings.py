@@ -109,7 +109,7 @@ class FleetSettings(BaseSettings):
         description="runs that count against a job (it failed retriably, or its worker died while it ran alone) "
         "before it is dead-lettered; 10x as many runs whatever ended them (fleet.consumers.crashes)",
     )
-    heartbeat_interval_s: float = Field(c.DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
+    heartbeat_interval_s: float = Field(c.DEFAULT_HEARTBEAT_INTERVAL_S, gt=0, description="worker heartbeat period")
     drain_timeout_s: float = Field(c.DEFAULT_DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: finish in-flight work")
     adaptive_batching: bool = Field(
         True, description="size micro-batches from the model's p99 target (false: use the batch limits as they are)"
@@ -129,7 +129,7 @@ class FleetSettings(BaseSettings):
 
     # broker
     dedup_window_s: float = Field(c.DEFAULT_DEDUP_WINDOW_S, gt=0, description="JetStream duplicate window")
-    max_message_bytes: int = Field(c.DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    max_message_bytes: int = Field(c.DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="largest message a broker accepts")
     kafka_partitions: int = Field(4, ge=1, le=1024, description="partitions of a request topic Fleet creates")
     kafka_auto_create: bool = Field(True, description="create missing request topics at start-up")
 
@@ -157,10 +157,10 @@ class FleetSettings(BaseSettings):
     job_ttl_s: int = Field(c.DEFAULT_JOB_TTL_S, ge=1, description="how long job records live")
 
     # gateway
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    max_body_bytes: int = Field(c.DEFAULT_MAX_BODY_BYTES, ge=1024)
-    max_long_poll_s: float = Field(c.DEFAULT_MAX_LONG_POLL_S, gt=0)
+    host: str = Field("127.0.0.1", description="address the gateway listens on")
+    port: int = Field(8000, ge=0, le=65535, description="port the gateway listens on")
+    max_body_bytes: int = Field(c.DEFAULT_MAX_BODY_BYTES, ge=1024, description="largest REST body (413 above)")
+    max_long_poll_s: float = Field(c.DEFAULT_MAX_LONG_POLL_S, gt=0, description="longest ?wait= of a long-poll")
     lag_interval_s: float = Field(5.0, gt=0, description="how often the gateway refreshes the fleet_queue_lag gauge")
     max_queued: int = Field(
         c.DEFAULT_MAX_QUEUED,
@@ -285,7 +285,9 @@ class FleetSettings(BaseSettings):
     redis_tls_cert_file: Path | None = Field(None, description="Redis (rediss://): client certificate (mutual TLS)")
     redis_tls_key_file: Path | None = Field(None, description="Redis (rediss://): the client certificate's key")
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="log level of the CLI's processes"
+    )
 
     @field_validator("models", mode="before")
     @classmethod

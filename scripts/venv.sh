@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create or update .venv from the committed lock file (uv.lock), with Fleet and its test and benchmark tools.
+# Create or update .venv from the committed lock file (uv.lock), with Fleet and its test, benchmark and docs tools.
 # Installs are reproducible: `uv sync --frozen` installs exactly the versions in uv.lock and never re-resolves.
-# To move a dependency, change pyproject.toml and run `make lock` (README, "Development"); commit both files.
+# To move a dependency, change pyproject.toml and run `make lock` (docs/development.md); commit both files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,6 +16,6 @@ fi
 stamp=.venv/.fleet-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ uv.lock -nt "$stamp" ]; then
   echo "==> installing Fleet and its locked dependencies into .venv (first run downloads torch: a few minutes)" >&2
-  .venv/bin/uv sync --quiet --frozen --extra test --extra bench
+  .venv/bin/uv sync --quiet --frozen --extra test --extra bench --extra docs
   touch "$stamp"
 fi

@@ -23,7 +23,7 @@ from tests.services import _server, free_port, require_binary, start_server, sto
 USER = "fleet"
 PASSWORD = "s3cret-Planted-7f3a9c"  # the planted secret the leak tests look for
 HOSTS = ("127.0.0.1", "localhost")
-PRODUCER = "producer-embed"  # a NATS user that may publish only embed's requests (the README's permissions block)
+PRODUCER = "producer-embed"  # a NATS user that may publish only embed's requests (the docs' permissions block)
 PRODUCER_SUBJECTS = ("fleet.req.embed", "fleet.req.embed.high", "fleet.req.embed.low")
 SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
 

@@ -475,9 +475,9 @@ def test_a_spec_is_a_frozen_model() -> None:
         spec.steps[0].model = "embed"  # type: ignore[misc]
 
 
-def test_the_readme_example_validates() -> None:
-    readme = (EXAMPLES.parent.parent / "README.md").read_text()
-    section = readme.split("## DAG workflows (the DSL)")[1]
+def test_the_docs_dsl_example_validates() -> None:
+    page = (EXAMPLES.parent.parent / "docs" / "guides" / "dags.md").read_text()
+    section = page.split("## The DSL")[1]
     text = section.split("```yaml\n")[1].split("```")[0]
     assert validate(load_spec(text), BUILTIN_SPECS).order == ("split", "embed_each", "collect", "many")
 

@@ -232,8 +232,8 @@ async def test_a_refused_redis_link_fails_at_once_naming_what_failed(
 
 
 async def test_nats_permissions_keep_a_producer_to_its_own_subjects(tls_nats: SecureServer) -> None:
-    """The README's permissions block: ``producer-embed`` gets a PubAck on embed's subject, and the server refuses
-    its publish on another model's subject (no PubAck, a permissions violation)."""
+    """The permissions block of docs/guides/real-infrastructure.md: ``producer-embed`` gets a PubAck on embed's
+    subject, and the server refuses its publish on another model's subject (no PubAck, a permissions violation)."""
     async with connected_pair(FleetSettings(**nats_settings(tls_nats))) as (_broker, _store):
         pass  # a Fleet process created the streams (a producer may not)
     refused: list[Exception] = []

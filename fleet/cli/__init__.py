@@ -58,7 +58,8 @@ def settings_from(**flags: Any) -> FleetSettings:
             raise fail(
                 f"{flag} {redact(overrides[name])}: a password or token on the command line is refused (process "
                 "listings and shell history keep it); put it in a file named by FLEET_REDIS_PASSWORD_FILE, "
-                "FLEET_NATS_PASSWORD_FILE, FLEET_NATS_CREDS_FILE or FLEET_KAFKA_PASSWORD_FILE (see the README)"
+                "FLEET_NATS_PASSWORD_FILE, FLEET_NATS_CREDS_FILE or FLEET_KAFKA_PASSWORD_FILE (see "
+                "docs/guides/real-infrastructure.md)"
             )
     try:
         return FleetSettings(**overrides)
