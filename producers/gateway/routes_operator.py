@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
+from producers.gateway.calls import store_call
 from producers.gateway.errors import error_responses
 from producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
 from producers.gateway.operator_feed import OperatorFeed
-from schemas.operator import OperatorAccess, OperatorSnapshot
+from producers.gateway.operator_jobs import RecentJobIds, read_recent
+from producers.gateway.state import GatewayState, gateway_state
+from schemas.operator import OperatorAccess, OperatorSnapshot, RecentJobs
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
 
@@ -84,3 +87,21 @@ async def stream(
     feed: OperatorFeed = Depends(operator_feed), _operator: Principal = Depends(require_operator)
 ) -> StreamingResponse:
     return StreamingResponse(feed_events(feed), media_type="text/event-stream", headers=STREAM_HEADERS)
+
+
+@router.get(
+    "/jobs",
+    summary="The newest jobs submitted through this gateway",
+    response_model=RecentJobs,
+    responses=error_responses(401, 403, 503),
+)
+async def recent_jobs(
+    request: Request,
+    limit: int = Query(20, ge=1, le=200, description="how many, newest first"),
+    state: GatewayState = Depends(gateway_state),
+    _operator: Principal = Depends(require_operator),
+) -> RecentJobs:
+    """Each job's state now, read from the store. Not a job history: only jobs this gateway process accepted since
+    it started, its newest 200 at most (``scope`` says so); look any job up by id with ``GET /v1/jobs/{id}``."""
+    ids: RecentJobIds = request.app.state.recent_jobs
+    return await store_call(state.store, read_recent(ids, state.store, limit), state.limits.store_timeout_s)
