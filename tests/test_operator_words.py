@@ -1,4 +1,5 @@
-"""The dashboard's words: the reason behind desired replicas, and decisions listed once while nothing changes."""
+"""The dashboard's words (the reason behind desired replicas, decisions listed once while nothing changes) and its
+recent jobs (a bounded ring of ids, read per viewer)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from typing import Any
 
 import pytest
 
+from fleet.store.memory import MemoryStore
+from producers.gateway.operator_jobs import RecentJobIds, read_recent
 from producers.gateway.operator_words import collapse_decisions, rate_text, scaling_reason
+from schemas.jobs import JobRecord, JobState
 from schemas.scaling import DecisionRecord, Pin, ScalingStatus
 
 
@@ -132,3 +136,17 @@ def test_alike_no_change_decisions_are_listed_once_with_a_count_and_their_first_
 
 def test_nothing_to_collapse() -> None:
     assert collapse_decisions([]) == []
+
+
+async def test_recent_jobs_are_newest_first_bounded_and_each_viewer_sees_its_tenants() -> None:
+    store = MemoryStore(job_ttl_s=60)
+    ids = RecentJobIds(kept=5)
+    for i in range(7):
+        tenant = "acme" if i % 2 else None
+        await store.create(JobRecord(job_id=f"j{i}", model="echo", state=JobState.queued, tenant=tenant))
+        ids.note(f"j{i}")
+    everyone = await read_recent(ids, store, limit=10)
+    assert [j.job_id for j in everyone.jobs] == ["j6", "j5", "j4", "j3", "j2"]  # the ring forgot j0 and j1
+    acme = await read_recent(ids, store, limit=10, viewer="acme")
+    assert [j.job_id for j in acme.jobs] == ["j5", "j3"]
+    assert [j.job_id for j in (await read_recent(ids, store, limit=1, viewer="default")).jobs] == ["j6"]

@@ -12,6 +12,7 @@ from collections import deque
 
 from starlette.requests import Request
 
+from fleet import tenancy
 from fleet.store.base import ResultStore
 from schemas.jobs import JobRecord
 from schemas.operator import RecentJob, RecentJobs
@@ -51,16 +52,23 @@ def recent_job(record: JobRecord) -> RecentJob:
     )
 
 
-async def read_recent(ids: RecentJobIds, store: ResultStore, limit: int) -> RecentJobs:
-    """The records of the newest ``limit`` ids (an id whose record expired is left out)."""
-    wanted = ids.newest(limit)
-    records = await store.get_many(wanted) if wanted else []
-    jobs = [recent_job(r) for r in records if r is not None]
-    return RecentJobs(jobs=jobs, kept=ids.kept, scope=SCOPE)
+async def read_recent(
+    ids: RecentJobIds, store: ResultStore, limit: int, viewer: str | None = tenancy.ALL_TENANTS
+) -> RecentJobs:
+    """The records of the newest ``limit`` ids that ``viewer`` may read (``fleet.tenancy.visible``: an operator
+    key sees its tenant's jobs, as ``GET /v1/jobs/{id}`` does; the operator token every tenant's). An id whose
+    record expired is left out."""
+    wanted = ids.newest(ids.kept)
+    jobs: list[RecentJob] = []
+    for start in range(0, len(wanted), limit):
+        records = await store.get_many(wanted[start : start + limit])
+        jobs += [recent_job(r) for r in records if r is not None and tenancy.visible(r.tenant, viewer)]
+        if len(jobs) >= limit:
+            break
+    return RecentJobs(jobs=jobs[:limit], kept=ids.kept, scope=SCOPE)
 
 
 def note_submitted(request: Request, job_id: str) -> None:
-    """Remember a job this gateway accepted (a gateway without the operator surface keeps nothing)."""
-    ids = getattr(request.app.state, "recent_jobs", None)
-    if isinstance(ids, RecentJobIds):
-        ids.note(job_id)
+    """Remember a job this gateway accepted (the lifespan sets ``app.state.recent_jobs`` with the operator parts)."""
+    ids: RecentJobIds = request.app.state.recent_jobs
+    ids.note(job_id)

@@ -99,9 +99,12 @@ async def recent_jobs(
     request: Request,
     limit: int = Query(20, ge=1, le=200, description="how many, newest first"),
     state: GatewayState = Depends(gateway_state),
-    _operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_operator),
 ) -> RecentJobs:
     """Each job's state now, read from the store. Not a job history: only jobs this gateway process accepted since
-    it started, its newest 200 at most (``scope`` says so); look any job up by id with ``GET /v1/jobs/{id}``."""
+    it started, its newest 200 at most (``scope`` says so); look any job up by id with ``GET /v1/jobs/{id}``. An
+    operator API key sees its own tenant's jobs, as ``GET /v1/jobs/{id}`` shows them; the operator token every
+    tenant's."""
     ids: RecentJobIds = request.app.state.recent_jobs
-    return await store_call(state.store, read_recent(ids, state.store, limit), state.limits.store_timeout_s)
+    recent = read_recent(ids, state.store, limit, operator.tenant)
+    return await store_call(state.store, recent, state.limits.store_timeout_s)
