@@ -102,6 +102,10 @@ def test_rates_read_as_a_person_writes_them(value: float, text: str) -> None:
             "1 running, adding 1",
         ),
         ({"paused": True, "wanted": 3}, "autoscaling paused: holding 1 (the signals ask for 3)"),
+        (  # the status's own recommendation (same tick as its lag) wins over the newest stored decision's
+            {"lag": 3, "throughput_per_replica": 10.0, "wanted": 0, "wanted_replicas": 1},
+            "3 waiting, draining at 10/s per worker: 1 worker wanted",
+        ),
         ({"lag": None}, "queue length unknown: holding 1"),
         (
             {"backend": None, "updated_at": None},

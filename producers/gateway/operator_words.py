@@ -37,7 +37,10 @@ def _plural(n: int, word: str) -> str:
 
 
 def wanted_replicas(status: ScalingStatus) -> int | None:
-    """The policy's recommendation before min, max and smoothing: the newest decision's, when one is stored."""
+    """The policy's recommendation before min, max and smoothing, from the same tick as the status's lag and
+    rates; from the newest stored decision for an autoscaler that does not report it."""
+    if status.wanted_replicas is not None:
+        return status.wanted_replicas
     return status.decisions[0].desired_replicas if status.decisions else None
 
 
