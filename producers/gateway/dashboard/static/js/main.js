@@ -213,7 +213,7 @@ function modelCard(model) {
     { class: "model-details" },
     el(
       "summary",
-      { class: "model-head", "aria-label": `${model}: show or hide its charts, decisions and controls` },
+      { class: "model-head", title: `${model}: show or hide its charts, decisions and controls` },
       el("h3", { id: id("title") }, model),
       stat("replicas", "replicas"),
       stat("desired", "desired"),
