@@ -84,7 +84,7 @@ USER_PROJECT = {
         from pydantic import BaseModel
 
         from fleet import ModelHandler, ModelSpec
-        from fleet.schemas import WHO
+        from schemas import WHO
 
 
         class Text(BaseModel):
@@ -101,9 +101,9 @@ USER_PROJECT = {
                 return [{"length": len(i.text), "owner": self.owner} for i in inputs]
     """,
     "main.py": """
-        import fleet.dags
-        import fleet.producers
-        import fleet.schemas
+        import dags
+        import producers
+        import schemas
 
         import fleet
         from fleet import FleetClient, FleetSyncClient
