@@ -22,7 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fleet.brokers.base import Broker, Delivery
-from fleet.cli.compose import QuietServer
+from fleet.cli.httpserver import QuietServer
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.requests import Job

@@ -158,7 +158,7 @@ def test_cli_errors_are_one_line(redis_url: str) -> None:
 
 
 async def test_fleet_up_bootstraps_one_admin_key_on_the_embedded_store(capsys: pytest.CaptureFixture[str]) -> None:
-    from fleet.cli.compose import bootstrap_admin_key
+    from fleet.cli.serving import bootstrap_admin_key
 
     async with opened("memory", None) as store:
         await bootstrap_admin_key(store)

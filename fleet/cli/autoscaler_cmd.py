@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from fleet.autoscaler.backends.base import ScalerBackend
     from fleet.autoscaler.config import ScalingConfig
     from fleet.brokers.base import Broker as BrokerClient
@@ -50,7 +51,7 @@ def scaling_configs(models: list[str], flags: dict[str, Any]) -> "dict[str, Scal
     return dict.fromkeys(models, config)
 
 
-def describe_config_error(exc: ValidationError) -> str:
+def describe_config_error(exc: "ValidationError") -> str:
     lines = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"])
@@ -235,6 +236,8 @@ def register(app: typer.Typer) -> None:
     def _build(
         settings: "FleetSettings", flags: dict[str, Any], backend: str, kwargs: dict[str, Any]
     ) -> "tuple[dict[str, ScalingConfig], ScalerBackend]":
+        from pydantic import ValidationError
+
         from fleet.autoscaler.backends import make_backend
         from fleet.errors import FleetError
         from fleet.models import resolve_specs

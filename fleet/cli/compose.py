@@ -1,6 +1,9 @@
-"""The composition root: build brokers, stores, workers and the gateway from settings and run them.
+"""The composition root: build brokers, stores and workers from settings and run them (``fleet worker``).
 
-This is the only place in ``fleet`` that imports components (producers, consumers, ...).
+This module and ``fleet.cli.serving`` (the gateway side: ``fleet up``, ``fleet gateway``) are the only places in
+``fleet`` that import components (producers, consumers, ...). Imports follow use: a worker's process imports
+neither the gateway, FastAPI, uvicorn, the autoscaler nor FAISS, and torch only when its handler loads a model
+(``tests/test_startup_imports.py``).
 """
 
 from __future__ import annotations
@@ -10,16 +13,9 @@ import contextlib
 import functools
 import logging
 import signal
-import socket
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import uvicorn
-
-from fleet.autoscaler.backends import default_backend_name, make_backend
-from fleet.autoscaler.config import ScalingConfig
-from fleet.autoscaler.service import Autoscaler
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.cli.probes import WorkerProbe, serve_probes
@@ -30,15 +26,9 @@ from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
 from fleet.dags.starter import DagStarter
-from fleet.dispatcher.service import Dispatcher
-from fleet.errors import FleetError
 from fleet.links import redact
-from fleet.models import resolve_spec, resolve_specs
+from fleet.models import resolve_spec
 from fleet.outages import OutageLog, services_of, watch_outages
-from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
-from fleet.producers.gateway.operator_access import OperatorGate
-from fleet.readiness import WorkerTracker
-from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store import make_store
@@ -50,39 +40,6 @@ log = logging.getLogger(__name__)
 
 # Handlers that never touch torch: their workers skip the device probe, which would import torch (~500 MB).
 DEVICELESS_HANDLERS = (EchoHandler, SleepHandler)
-
-
-class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the runner owns SIGINT/SIGTERM and the shutdown order.
-
-    Given ``sock`` (bound beforehand by ``fleet.cli.ports.listen_socket``, so a busy port fails before anything
-    starts), it serves on that socket. ``up`` is set once the server accepts connections; a start-up that uvicorn
-    gives up on (a failed lifespan start-up, which it logs) ends ``serve`` with ``started`` false instead of
-    ``SystemExit``.
-    """
-
-    def __init__(self, config: uvicorn.Config, sock: socket.socket | None = None) -> None:
-        super().__init__(config)
-        self.sock = sock
-        self.up = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().serve(sockets if sockets is not None or self.sock is None else [self.sock])
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await super().startup(sockets)
-        except SystemExit:
-            self.should_exit = True
-            return
-        if sockets is not None:  # uvicorn logs where it listens only when it binds the socket itself
-            host, port = sockets[0].getsockname()[:2]
-            log.info("listening on http://%s:%d", host, port)
-        self.up.set()
 
 
 def startup_deadline(settings: FleetSettings) -> Deadline:
@@ -202,113 +159,6 @@ async def dag_starter(broker: Broker, store: ResultStore, owner: str, deadline: 
         await starter.stop()
 
 
-def _server(
-    settings: FleetSettings,
-    broker: Broker | None,
-    store: ResultStore | None,
-    scaling: ScalingStore | None = None,
-    *,
-    workers: WorkerTracker | None = None,
-    require_ready_workers: bool = False,
-    sock: socket.socket | None = None,
-) -> QuietServer:
-    app = create_app(
-        settings,
-        broker=broker,
-        store=store,
-        scaling=scaling,
-        workers=workers,
-        require_ready_workers=require_ready_workers,
-    )
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
-    return QuietServer(config, sock)
-
-
-async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
-    task = asyncio.create_task(server.serve())
-    stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    stop.set()
-    close_operator_streams(server.config.app)  # open dashboard streams would hold up uvicorn's shutdown
-    server.should_exit = True
-    stopper.cancel()
-    await task
-    if not server.started:
-        raise FleetError(f"the gateway could not start on {server.config.host}:{server.config.port} (see the log)")
-
-
-def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, scaling: ScalingStore) -> Autoscaler:
-    """The autoscaler of ``fleet up``: workers in this process on the embedded broker or store (``inprocess``),
-    ``fleet worker`` processes on real infrastructure (``process``); from ``autoscale_min_replicas`` (1 by default,
-    so every model is served at once) up to ``autoscale_max_replicas`` per model."""
-    refs = {name: ref for ref, name in zip(settings.models, resolve_specs(settings.models), strict=True)}
-
-    async def start_worker(model: str) -> Worker:
-        worker = build_worker(refs[model], broker, store, settings)
-        await worker.start()
-        return worker
-
-    name = default_backend_name(settings)
-    backend = (
-        make_backend(name, settings, start_worker=start_worker) if name == "inprocess" else make_backend(name, settings)
-    )
-    config = ScalingConfig(
-        min_replicas=settings.autoscale_min_replicas,
-        max_replicas=settings.autoscale_max_replicas,
-        scale_down_stabilization_s=settings.autoscale_stabilization_s,
-        target_drain_s=settings.autoscale_target_drain_s,
-    )
-    return Autoscaler(
-        broker,
-        scaling,
-        backend,
-        dict.fromkeys(refs, config),
-        settings.autoscale_interval_s,
-        heartbeat_interval_s=settings.heartbeat_interval_s,
-        partitions=settings.kafka_partitions if settings.broker_scheme == "kafka" else None,
-    )
-
-
-def up_dispatchers(settings: FleetSettings, broker: Broker, store: ResultStore) -> list[Dispatcher]:
-    """One dispatcher per model in ``dispatch`` routing (``FLEET_ROUTING``): its workers read their inboxes."""
-    names = list(resolve_specs(settings.models))
-    return [
-        Dispatcher(broker, store, model=name, settings=settings)
-        for name in names
-        if settings.routing_for(name) == "dispatch"
-    ]
-
-
-async def run_autoscaled(autoscaler: Autoscaler, stop: asyncio.Event) -> None:
-    """Run ``autoscaler`` until ``stop``; its stop drains the workers it started."""
-    async with autoscaler:
-        await stop.wait()
-
-
-def requires_ready_workers(settings: FleetSettings) -> bool:
-    """``fleet up`` is ready only once each model has a warm worker, unless models may scale to zero."""
-    return not settings.autoscale or settings.autoscale_min_replicas > 0
-
-
-async def announce_ready(
-    settings: FleetSettings, tracker: WorkerTracker, stop: asyncio.Event, server: QuietServer
-) -> None:
-    """Log (and print, for the console) when the gateway listens and every model has a warm worker: the moment
-    /readyz turns 200."""
-    models = list(resolve_specs(settings.models))
-    if requires_ready_workers(settings) and not await tracker.wait_ready(models, stop):
-        return
-    if not await first_of(server.up, stop):
-        return
-    log.info("fleet up ready: %s each have a warm worker", ", ".join(models))
-    base = f"http://{settings.host}:{settings.port}"
-    announce_console(f"fleet up: ready at {base} ({', '.join(models)})")
-    off = OperatorGate.from_settings(settings).disabled_reason
-    announce_console(
-        f"fleet up: operator dashboard off: {off}" if off else f"fleet up: operator dashboard at {base}/dashboard"
-    )
-
-
 async def first_of(wanted: asyncio.Event, stop: asyncio.Event) -> bool:
     """Wait for ``wanted`` or ``stop``; True when ``wanted`` is set."""
     waits = [asyncio.create_task(wanted.wait()), asyncio.create_task(stop.wait())]
@@ -317,88 +167,6 @@ async def first_of(wanted: asyncio.Event, stop: asyncio.Event) -> bool:
     finally:
         await cancel_and_wait(waits)
     return wanted.is_set()
-
-
-def announce_console(line: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(line, highlight=False)
-
-
-async def run_up(settings: FleetSettings, sock: socket.socket | None = None) -> None:
-    """Gateway, autoscaler, workers and (for models in ``dispatch`` routing) dispatchers in one process, sharing
-    one broker, one store and one scaling store.
-
-    With ``autoscale`` off, one worker per model runs for the whole session instead. ``/readyz`` answers 200 (and
-    "ready" is logged) once the gateway listens (on ``sock`` when given) and each model has a warm worker.
-    """
-    auth = check_auth(settings)  # before anything connects: a refused bind fails at once
-    stop = asyncio.Event()
-    restore = stop_on_signals(stop)
-    deadline = startup_deadline(settings)
-    try:
-        async with connected(settings, deadline) as (broker, store), dag_starter(broker, store, "fleet up", deadline):
-            if auth == "keys" and store.scheme == "memory":
-                await bootstrap_admin_key(store)
-            scaling = make_scaling_store(settings)
-            await retry_until(deadline, "connect to the scaling store", scaling.connect)
-            dispatchers = up_dispatchers(settings, broker, store)
-            try:
-                await ensure_models(broker, [d.model for d in dispatchers], deadline)
-                await asyncio.gather(*(d.start() for d in dispatchers))
-                async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker:
-                    await _serve_up(settings, broker, store, scaling, tracker, stop, deadline, sock)
-            finally:
-                await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
-                await scaling.close()
-    finally:
-        restore()
-
-
-async def bootstrap_admin_key(store: ResultStore) -> None:
-    """``fleet up`` with API keys on the embedded store: no ``fleet keys`` can reach its keys, so it makes one admin
-    key and prints it once on standard error (never logged); more come from ``POST /v1/keys`` with it."""
-    from fleet.store.keys import make_key_store
-
-    key, info = await make_key_store(store).create("admin", "admin", None)
-    print(
-        f"fleet up: FLEET_AUTH=keys on the embedded store; admin key {info.key_id} (shown once): {key}", file=sys.stderr
-    )
-
-
-async def _serve_up(
-    settings: FleetSettings,
-    broker: Broker,
-    store: ResultStore,
-    scaling: ScalingStore,
-    tracker: WorkerTracker,
-    stop: asyncio.Event,
-    deadline: Deadline,
-    sock: socket.socket | None = None,
-) -> None:
-    if settings.autoscale:
-        task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
-    else:
-        for ref in settings.models:
-            build_handler(ref, settings)  # a bad model or device fails before the gateway starts
-        builds = [functools.partial(build_worker, ref, broker, store, settings) for ref in settings.models]
-        task = asyncio.create_task(run_workers(builds, stop, deadline))
-    task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
-    server = _server(
-        settings,
-        broker,
-        store,
-        scaling,
-        workers=tracker,
-        require_ready_workers=requires_ready_workers(settings),
-        sock=sock,
-    )
-    announcer = asyncio.create_task(announce_ready(settings, tracker, stop, server), name="fleet-up-ready")
-    try:
-        await serve_gateway(server, stop)
-        await task
-    finally:
-        await cancel_and_wait([announcer])
 
 
 async def run_worker(
@@ -429,23 +197,3 @@ async def run_worker(
         restore()
         if server is not None:
             server.shutdown()
-
-
-async def run_gateway(settings: FleetSettings, sock: socket.socket | None = None) -> None:
-    """The standalone gateway. Its broker, store and scaling store are connected (with start-up retries) before
-    the server starts, so an outage at start-up is retried and reported in one line, not as a lifespan traceback."""
-    check_auth(settings)  # before anything connects: a refused bind fails at once
-    stop = asyncio.Event()
-    restore = stop_on_signals(stop)
-    deadline = startup_deadline(settings)
-    try:
-        async with connected(settings, deadline) as (broker, store):
-            await ensure_models(broker, list(resolve_specs(settings.models)), deadline)
-            scaling = make_scaling_store(settings)
-            await retry_until(deadline, "connect to the scaling store", scaling.connect)
-            try:
-                await serve_gateway(_server(settings, broker, store, scaling, sock=sock), stop)
-            finally:
-                await scaling.close()
-    finally:
-        restore()

@@ -3,11 +3,12 @@
 # No ``from __future__ import annotations``: typer evaluates the command's annotations, and the option aliases
 # (Broker, Store, LogLevel) are locals of ``register``.
 import asyncio
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fleet.settings import FleetSettings
+if TYPE_CHECKING:  # the settings module is imported by the command that needs it, not by `fleet --help`
+    from fleet.settings import FleetSettings
 
 
 def register(app: typer.Typer) -> None:
@@ -54,12 +55,13 @@ def register(app: typer.Typer) -> None:
 
 
 async def run_dispatchers(
-    settings: FleetSettings, models: list[str], *, host: str, port: int, dispatcher_id: str | None
+    settings: "FleetSettings", models: list[str], *, host: str, port: int, dispatcher_id: str | None
 ) -> None:
     """One dispatcher per model on one broker and store connection, plus the status server; SIGTERM stops."""
     import uvicorn
 
-    from fleet.cli.compose import QuietServer, connected, ensure_models, startup_deadline, stop_on_signals
+    from fleet.cli.compose import connected, ensure_models, startup_deadline, stop_on_signals
+    from fleet.cli.httpserver import QuietServer
     from fleet.cli.ports import listen_socket
     from fleet.dispatcher.http import create_status_app
     from fleet.dispatcher.service import Dispatcher

@@ -11,13 +11,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from fleet.errors import ConfigError, FleetError
-from fleet.settings import FleetSettings
+
+if TYPE_CHECKING:  # the settings module is imported by the command that needs it, not by `fleet --help`
+    from fleet.settings import FleetSettings
 
 keys_app = typer.Typer(help="API keys: create, list and revoke them (FLEET_AUTH=keys).", no_args_is_help=True)
 err = Console(stderr=True)
@@ -35,7 +37,7 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _with_keys(settings: FleetSettings, action: Callable[[Any, Any], Awaitable[T]]) -> T:
+def _with_keys(settings: "FleetSettings", action: Callable[[Any, Any], Awaitable[T]]) -> T:
     """Connect the store of ``settings``, run ``action(key_store, audit_log)``, close; failures end as one line."""
     from fleet.store import make_store
     from fleet.store.audit import make_audit_log
