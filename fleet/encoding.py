@@ -7,7 +7,8 @@ field holds either one vector (``embedding``) or a list of them (``embeddings``)
 ways between the two forms. Converting is exact: the floats are float32 values to begin with.
 
 Pure functions, used by the worker (encode), the gateway's caches (convert a cached answer to the encoding asked
-for) and the SDK (decode, so its users get floats back whatever the encoding on the wire).
+for) and the SDK (decode, so its users get floats back whatever the encoding on the wire). numpy is imported only
+where an array is asked for or given (``decode_array``, an array to encode): the client install has no numpy.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import base64
 import binascii
 import functools
 import struct
+import sys
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import pybase64
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EncodingFormat = Literal["float", "base64"]
 ENCODING_FORMATS: tuple[str, ...] = ("float", "base64")
 DEFAULT_ENCODING: EncodingFormat = "float"
-_LE_F4 = np.dtype("<f4")
 # Standard base64 with padding, as text: the characters binascii.b2a_base64 writes, by pybase64's SIMD encoder
 # (0.4 µs for 384 floats against 3 µs; in a zero-cost embed worker binascii was 6 % of every instruction).
 _b64_text = pybase64.b64encode_as_string
@@ -62,39 +65,58 @@ def encode_vector(vector: Any) -> Base64Vector:
         try:
             raw = _packer(len(vector)).pack(*vector)
         except (struct.error, OverflowError):
-            raw = np.asarray(vector, dtype=_LE_F4).tobytes()
+            raw = _float32_bytes(vector)
     else:
-        raw = np.asarray(vector, dtype=_LE_F4).tobytes()
+        raw = _float32_bytes(vector)
     vector = Base64Vector(_b64_text(raw))
     vector.raw = raw
     return vector
 
 
-def decode_array(text: str) -> np.ndarray:
-    """A base64 vector as a read-only float32 numpy array (no copy).
+def _float32_bytes(vector: Any) -> bytes:
+    import numpy as np
 
-    Raises:
-        ValueError: ``text`` is not base64, or its length is not a whole number of float32 values.
-    """
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def _decode_raw(text: str) -> bytes:
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ValueError(f"not a base64 vector: {exc}") from None
     if len(raw) % 4:
         raise ValueError(f"a base64 vector holds whole float32 values (4 bytes each), got {len(raw)} bytes")
-    return np.frombuffer(raw, dtype=_LE_F4)
+    return raw
+
+
+def decode_array(text: str) -> np.ndarray:
+    """A base64 vector as a read-only float32 numpy array (no copy); needs numpy (the ``worker`` extra has it).
+
+    Raises:
+        ValueError: ``text`` is not base64, or its length is not a whole number of float32 values.
+    """
+    import numpy as np
+
+    return np.frombuffer(_decode_raw(text), dtype="<f4")
 
 
 def decode_vector(text: str) -> list[float]:
-    """The floats of a base64 vector (the inverse of ``encode_vector``); raises ``ValueError`` as ``decode_array``."""
-    values: list[float] = decode_array(text).tolist()
-    return values
+    """The floats of a base64 vector (the inverse of ``encode_vector``); raises ``ValueError`` as ``decode_array``.
+    Unpacked by ``struct``, without numpy: each float32 becomes the Python float of the same value."""
+    raw = _decode_raw(text)
+    return list(_packer(len(raw) // 4).unpack(raw))
+
+
+def _is_array(value: Any) -> bool:
+    """``value`` is a numpy array (only possible once something imported numpy)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
 
 
 def _to_base64(value: Any) -> Any:
     if isinstance(value, str) or value is None:
         return value
-    if isinstance(value, np.ndarray):
+    if _is_array(value):
         return encode_vector(value) if value.ndim == 1 else [encode_vector(row) for row in value]
     if value and not isinstance(value[0], (int, float)):  # a list of vectors
         return [v if isinstance(v, str) else encode_vector(v) for v in value]
@@ -106,7 +128,7 @@ def _to_float(value: Any) -> Any:
         return decode_vector(value)
     if isinstance(value, list) and value and isinstance(value[0], str):
         return [decode_vector(v) if isinstance(v, str) else v for v in value]
-    if isinstance(value, np.ndarray):
+    if _is_array(value):
         return value.tolist()
     return value
 
