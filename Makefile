@@ -9,7 +9,7 @@ test:
 	bash scripts/test.sh
 
 venv:
-	bash scripts/venv.sh
+	bash scripts/venv.sh all test bench docs
 
 lint: venv
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
-bash scripts/venv.sh
+bash scripts/venv.sh all test bench docs
 export PYTHONUNBUFFERED=1
 .venv/bin/python -m benchmarks.bench_pipeline "$@"
 .venv/bin/python -m benchmarks.bench_embed --infra nats

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
-bash scripts/venv.sh
+bash scripts/venv.sh all test bench docs
 export PYTHONUNBUFFERED=1
 echo "==> uv.lock agrees with pyproject.toml" >&2
 if ! .venv/bin/uv lock --check --quiet; then
