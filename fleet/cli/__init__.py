@@ -378,16 +378,28 @@ EXTRA_OF_MODULE = {
 }
 
 
-def missing_extra(exc: ModuleNotFoundError) -> str:
-    """One line for a module that is not installed: the extra that installs it, when it is one of Fleet's."""
+# Commands that need several extras name the one that installs them all.
+EXTRA_OF_COMMAND = {"up": "server"}
+
+
+def missing_extra(exc: ModuleNotFoundError, command: str | None = None) -> str:
+    """One line for a module that is not installed: the extra that installs it, when it is one of Fleet's (for
+    ``command``, when that needs a wider one)."""
     top = (exc.name or "").partition(".")[0]
     extra = EXTRA_OF_MODULE.get(top)
+    if extra is not None and command in EXTRA_OF_COMMAND:
+        extra = EXTRA_OF_COMMAND[command]
     if extra is None:
         return f"{exc} (a module this command needs is not installed)"
     return (
         f"this command needs the '{extra}' extra, which is not installed (no module named {top!r}): "
         f"pip install 'fleet-inference[{extra}]'"
     )
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command named on a command line (its first word that is not an option)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def main() -> None:
@@ -401,7 +413,13 @@ def main() -> None:
     try:
         app(prog_name="fleet")
     except ModuleNotFoundError as exc:
-        err.print(f"[bold red]error:[/] {missing_extra(exc)}", highlight=False, soft_wrap=True)
+        from rich.markup import escape  # 'fleet-inference[gateway]' is not a markup tag
+
+        err.print(
+            f"[bold red]error:[/] {escape(missing_extra(exc, command_of(sys.argv[1:])))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise SystemExit(1) from None
     except Exception as exc:
         if not isinstance(exc, FleetError | OSError) and not is_validation_error(exc):
