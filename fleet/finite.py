@@ -3,15 +3,15 @@
 JSON has no such numbers: orjson and pydantic write them as ``null``, so an output holding one would be stored
 changed. The worker fails such a job instead (``invalid_output``, naming the place), before anything is stored.
 The common outputs cost little: a list of floats is summed in C (a finite sum means finite items; a sum that
-overflows is looked at item by item), a numpy array is checked by numpy.
+overflows is looked at item by item), a numpy array is checked by numpy (only a process that made one has numpy
+imported: an ``echo`` worker never imports it).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
-
-import numpy as np
 
 
 def non_finite_at(value: Any, path: str = "output") -> str | None:
@@ -28,9 +28,15 @@ def non_finite_at(value: Any, path: str = "output") -> str | None:
             if _finite_floats(node):
                 continue
             stack.extend((child, f"{where}.{i}") for i, child in enumerate(node) if not isinstance(child, str))
-        elif isinstance(node, (np.ndarray, np.floating)) and not bool(np.isfinite(node).all()):
+        elif _non_finite_array(node):
             return where
     return None
+
+
+def _non_finite_array(node: Any) -> bool:
+    """``node`` is a numpy array or scalar holding a NaN or an infinity."""
+    np = sys.modules.get("numpy")  # an array exists only where numpy was imported
+    return np is not None and isinstance(node, (np.ndarray, np.floating)) and not bool(np.isfinite(node).all())
 
 
 def _finite_floats(items: list[Any]) -> bool:
