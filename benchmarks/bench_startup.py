@@ -1,6 +1,6 @@
 """Start-up benchmark: whole ``fleet`` processes, timed from their start to the moment they are of use.
 
-    python -m benchmarks.bench_startup [--runs 5] [--quick]
+    python -m benchmarks.bench_startup [--runs 5] [--quick] [--baseline CHECKOUT]
 
 Three measures, each the median of ``--runs`` runs (``--quick``: 3):
 
@@ -9,9 +9,10 @@ Three measures, each the median of ``--runs`` runs (``--quick``: 3):
 - ``fleet up`` (embedded broker and store, the default models echo, sleep and embed): from the start to the
   gateway's ``/readyz`` answering 200, every model with a warm worker (target 15 s).
 
-Each process is the ``fleet`` command of this environment with the checkout first on ``PYTHONPATH``; readiness is
-polled every 20 ms. Services come from FLEET_BENCH_{NATS,REDIS}_URL or are started locally as the tests do.
-Writes ``benchmarks/results/startup.json``.
+Each process is the ``fleet`` command of this environment with the checkout first on ``PYTHONPATH``; readiness
+is polled every 20 ms. ``--baseline`` times another checkout's code (an earlier commit's tree) the same way, its
+runs interleaved with these, so that both sides see the same machine load. Services come from
+FLEET_BENCH_{NATS,REDIS}_URL or are started locally as the tests do. Writes ``benchmarks/results/startup.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.services import free_port
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS_S = {"fleet --help": 0.5, "fleet worker --model echo": 2.0, "fleet up": 15.0}
 POLL_S = 0.02
+BASELINE = "baseline: "
 
 
 def fleet_command() -> list[str]:
@@ -43,15 +45,15 @@ def fleet_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "fleet"]
 
 
-def fleet_env(**extra: str) -> dict[str, str]:
+def fleet_env(root: Path = ROOT, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env.update(PYTHONPATH=str(ROOT), **extra)
+    env.update(PYTHONPATH=str(root), **extra)
     return env
 
 
-def time_help() -> float:
+def time_help(root: Path = ROOT) -> float:
     start = time.perf_counter()
-    subprocess.run([*fleet_command(), "--help"], env=fleet_env(), capture_output=True, check=True, timeout=60)
+    subprocess.run([*fleet_command(), "--help"], env=fleet_env(root), capture_output=True, check=True, timeout=60)
     return time.perf_counter() - start
 
 
@@ -80,16 +82,16 @@ def time_until_ready(args: list[str], env: dict[str, str], url: str, log: Path, 
         stop_processes([proc])
 
 
-def time_worker(urls: dict[str, str], log: Path) -> float:
+def time_worker(urls: dict[str, str], log: Path, root: Path = ROOT) -> float:
     port = free_port()
-    env = fleet_env(FLEET_BROKER_URL=urls["nats"], FLEET_STORE_URL=urls["redis"])
+    env = fleet_env(root, FLEET_BROKER_URL=urls["nats"], FLEET_STORE_URL=urls["redis"])
     args = ["worker", "--model", "echo", "--metrics-port", str(port)]
     return time_until_ready(args, env, f"http://127.0.0.1:{port}/readyz", log)
 
 
-def time_up(log: Path) -> float:
+def time_up(log: Path, root: Path = ROOT) -> float:
     port = free_port()
-    return time_until_ready(["up", "--port", str(port)], fleet_env(), f"http://127.0.0.1:{port}/readyz", log)
+    return time_until_ready(["up", "--port", str(port)], fleet_env(root), f"http://127.0.0.1:{port}/readyz", log)
 
 
 def medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, dict[str, Any]]:
@@ -102,8 +104,8 @@ def medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, di
         name: {
             "median_s": round(statistics.median(values), 3),
             "runs_s": [round(v, 3) for v in values],
-            "target_s": TARGETS_S[name],
-            "within_target": statistics.median(values) < TARGETS_S[name],
+            "target_s": TARGETS_S[name.removeprefix(BASELINE)],
+            "within_target": statistics.median(values) < TARGETS_S[name.removeprefix(BASELINE)],
         }
         for name, values in seconds.items()
     }
@@ -115,14 +117,19 @@ def main(args: argparse.Namespace) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     with services(nats=True, redis=True) as urls:
         time_worker(urls, logs / "worker-first.log")  # the first worker creates the model's stream: not timed
-        results = medians(
-            runs,
-            {
-                "fleet --help": time_help,
-                "fleet worker --model echo": lambda: time_worker(urls, logs / "worker.log"),
-                "fleet up": lambda: time_up(logs / "up.log"),
-            },
-        )
+        measures: dict[str, Callable[[], float]] = {
+            "fleet --help": time_help,
+            "fleet worker --model echo": lambda: time_worker(urls, logs / "worker.log"),
+            "fleet up": lambda: time_up(logs / "up.log"),
+        }
+        if args.baseline:
+            base = Path(args.baseline).resolve()
+            measures |= {
+                f"{BASELINE}fleet --help": lambda: time_help(base),
+                f"{BASELINE}fleet worker --model echo": lambda: time_worker(urls, logs / "base-worker.log", base),
+                f"{BASELINE}fleet up": lambda: time_up(logs / "base-up.log", base),
+            }
+        results = medians(runs, measures)
     show(
         f"start-up, median of {runs} runs",
         [
@@ -134,6 +141,7 @@ def main(args: argparse.Namespace) -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_average": os.getloadavg(),
         "runs": runs,
+        "baseline": str(Path(args.baseline).resolve()) if args.baseline else None,
         "results": results,
     }
     print(f"wrote {write_results('startup', record)}")
@@ -143,6 +151,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="runs of each measure (the median is reported)")
     parser.add_argument("--quick", action="store_true", help="3 runs")
+    parser.add_argument("--baseline", help="another checkout to time the same way, interleaved (e.g. main)")
     parser.add_argument("--logs", default="/tmp/fleet-bench-startup", help="where the processes' output goes")
     return parser.parse_args()
 
