@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rich.logging import RichHandler
-
 NOISY_LOGGERS = ("aiokafka", "nats", "httpx", "uvicorn.access", "transformers", "urllib3", "faiss")
 FLEET_PACKAGES = ("fleet",)  # every Fleet module is fleet.*
 REPEAT_WINDOW_S = 60.0
@@ -75,6 +73,8 @@ class RepeatLimiter(logging.Filter):
 def configure_logging(level: str = "INFO") -> None:
     """Human-readable logs on stderr; third-party chatter held at WARNING unless DEBUG is asked for, and repeated
     lines held back (``RepeatLimiter``) unless DEBUG is asked for."""
+    from rich.logging import RichHandler  # imported by the commands that log, not by `fleet --help`
+
     handler = RichHandler(rich_tracebacks=True, show_path=False, markup=False)
     if level != "DEBUG":
         handler.addFilter(RepeatLimiter())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import sys
@@ -128,6 +127,8 @@ def listening(settings: FleetSettings) -> socket.socket:
 def run(coro: Any, settings: FleetSettings) -> None:
     configure_logging(settings.log_level)
     try:
+        import asyncio
+
         asyncio.run(coro)
     except FleetError as exc:
         raise fail(exc.message, 1) from None
@@ -293,6 +294,8 @@ def publish(
             encoding_format=encoding_format,
             tenant=tenant,
         )
+        import asyncio
+
         code = asyncio.run(publishing)
     except FleetError as exc:
         raise fail(exc.message, 1) from None

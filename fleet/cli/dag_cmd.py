@@ -9,15 +9,16 @@ argument (a file that cannot be read, ``--input`` that is not JSON), 1 for a gat
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from fleet import strict_json
 from fleet.errors import DagInvalid, FleetError
+
+if TYPE_CHECKING:  # rich's tables are imported by the commands that draw them
+    from rich.table import Table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 STATE_STYLES = {
@@ -96,11 +97,13 @@ def graph_of(dag: Any) -> dict[str, Any]:
     return {"name": dag.spec.name, "nodes": graph.nodes(dag), "edges": graph.edges(dag), "mermaid": graph.mermaid(dag)}
 
 
-def steps_table(shown: dict[str, Any]) -> Table:
+def steps_table(shown: dict[str, Any]) -> "Table":
     """One row per step: its model, what it waits for, its fan-out and its condition."""
     deps: dict[str, list[str]] = {}
     for edge in shown["edges"]:
         deps.setdefault(edge["to"], []).append(edge["from"] if edge["kind"] == "data" else f"{edge['from']} (after)")
+    from rich.table import Table
+
     table = Table(title=f"DAG {shown['name']}", title_justify="left")
     for column in ("step", "model", "after", "for_each", "when", "on_error"):
         table.add_column(column, overflow="fold")
@@ -116,9 +119,11 @@ def steps_table(shown: dict[str, Any]) -> Table:
     return table
 
 
-def progress_table(view: dict[str, Any]) -> Table:
+def progress_table(view: dict[str, Any]) -> "Table":
     """The live display of ``dag run --wait``: each step's state and how many of its jobs have a result."""
     state = view["state"]
+    from rich.table import Table
+
     table = Table(title=f"{view['dag']}: [{STATE_STYLES.get(state, '')}]{state}[/]", title_justify="left")
     table.caption = f"run {view['run_id']}"
     for column in ("step", "state", "items", "error"):
@@ -164,6 +169,8 @@ async def _run(
             out.print(run_id, highlight=False)
             return 0
         view = await fleet.get_run(run_id)
+        from rich.live import Live
+
         with Live(progress_table(view), console=err, refresh_per_second=8, transient=False) as live:
             async for event in fleet.run_events(run_id):
                 view = event["run"]
