@@ -334,5 +334,10 @@ def _ceil(value: float) -> int:
 
 
 def _num(value: float) -> str:
-    """12 -> '12', 0.5 -> '0.5', 4.256 -> '4.26': numbers as a person writes them."""
+    """12 -> '12', 0.5 -> '0.5', 4.256 -> '4.26', 1234.5 -> '1234', 222568.58 -> '223k': numbers as a person
+    writes them (a fast model's throughput is hundreds of thousands per second; its decimals say nothing)."""
+    if abs(value) >= 9_995:
+        return f"{value / 1000:.3g}k"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
     return f"{value:.2f}".rstrip("0").rstrip(".")

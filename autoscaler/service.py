@@ -323,6 +323,7 @@ class Autoscaler:
             completion_rate=self.signals.completion_rate(model),
             live_workers=self.signals.live_workers(model),
             reason=decision.reason,
+            wanted_replicas=decision.desired,
         )
 
 

@@ -19,6 +19,7 @@ from fleet.schemas.operator import (
     OperatorAccess,
     OperatorSnapshot,
     PurgeResult,
+    RecentJobs,
     RedriveResult,
     ScaleRequest,
 )
@@ -48,6 +49,7 @@ WIRE_MODELS: dict[str, type[BaseModel]] = {
     "letter-selection": LetterSelection,
     "redrive-result": RedriveResult,
     "purge-result": PurgeResult,
+    "recent-jobs": RecentJobs,
 }
 
 

@@ -45,6 +45,19 @@ class ModelPanel(BaseModel):
     paused: bool
     pinned: Pin | None = Field(None, description="an active scale-to-N override")
     live_workers: int = Field(0, description="workers whose heartbeat is fresh")
+    ready_workers: int = Field(0, description="workers heard ready (serving)")
+    starting_workers: int = Field(
+        0,
+        description="replicas started and not serving yet: workers heard warming up, plus replicas the autoscaler "
+        "started that have not sent a heartbeat yet",
+    )
+    unheard_replicas: int = Field(
+        0, description="replicas the autoscaler runs that no heartbeat names yet (started, still loading)"
+    )
+    wanted_replicas: int | None = Field(
+        None, description="the policy's recommendation before min, max and smoothing; null: no decision yet"
+    )
+    reason: str = Field("", description="why desired_replicas is what it is, in words")
 
 
 class Sample(BaseModel):
@@ -71,8 +84,9 @@ class WorkerView(BaseModel):
     routing: str
     in_flight: int
     mean_batch_size: float
-    latency_ewma_ms: float
-    latency_p99_ms: float
+    items: int = Field(0, description="jobs finished since the worker started")
+    latency_ewma_ms: float | None = Field(description="null: no job finished yet (idle since it started)")
+    latency_p99_ms: float | None = Field(description="null: no job finished yet")
     heartbeat_age_s: float
 
 
@@ -117,13 +131,41 @@ class RunSummary(BaseModel):
     finished_at: float | None = None
 
 
+class DecisionLine(DecisionRecord):
+    """A decision as the dashboard lists it: a run of alike no-change decisions is one line."""
+
+    repeats: int = Field(1, description="how many stored decisions this line stands for")
+    since: float = Field(description="unix seconds of the first decision of the run")
+
+
+class RecentJob(BaseModel):
+    """A job submitted through this gateway, as the store holds it now."""
+
+    job_id: str
+    model: str
+    state: str
+    tenant: str | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = Field(None, description="the error's type and message, for a failed job")
+
+
+class RecentJobs(BaseModel):
+    """``GET /v1/operator/jobs``: the newest jobs submitted through this gateway process, newest first."""
+
+    jobs: list[RecentJob]
+    kept: int = Field(description="how many job ids this gateway keeps (the oldest are forgotten)")
+    scope: str = Field(description="what the list covers, in words")
+
+
 class OperatorSnapshot(BaseModel):
     """Everything the dashboard shows, at ``at``."""
 
     at: float
     models: list[ModelPanel]
     series: dict[str, list[Sample]]
-    decisions: dict[str, list[DecisionRecord]]
+    decisions: dict[str, list[DecisionLine]]
     workers: list[WorkerView]
     dispatchers: list[DispatcherView]
     dead_letters: dict[str, DeadLetterGroup]

@@ -84,6 +84,9 @@ class ScalingStatus(BaseModel):
     completion_rate: float | None = Field(None, description="requests per second finished by all workers")
     live_workers: int | None = Field(None, description="workers whose heartbeats are current")
     reason: str | None = Field(None, description="the reason of the last decision")
+    wanted_replicas: int | None = Field(
+        None, description="the policy's recommendation at the last tick, before min/max and smoothing"
+    )
     pinned: Pin | None = Field(None, description="an active scale-to-N override (POST /v1/scaling/{model}/scale)")
     configured: ScalingOverrides | None = Field(
         None, description="the autoscaler's own min, max and pause, before the operator's overrides"

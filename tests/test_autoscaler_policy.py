@@ -104,6 +104,13 @@ def test_rate_mode_reason_names_the_numbers() -> None:
     assert decision.reason == ("scale up 2 -> 11: lag 900 / drain 30s + arrival 12/s = 42/s over 4/s per replica -> 11")
 
 
+def test_a_fast_models_throughput_reads_without_its_decimals() -> None:
+    decision = once(sig(lag=5, arrival=0, throughput=222568.58, current=1), **IMMEDIATE)
+    assert "over 223k/s per replica" in decision.reason, decision.reason
+    decision = once(sig(lag=5, arrival=0, throughput=1234.5, current=1), **IMMEDIATE)
+    assert "over 1234/s per replica" in decision.reason, decision.reason
+
+
 @pytest.mark.parametrize(
     ("lag", "current", "expected"),
     [(0, 1, 0), (1, 1, 1), (100, 1, 10), (101, 1, 11), (5000, 3, 100)],

@@ -230,6 +230,7 @@ async def test_overrides_apply_at_the_next_tick_and_pause_holds(unique: str) -> 
             3,
             ScalingOverrides(min_replicas=0, max_replicas=10, paused=False),
         )
+        assert (status.wanted_replicas, status.desired_replicas) == (20, 3), "lag 20 at 1/s in 1 s: 20, capped at 3"
         assert REGISTRY.get_sample_value("fleet_autoscaler_current_replicas", {"model": model}) == 3
         assert REGISTRY.get_sample_value("fleet_autoscaler_lag", {"model": model}) == 20
 

@@ -4,11 +4,14 @@ One ``fleet up`` (models ``sleep``, the test handler ``gate`` and ``echo`` behin
 ``FLEET_OPERATOR_TOKEN`` set) and one browser serve the whole module; the page logs in through its own form. Each
 test drives the page as an operator would (buttons, the confirmation dialog) and checks the effect through the REST
 API, not through the page alone.
-Screenshots land in ``tests/artifacts/dashboard`` (git-ignored).
+Screenshots land in ``tests/artifacts/dashboard`` (git-ignored); ``docs/dashboard.png`` is a copy of
+``glance.png``, taken at 1280 px under load by ``test_the_page_reads_at_a_glance_at_1280_px``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import time
 import uuid
@@ -27,6 +30,7 @@ from tests.services import free_port
 pytestmark = pytest.mark.slow
 
 TOKEN = "dashboard-test-token"
+DASH = "\u2013"  # what the page shows for "no value"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "dashboard"
 GATE = "tests.handlers_for_tests:Gate"
 BROWSER_HINT = (
@@ -147,6 +151,19 @@ def card(page: Any, model: str = "sleep") -> Any:
     return page.locator(f'article.model[data-model="{model}"]')
 
 
+def open_card(page: Any, model: str = "sleep") -> Any:
+    """Open a model's card (collapsed by default) for its charts, decisions and controls; it stays open."""
+    found = card(page, model)
+    if not found.locator("details").evaluate("d => d.open"):
+        found.locator("summary").click()
+    expect(found.locator('[data-action="pause"]')).to_be_visible()
+    return found
+
+
+def summary(page: Any, key: str) -> str:
+    return str(page.locator(f'#summary [data-summary="{key}"] dd').inner_text())
+
+
 def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browser) -> None:
     page = browser.page
     page.goto(f"{up.base}/dashboard")
@@ -167,8 +184,31 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     assert shown >= {"sleep", "gate"}
     expect(page.locator('#workers tbody tr[data-state="serving"]').first).to_be_visible()
     assert page.evaluate("sessionStorage.getItem('fleet.operatorToken')") == TOKEN
+    # the cards start collapsed: the head line and the reason, no controls until opened
+    expect(card(page, "echo").locator('[data-action="pause"]')).to_be_hidden()
+    expect(card(page, "echo").locator('[data-role="reason"]')).not_to_be_empty()
+    open_card(page)  # the sleep card stays open for the controls' tests
     page.screenshot(path=ARTIFACTS / "loaded.png", full_page=True)
     assert_clean(up, browser)
+
+
+def test_the_summary_row_adds_up_the_fleet(up: Up, browser: Browser) -> None:
+    page = browser.page
+    expect(page.locator('#summary [data-summary="models"] dd')).to_have_text("3")
+
+    def agrees() -> bool:
+        snap = up.api.get("/v1/operator/snapshot").json()
+        ready = sum(w["state"] == "ready" for w in snap["workers"])
+        return summary(page, "workers").startswith(f"{ready} ready · ")
+
+    until(agrees, 10, "the summary counts the ready workers of the snapshot")
+    assert re.fullmatch(r"\d+", summary(page, "waiting")), summary(page, "waiting")
+    assert re.fullmatch(r"[\d.k]+/s", summary(page, "throughput")), summary(page, "throughput")
+    assert re.fullmatch(r"[\d.k]+/s · \d+ dead letters?", summary(page, "errors")), summary(page, "errors")
+    # an idle worker shows no latency, in the table as on its card (not "0 ms")
+    idle = page.locator('#workers tbody tr[data-state="serving"]', has_text="echo").first
+    expect(idle.locator("td").nth(7)).to_have_text(f"{DASH} (no job yet)")
+    expect(card(page, "echo").locator('[data-stat="p99"]')).to_have_text(DASH)
 
 
 def behind_s(page: Any) -> float:
@@ -207,6 +247,29 @@ def test_a_burst_shows_on_the_lag_chart_and_the_replicas_rise_within_10s(up: Up,
     replicas = card(page).locator('[data-stat="replicas"]')
     until(lambda: int(replicas.inner_text()) >= 2, 10, "the page shows the replica count rising", 0.1)
     rise_s = time.monotonic() - burst_at
+    # the new replicas are listed while they start (no heartbeat yet, or warming up), and the rows add up
+    starting_shown = """() => {
+      const rows = [...document.querySelectorAll('#workers tbody tr')].filter((r) =>
+        r.children[1].textContent === 'sleep' && ['launching', 'warming'].includes(r.dataset.state));
+      const onCard = document.querySelector('article[data-model="sleep"] [data-stat="workers"]').textContent;
+      const onSummary = document.querySelector('#summary [data-summary="workers"] dd').textContent;
+      return rows.length > 0 && onCard.includes(`${rows.length} starting`) && !onSummary.includes(' 0 starting');
+    }"""
+    until(
+        lambda: page.evaluate(starting_shown),
+        10,
+        "the starting workers listed, counted on the card and the summary",
+        0.1,
+    )
+    rows_and_replicas = """() => {
+      const rows = [...document.querySelectorAll('#workers tbody tr')].filter((r) =>
+        r.children[1].textContent === 'sleep' && r.dataset.state !== 'draining');
+      const shown = document.querySelector('article[data-model="sleep"] [data-stat="replicas"]').textContent;
+      return [rows.length, Number(shown)];
+    }"""
+    until(lambda: (n := page.evaluate(rows_and_replicas))[0] == n[1] and n, 10, "workers rows == replicas")
+    # the reason behind the desired replicas, in words
+    expect(card(page).locator('[data-role="reason"]')).to_have_text(re.compile(r"^\d+ waiting, .*wanted"))
     lag = until(lambda: max(v or 0 for v in lag_series(page)), 10, "the lag chart shows the queued burst")
     assert lag >= 10, f"the lag chart peaked at {lag}"
     page.screenshot(path=ARTIFACTS / "burst.png", full_page=True)
@@ -221,6 +284,7 @@ def lag_series(page: Any) -> list[float | None]:
 
 def test_pause_and_resume_change_the_autoscaler_state(up: Up, browser: Browser) -> None:
     page = browser.page
+    open_card(page)
     button = card(page).locator('[data-action="pause"]')
     expect(button).to_have_text("Pause autoscaling")
     button.click()
@@ -252,7 +316,7 @@ def test_dismissing_the_dialog_changes_nothing(up: Up, browser: Browser) -> None
 
 def test_min_and_max_replicas_change_the_autoscaler_state(up: Up, browser: Browser) -> None:
     page = browser.page
-    sleep = card(page)
+    sleep = open_card(page)
     sleep.get_by_label("min", exact=True).fill("1")
     sleep.get_by_label("max", exact=True).fill("4")
     sleep.get_by_role("button", name="Set bounds").click()
@@ -277,7 +341,7 @@ def test_min_and_max_replicas_change_the_autoscaler_state(up: Up, browser: Brows
 
 def test_scale_to_n_holds_the_replicas_until_the_override_ends(up: Up, browser: Browser) -> None:
     page = browser.page
-    sleep = card(page)
+    sleep = open_card(page)
     sleep.get_by_label("scale to").fill("3")
     sleep.get_by_label("for (s)").fill("120")
     sleep.get_by_role("button", name="Scale now").click()
@@ -286,6 +350,7 @@ def test_scale_to_n_holds_the_replicas_until_the_override_ends(up: Up, browser: 
     assert pinned["replicas"] == 3 and pinned["until"] > time.time() + 60, pinned
     until(lambda: scaling(up)["current_replicas"] == 3, 30, "the autoscaler holds 3 replicas")
     expect(sleep.locator('[data-badge="pinned"]')).to_contain_text("held at 3")
+    expect(sleep.locator('[data-role="reason"]')).to_contain_text("held at 3 by an operator until")
     sleep.get_by_role("button", name="End override").click()
     confirm(page)
     until(lambda: panel(up)["pinned"] is None, 5, "the override removed")
@@ -398,6 +463,44 @@ def test_cancel_a_run_from_its_row_and_a_job_by_its_id(up: Up, browser: Browser)
     assert up.api.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
 
 
+def test_a_job_is_found_by_its_id_and_the_recent_jobs_list_it(up: Up, browser: Browser) -> None:
+    page = browser.page
+    body = {"model": "sleep", "input": {"mean_ms": 30}}
+    job_id = up.api.post("/v1/jobs", json=body).raise_for_status().json()["job_id"]
+    until(lambda: up.api.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded", 30, "the job succeeds")
+    record = up.api.get(f"/v1/jobs/{job_id}").json()
+    page.get_by_label("Find job").fill(job_id)
+    page.get_by_role("button", name="Look up", exact=True).click()
+    detail = page.locator(f'#job-detail[data-job-id="{job_id}"]')
+    expect(detail.locator('[data-role="state"]')).to_have_text("succeeded")
+    expect(detail.locator('[data-role="model"]')).to_have_text("sleep")
+    expect(detail.locator('[data-role="tenant"]')).to_have_text(record["tenant"] or "default")
+    assert json.loads(detail.locator('[data-role="output"]').inner_text()) == record["output"]
+    # a failed job shows its error; an unknown id says so
+    key = f"gate-{uuid.uuid4().hex[:8]}"
+    failed = up.api.post("/v1/jobs", json={"model": "gate", "input": {"key": key}}).json()["job_id"]
+    until(lambda: up.api.get(f"/v1/jobs/{failed}").json()["state"] == "failed", 20, "the closed gate fails the job")
+    page.get_by_label("Find job").fill(failed)
+    page.get_by_role("button", name="Look up", exact=True).click()
+    expect(page.locator(f'#job-detail[data-job-id="{failed}"] [data-role="error"]')).to_contain_text(
+        f"gate {key} is closed"
+    )
+    before = len(browser.errors)
+    page.get_by_label("Find job").fill("no-such-job")
+    page.get_by_role("button", name="Look up", exact=True).click()
+    expect(page.locator('#job-detail [data-role="lookup-error"]')).to_contain_text("No job no-such-job")
+    until(lambda: len(browser.errors) > before, 2, "Chromium logs the 404")
+    assert all("status of 404" in e for e in browser.errors[before:]), browser.errors[before:]
+    del browser.errors[before:]  # expected: the one unknown id
+    # the recent jobs: the newest first, each with its state now; a row opens the lookup
+    row = page.locator(f'#recent-jobs tbody tr[data-key="{job_id}"]')
+    expect(row).to_have_attribute("data-state", "succeeded")
+    expect(page.locator(f'#recent-jobs tbody tr[data-key="{failed}"]')).to_have_attribute("data-state", "failed")
+    assert page.locator("#recent-jobs tbody tr").first.get_attribute("data-key") == failed
+    row.get_by_role("button").click()
+    expect(page.locator(f'#job-detail[data-job-id="{job_id}"] [data-role="state"]')).to_have_text("succeeded")
+
+
 def test_draining_a_worker_retires_it_and_the_autoscaler_replaces_it(up: Up, browser: Browser) -> None:
     page = browser.page
     workers = up.api.get("/v1/operator/snapshot").json()["workers"]
@@ -495,6 +598,33 @@ def test_theme_toggle_and_keyboard(up: Up, browser: Browser) -> None:
     assert page.locator("main [onclick], main div[role=button]").count() == 0
 
 
+def test_the_page_reads_at_a_glance_at_1280_px(up: Up, browser: Browser) -> None:
+    page = browser.page
+    # an idle model's decision is listed once, with how long it has stood (the autoscaler re-records it every 30 s)
+    repeated = page.locator('article[data-model="echo"] .decisions li:not([data-repeats="1"])')
+    until(lambda: repeated.count() > 0, 45, "a decision standing for several checks, on one line")
+    expect(repeated.first).to_contain_text("unchanged since")
+    expect(card(page, "echo").locator('[data-role="reason"]')).to_contain_text("idle: nothing waiting or arriving")
+    # with every card closed the whole page fits in well under 3,000 px at 1280 px wide
+    for model in ("sleep", "gate", "echo"):
+        if card(page, model).locator("details").evaluate("d => d.open"):
+            card(page, model).locator("summary").click()
+    assert page.viewport_size == {"width": 1280, "height": 900}
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 2400, f"the collapsed page is {height} px tall at 1280 px"
+    # the docs' screenshot: some load on sleep, its card open
+    body = {"model": "sleep", "input": {"mean_ms": 200}}
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda _: up.api.post("/v1/jobs", json=body).json()["job_id"], range(60)))
+    open_card(page)
+    until(lambda: int(card(page).locator('[data-stat="replicas"]').inner_text()) >= 2, 15, "sleep scales out")
+    page.locator("#runs tbody tr", has_text="dash").first.locator("button.link").click()
+    page.locator("#recent-jobs tbody tr").first.get_by_role("button").click()
+    time.sleep(3)  # a few samples on the charts
+    page.screenshot(path=ARTIFACTS / "glance.png", full_page=True)
+    until(lambda: all(up.api.get(f"/v1/jobs/{j}").json()["state"] == "succeeded" for j in ids[-3:]), 90, "the load")
+
+
 def test_the_session_had_no_console_error_and_no_foreign_request(up: Up, browser: Browser) -> None:
     streams = [url for url in browser.requests if url.endswith("/v1/operator/stream")]
     assert len(streams) == 1, f"one live stream for the whole session: {streams}"
@@ -502,5 +632,5 @@ def test_the_session_had_no_console_error_and_no_foreign_request(up: Up, browser
     page = browser.page
     page.locator("#runs tbody tr", has_text="dash").first.locator("button.link").click()  # the three-step run
     expect(page.locator("#run-detail .run-graph svg")).to_be_visible()
-    page.screenshot(path=ARTIFACTS / "overview.png", full_page=True)  # docs/dashboard.png is one of these
+    page.screenshot(path=ARTIFACTS / "overview.png", full_page=True)
     assert_clean(up, browser)

@@ -18,10 +18,10 @@ import pytest
 from fleet.brokers import make_broker
 from fleet.producers.gateway import create_app
 from fleet.producers.gateway.operator_beats import Beats
-from fleet.producers.gateway.operator_feed import BACKLOG_EVENTS, OperatorFeed
+from fleet.producers.gateway.operator_feed import BACKLOG_EVENTS, OperatorFeed, unheard_replicas
 from fleet.scaling import MemoryScalingStore
 from fleet.schemas.operator import OperatorSnapshot
-from fleet.schemas.scaling import DecisionRecord
+from fleet.schemas.scaling import DecisionRecord, ScalingStatus
 from fleet.schemas.wire import DispatcherBeat, Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store import make_store
@@ -154,6 +154,9 @@ async def test_snapshot_shows_the_model_its_worker_and_the_completions(env: Env)
         return any(w.model == env.model and w.state == "ready" for w in (await snapshot_of(env)).workers)
 
     await eventually(worker_ready, 10, "the worker in the snapshot")
+    (idle,) = [w for w in (await snapshot_of(env)).workers if w.model == env.model]
+    assert (idle.items, idle.latency_ewma_ms, idle.latency_p99_ms) == (0, None, None), "idle: no latency, not 0 ms"
+    assert (await snapshot_of(env)).models[0].ready_workers == 1
     ids = []
     for i in range(20):
         response = await env.client.post("/v1/jobs", json={"model": env.model, "input": {"data": {"i": i}}})
@@ -198,10 +201,9 @@ async def test_decisions_of_the_last_15_minutes_show_newest_first(env: Env) -> N
                 arrival_rate=1.0,
                 throughput_per_replica=1.0,
                 reason=reason,
+                changed=True,  # alike no-change decisions would be one line (tests/test_operator_words.py)
             )
         )
-    from fleet.schemas.scaling import ScalingStatus
-
     await scaling.put_status(
         ScalingStatus(
             model=env.model,
@@ -223,6 +225,34 @@ async def test_decisions_of_the_last_15_minutes_show_newest_first(env: Env) -> N
     assert [d.reason for d in snap.decisions[env.model]] == ["just now", "a minute ago"]
     (panel,) = snap.models
     assert (panel.current_replicas, panel.desired_replicas) == (2, 3)
+    assert panel.wanted_replicas == 2, "the newest decision's recommendation"
+    assert panel.reason.startswith("no autoscaler has reported"), panel.reason  # this status names no backend
+
+
+async def test_recent_jobs_lists_this_gateways_jobs_newest_first_with_their_state(env: Env) -> None:
+    ids = []
+    for i in range(3):
+        response = await env.client.post("/v1/jobs", json={"model": env.model, "input": {"data": {"i": i}}})
+        ids.append(response.raise_for_status().json()["job_id"])
+    for job_id in ids:
+        await env.client.get(f"/v1/jobs/{job_id}", params={"wait": 10})
+    answer = (await env.client.get("/v1/operator/jobs", params={"limit": 2})).raise_for_status().json()
+    assert [j["job_id"] for j in answer["jobs"]] == ids[::-1][:2]
+    assert {j["state"] for j in answer["jobs"]} == {"succeeded"} and answer["jobs"][0]["finished_at"] is not None
+    assert "this gateway process" in answer["scope"] and answer["kept"] == 200
+
+
+def test_replicas_the_autoscaler_runs_without_a_heartbeat_count_as_starting() -> None:
+    def status(backend: str | None, current: int) -> ScalingStatus:
+        return ScalingStatus(
+            model="m", current_replicas=current, desired_replicas=current, lag=0, arrival_rate=0.0,
+            min_replicas=0, max_replicas=4, paused=False, backend=backend, updated_at=1.0,
+        )  # fmt: skip
+
+    assert unheard_replicas(status("process", 4), heard=1) == 3
+    assert unheard_replicas(status("process", 1), heard=2) == 0  # a worker started by hand as well
+    assert unheard_replicas(status("dry-run", 4), heard=0) == 0  # a dry run's replicas are on paper only
+    assert unheard_replicas(status(None, 4), heard=0) == 0
 
 
 async def read_events(response: httpx.Response, count: int) -> list[tuple[str, str]]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,9 +42,34 @@ Auth = Annotated[
         help="off or keys (env FLEET_AUTH); unset: off on a loopback host, and a non-loopback --host is refused",
     ),
 ]
+AppDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--app-dir",
+        help="folder your model references ('package.module:Handler') are imported from, like uvicorn's "
+        "(env FLEET_APP_DIR; default: the current folder)",
+        file_okay=False,
+    ),
+]
 LogLevel = Annotated[
     str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR (env FLEET_LOG_LEVEL)")
 ]
+
+
+APP_DIR_ENV = "FLEET_APP_DIR"
+
+
+def use_app_dir(app_dir: Path | str | None = None) -> None:
+    """Import model references from ``app_dir`` (else ``FLEET_APP_DIR``, else the current folder): first on
+    ``sys.path``, as ``python -m`` and uvicorn do, and named in the environment so that the processes a command
+    starts (``fleet up``'s workers and gateway) import from the same folder wherever they run."""
+    named = app_dir or os.environ.get(APP_DIR_ENV)
+    chosen = Path(named or ".").resolve()
+    if named and not chosen.is_dir():
+        raise fail(f"--app-dir / {APP_DIR_ENV} {named}: no such folder")
+    os.environ[APP_DIR_ENV] = str(chosen)
+    if str(chosen) not in sys.path:
+        sys.path.insert(0, str(chosen))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -110,6 +137,7 @@ def up(
     store: Store = None,
     models: Annotated[str | None, typer.Option(help="comma-separated models (env FLEET_MODELS)")] = None,
     auth: Auth = None,
+    app_dir: AppDir = None,
     log_level: LogLevel = None,
 ) -> None:
     """Run the gateway, the workers (autoscaled on lag), and a dispatcher per model in dispatch routing.
@@ -119,6 +147,7 @@ def up(
     `fleet worker` processes that the autoscaler starts and drains (FLEET_AUTOSCALE=false: one in-process worker
     per model instead).
     """
+    use_app_dir(app_dir)
     settings = settings_from(
         host=host, port=port, broker_url=broker, store_url=store, models=models, auth=auth, log_level=log_level
     )
@@ -157,12 +186,14 @@ def worker(
             help="serve /metrics, /healthz (liveness) and /readyz (200 once the model is warm) on this port",
         ),
     ] = None,
+    app_dir: AppDir = None,
     log_level: LogLevel = None,
 ) -> None:
     """Serve one model: pull micro-batches, compute, store results, ack. SIGTERM drains gracefully.
 
     A broker or store that does not answer at start-up is retried until FLEET_STARTUP_TIMEOUT_S (60 s).
     """
+    use_app_dir(app_dir)
     settings = settings_from(
         broker_url=broker,
         store_url=store,
@@ -193,9 +224,11 @@ def gateway(
     store: Store = None,
     models: Annotated[str | None, typer.Option(help="comma-separated models to accept (env FLEET_MODELS)")] = None,
     auth: Auth = None,
+    app_dir: AppDir = None,
     log_level: LogLevel = None,
 ) -> None:
     """Run the REST + WebSocket gateway (submit, poll, push, /metrics, /docs)."""
+    use_app_dir(app_dir)
     settings = settings_from(
         host=host, port=port, broker_url=broker, store_url=store, models=models, auth=auth, log_level=log_level
     )
@@ -312,7 +345,12 @@ def describe(exc: BaseException) -> str:
 
 def main() -> None:
     """The ``fleet`` entry point. Errors a command did not turn into a message itself (a file that cannot be
-    written, a server that does not answer, ...) still end as one line and exit code 1."""
+    written, a server that does not answer, ...) still end as one line and exit code 1. Every command imports
+    model references from the current folder (or ``FLEET_APP_DIR``); ``--app-dir`` names another."""
+    try:
+        use_app_dir()
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
     try:
         app(prog_name="fleet")
     except (FleetError, ValidationError, OSError) as exc:

@@ -47,6 +47,7 @@ from fleet.producers.gateway.openapi_doc import install_openapi
 from fleet.producers.gateway.operator_access import OperatorGate, is_loopback, log_access
 from fleet.producers.gateway.operator_beats import BeatListener, Beats
 from fleet.producers.gateway.operator_feed import OperatorFeed
+from fleet.producers.gateway.operator_jobs import RecentJobIds
 from fleet.producers.gateway.ratelimit import RateLimitHeaders, build_limiter
 from fleet.producers.gateway.reconcile import Reconciler
 from fleet.producers.gateway.state import GatewayState
@@ -157,6 +158,7 @@ async def _open_operator(
     """The operator surface's parts: beats heard, the dead-letter recorder and its store, and the one feed of
     this process."""
     beats = Beats(settings.heartbeat_interval_s)
+    app.state.recent_jobs = RecentJobIds()
     await stack.enter_async_context(BeatListener(broker, beats, app.state.workers))
     app.state.beats = beats
     app.state.dead_letters = make_dead_letter_store(store)

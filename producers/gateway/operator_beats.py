@@ -89,8 +89,9 @@ class Beats:
                 routing=hb.routing,
                 in_flight=hb.in_flight,
                 mean_batch_size=hb.mean_batch_size,
-                latency_ewma_ms=hb.latency_ewma_ms,
-                latency_p99_ms=hb.latency_p99_ms,
+                items=hb.items,
+                latency_ewma_ms=hb.latency_ewma_ms if hb.items else None,  # idle since start: no latency, not 0 ms
+                latency_p99_ms=hb.latency_p99_ms if hb.items else None,
                 heartbeat_age_s=round(now - seen, 3),
             )
             for hb, seen in sorted(self.workers.values(), key=lambda item: (item[0].model, item[0].worker_id))

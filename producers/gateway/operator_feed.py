@@ -27,6 +27,7 @@ from typing import Any
 from fleet.brokers.base import Broker
 from fleet.lag import read_lag
 from fleet.producers.gateway.operator_beats import Beats
+from fleet.producers.gateway.operator_words import collapse_decisions, scaling_reason, wanted_replicas
 from fleet.producers.gateway.routes_scaling import shown_status
 from fleet.scaling import ScalingStore
 from fleet.schemas.operator import (
@@ -81,6 +82,14 @@ def run_summary(run_id: str, doc: RunDoc) -> RunSummary:
         started_at=float(doc.get("created_at") or 0.0),
         finished_at=doc.get("finished_at"),
     )
+
+
+def unheard_replicas(status: ScalingStatus, heard: int) -> int:
+    """Replicas the autoscaler's backend runs that no heartbeat names yet: started, still loading their model.
+    None for a dry run (its replicas exist only on paper) or without an autoscaler."""
+    if status.backend in (None, "dry-run") or status.updated_at is None:
+        return 0
+    return max(0, status.current_replicas - heard)
 
 
 @dataclass(slots=True)
@@ -226,7 +235,7 @@ class OperatorFeed:
             panels.append(panel)
             samples[model] = [sample]
             self.series[model].append(sample)
-        decisions = {m: self._recent_decisions(read.statuses.get(m), now) for m in self.models}
+        decisions = {m: collapse_decisions(self._recent_decisions(read.statuses.get(m), now)) for m in self.models}
         self.latest = OperatorSnapshot(
             at=now,
             models=panels,
@@ -296,8 +305,11 @@ class OperatorFeed:
             lag,
         )
         rates = self._rates(model, counts)
-        status = shown_status(model, read.statuses.get(model), read.overrides[model], self.settings, 0)
+        status = shown_status(model, read.statuses.get(model), read.overrides[model], self.settings, 1)
         working = [hb for hb in beats if hb.items > 0]
+        heard = sum(hb.state in ("starting", "ready", "degraded") for hb in beats)
+        warming = sum(hb.state == "starting" for hb in beats)
+        unheard = unheard_replicas(status, heard)
         sample = Sample(
             at=now,
             lag=lag,
@@ -318,7 +330,12 @@ class OperatorFeed:
             max_replicas=status.max_replicas,
             paused=status.paused,
             pinned=status.pinned,
-            live_workers=sum(hb.state in ("starting", "ready", "degraded") for hb in beats),
+            live_workers=heard,
+            ready_workers=sum(hb.state == "ready" for hb in beats),
+            starting_workers=warming + unheard,
+            unheard_replicas=unheard,
+            wanted_replicas=wanted_replicas(status),
+            reason=scaling_reason(status),
         )
         return panel, sample
 

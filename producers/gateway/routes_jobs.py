@@ -60,6 +60,7 @@ from fleet.producers.gateway.errors import (
 )
 from fleet.producers.gateway.limits import read_limited_body
 from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
+from fleet.producers.gateway.operator_jobs import note_submitted
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.api import SubmitRequest, SubmitResponse
 from fleet.schemas.jobs import JobError, JobRecord, JobState, input_digest
@@ -317,7 +318,9 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
         await ratelimit.charge(request, record)
     found = await _cache_lookup(state, spec, body, record.tenant)
     if found is not None and found.hit is not None:
-        return await _answer_from_cache(state, record, data, found.hit, body.priority)
+        answered = await _answer_from_cache(state, record, data, found.hit, body.priority)
+        note_submitted(request, answered.job_id)
+        return answered
     answer = await _admit(state, body, record, data)
     if answer is not None:
         return answer
@@ -334,6 +337,7 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
     finally:
         state.backlog.published(record.model, published)
     JOBS_SUBMITTED.labels(record.model).inc()
+    note_submitted(request, record.job_id)
     if found is not None and state.cache is not None:
         state.cache.fill_later(found, record.job_id, state.store)
     return SubmitResponse(job_id=record.job_id, status=JobState.queued)

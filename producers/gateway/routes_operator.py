@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
+from fleet.producers.gateway.calls import store_call
 from fleet.producers.gateway.errors import error_responses
 from fleet.producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
 from fleet.producers.gateway.operator_feed import OperatorFeed
-from fleet.schemas.operator import OperatorAccess, OperatorSnapshot
+from fleet.producers.gateway.operator_jobs import RecentJobIds, read_recent
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.operator import OperatorAccess, OperatorSnapshot, RecentJobs
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
 
@@ -84,3 +87,24 @@ async def stream(
     feed: OperatorFeed = Depends(operator_feed), _operator: Principal = Depends(require_operator)
 ) -> StreamingResponse:
     return StreamingResponse(feed_events(feed), media_type="text/event-stream", headers=STREAM_HEADERS)
+
+
+@router.get(
+    "/jobs",
+    summary="The newest jobs submitted through this gateway",
+    response_model=RecentJobs,
+    responses=error_responses(401, 403, 503),
+)
+async def recent_jobs(
+    request: Request,
+    limit: int = Query(20, ge=1, le=200, description="how many, newest first"),
+    state: GatewayState = Depends(gateway_state),
+    operator: Principal = Depends(require_operator),
+) -> RecentJobs:
+    """Each job's state now, read from the store. Not a job history: only jobs this gateway process accepted since
+    it started, its newest 200 at most (``scope`` says so); look any job up by id with ``GET /v1/jobs/{id}``. An
+    operator API key sees its own tenant's jobs, as ``GET /v1/jobs/{id}`` shows them; the operator token every
+    tenant's."""
+    ids: RecentJobIds = request.app.state.recent_jobs
+    recent = read_recent(ids, state.store, limit, operator.tenant)
+    return await store_call(state.store, recent, state.limits.store_timeout_s)

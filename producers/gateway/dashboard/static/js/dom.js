@@ -54,6 +54,19 @@ export const fmt = {
   age(v) {
     return v === null || v === undefined ? "–" : `${fmt.num(v, 1)} s`;
   },
+  duration(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 1) return `${Math.round(s * 1000)} ms`;
+    if (s < 60) return `${fmt.num(s, 1)} s`;
+    return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+  },
+  rate(v) {
+    // as a person writes it: 0.25, 1.5, 8, 12, 223k
+    if (v === null || v === undefined) return "–";
+    if (v >= 9995) return `${Number((v / 1000).toPrecision(3))}k`;
+    if (v >= 5) return `${Math.round(v)}`;
+    return fmt.num(v, 2).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+  },
   time(unix) {
     if (!unix) return "–";
     return new Date(unix * 1000).toLocaleTimeString([], { hour12: false });

@@ -5,9 +5,12 @@ import { ModelCharts, RING_S } from "./charts.js";
 import { RunView } from "./dag.js";
 import { confirmAction } from "./dialog.js";
 import { el, fmt, setText, syncRows } from "./dom.js";
+import { JobLookup, renderRecent } from "./jobs.js";
 
 const $ = (id) => document.getElementById(id);
 const WORKER_STATES = { starting: "warming", ready: "serving", draining: "draining", degraded: "degraded" };
+const RECENT_EVERY_MS = 2000;
+const RECENT_SHOWN = 25;
 const RETRY_MS = [500, 1000, 2000, 4000];
 const AUDIT_EVERY_MS = 5000;
 const AUDIT_SHOWN = 20;
@@ -22,6 +25,8 @@ const state = {
   events: 0,
   audit: [], // the newest audit entries, newest first
   auditTimer: null,
+  recentTimer: null,
+  recent: null, // the latest GET /v1/operator/jobs answer
 };
 window.fleetDashboard = state; // for the browser tests and for poking at in devtools
 
@@ -45,6 +50,7 @@ async function start() {
 function showLogin(message = "") {
   if (state.stream) state.stream.abort();
   clearInterval(state.auditTimer);
+  clearInterval(state.recentTimer);
   $("main").hidden = true;
   $("login").hidden = false;
   $("logout").hidden = true;
@@ -82,6 +88,9 @@ function connect(attempt = 0) {
   clearInterval(state.auditTimer);
   refreshAudit();
   state.auditTimer = setInterval(refreshAudit, AUDIT_EVERY_MS);
+  clearInterval(state.recentTimer);
+  refreshRecent();
+  state.recentTimer = setInterval(refreshRecent, RECENT_EVERY_MS);
   let first = true;
   stream("/v1/operator/stream", (name, data) => {
     if (name !== "snapshot") return;
@@ -126,11 +135,50 @@ function apply(snapshot, full) {
 // --- panels -------------------------------------------------------------------------------------------------
 
 function render(snap) {
+  renderSummary(snap);
   renderModels(snap);
   renderWorkers(snap);
   renderDispatchers(snap);
   renderDeadLetters(snap);
   renderRuns(snap);
+}
+
+// The fleet at a glance: the same numbers as the cards and the workers table, added up.
+function fleetCounts(snap) {
+  const sum = (key) => {
+    const known = snap.models.map((m) => m[key]).filter((v) => v !== null && v !== undefined);
+    return known.length ? known.reduce((a, b) => a + b, 0) : null;
+  };
+  const workers = snap.workers || [];
+  const count = (s) => workers.filter((w) => w.state === s).length;
+  return {
+    models: snap.models.length,
+    paused: snap.models.filter((m) => m.paused).length,
+    ready: count("ready"),
+    starting: count("starting") + snap.models.reduce((a, m) => a + (m.unheard_replicas || 0), 0),
+    draining: count("draining"),
+    degraded: count("degraded"),
+    waiting: sum("lag"),
+    throughput: sum("throughput_per_s"),
+    errors: sum("error_rate"),
+    dead: snap.models.reduce((a, m) => a + (m.dead_letters || 0), 0),
+  };
+}
+
+function renderSummary(snap) {
+  const c = fleetCounts(snap);
+  const put = (key, text, warn = false) => {
+    const box = $("summary").querySelector(`[data-summary="${key}"]`);
+    setText(box.querySelector("dd"), text);
+    box.classList.toggle("warn", warn);
+  };
+  put("models", `${c.models}${c.paused ? ` (${c.paused} paused)` : ""}`);
+  const extra = [c.draining && `${c.draining} draining`, c.degraded && `${c.degraded} degraded`].filter(Boolean);
+  put("workers", [`${c.ready} ready`, `${c.starting} starting`, ...extra].join(" · "), c.degraded > 0);
+  put("waiting", c.waiting ?? "–");
+  put("throughput", c.throughput === null ? "–" : `${fmt.rate(c.throughput)}/s`);
+  put("errors", `${c.errors === null ? "–" : `${fmt.rate(c.errors)}/s`} · ${c.dead} dead letter${c.dead === 1 ? "" : "s"}`,
+    (c.errors || 0) > 0 || c.dead > 0);
 }
 
 function renderModels(snap) {
@@ -160,25 +208,31 @@ function modelCard(model) {
   const id = (suffix) => `${model}-${suffix}`.replace(/[^A-Za-z0-9_-]/g, "_");
   const chart = (key, title) =>
     el("div", { class: "chart", dataset: { chart: key } }, el("h3", {}, title), el("div", { class: "plot" }));
-  return el(
-    "article",
-    { class: "model", dataset: { model }, "aria-labelledby": id("title") },
+  const details = el(
+    "details",
+    { class: "model-details" },
     el(
-      "div",
-      { class: "model-head" },
+      "summary",
+      { class: "model-head", title: `${model}: show or hide its charts, decisions and controls` },
       el("h3", { id: id("title") }, model),
       stat("replicas", "replicas"),
       stat("desired", "desired"),
-      stat("bounds", "bounds"),
-      stat("lag", "lag"),
-      stat("arrival", "arrival"),
+      stat("workers", "workers"),
+      stat("waiting", "waiting"),
       stat("throughput", "throughput"),
-      stat("p50", "p50"),
       stat("p99", "p99"),
       stat("errors", "errors"),
-      stat("dead letters", "dead"),
       el("span", { class: "badge paused", dataset: { badge: "paused" }, hidden: true }, "autoscaling paused"),
       el("span", { class: "badge pinned", dataset: { badge: "pinned" }, hidden: true }),
+      el("p", { class: "reason", dataset: { role: "reason" } }),
+    ),
+    el(
+      "div",
+      { class: "model-more" },
+      stat("bounds", "bounds"),
+      stat("arrival", "arrival"),
+      stat("p50", "p50"),
+      stat("dead letters", "dead"),
     ),
     el(
       "div",
@@ -193,6 +247,9 @@ function modelCard(model) {
     el("ul", { class: "decisions", dataset: { role: "decisions" }, "aria-label": `decisions for ${model}` }),
     controls(model, id),
   );
+  // a closed card's charts have no width: size them when the card opens
+  details.addEventListener("toggle", () => details.open && state.charts[model]?.resize());
+  return el("article", { class: "model", dataset: { model }, "aria-labelledby": id("title") }, details);
 }
 
 function controls(model, id) {
@@ -223,14 +280,16 @@ function updateModelCard(card, m, snap) {
   const put = (key, text) => setText(card.querySelector(`[data-stat="${key}"]`), text);
   put("replicas", m.current_replicas);
   put("desired", m.desired_replicas);
+  put("workers", `${m.ready_workers} ready${m.starting_workers ? `, ${m.starting_workers} starting` : ""}`);
   put("bounds", `${m.min_replicas} to ${m.max_replicas}`);
-  put("lag", m.lag ?? "–");
-  put("arrival", `${fmt.num(m.arrival_rate, 2)}/s`);
-  put("throughput", `${fmt.num(m.throughput_per_s, 2)}/s`);
+  put("waiting", m.lag ?? "–");
+  put("arrival", `${fmt.rate(m.arrival_rate)}/s`);
+  put("throughput", `${fmt.rate(m.throughput_per_s)}/s`);
+  setText(card.querySelector('[data-role="reason"]'), m.reason || "");
   put("p50", fmt.ms(m.latency_p50_ms));
   put("p99", fmt.ms(m.latency_p99_ms));
-  put("errors", `${fmt.num(m.error_rate, 2)}/s`);
-  put("dead", `${m.dead_letters} (${fmt.num(m.dead_letter_rate, 2)}/s)`);
+  put("errors", `${fmt.rate(m.error_rate)}/s`);
+  put("dead", `${m.dead_letters} (${fmt.rate(m.dead_letter_rate)}/s)`);
   card.querySelector('[data-badge="paused"]').hidden = !m.paused;
   const pinned = card.querySelector('[data-badge="pinned"]');
   pinned.hidden = !m.pinned;
@@ -252,6 +311,7 @@ function renderDecisions(card, decisions, now) {
         class: d.changed ? "tick changed" : "tick",
         style: `left: ${Math.max(0, Math.min(100, 100 - ((now - d.at) / RING_S) * 100))}%`,
         title: `${fmt.time(d.at)} ${d.current_replicas} → ${d.replicas}: ${d.reason}`,
+        dataset: { repeats: d.repeats },
       }),
     ),
   );
@@ -262,24 +322,43 @@ function renderDecisions(card, decisions, now) {
   }
   list.replaceChildren(
     ...decisions.slice(0, 30).map((d) =>
-      el("li", { dataset: { changed: d.changed } }, el("time", {}, fmt.time(d.at)),
-        `${d.current_replicas} → ${d.replicas}${d.changed ? "" : " (kept)"}: ${d.reason}`),
+      el("li", { dataset: { changed: d.changed, repeats: d.repeats } }, el("time", {}, fmt.time(d.at)),
+        `${d.current_replicas} → ${d.replicas}${d.changed ? "" : " (kept)"}: ${d.reason}`,
+        d.repeats > 1 ? el("span", { class: "muted" }, ` · unchanged since ${fmt.time(d.since)} (${d.repeats} checks)`) : ""),
     ),
   );
 }
 
+// A replica the autoscaler started whose worker has not sent a heartbeat yet (it is loading): a row of its own,
+// so that the workers listed add up to the replicas a card shows.
+function launching(snap) {
+  return snap.models.flatMap((m) => Array.from({ length: m.unheard_replicas || 0 }, (_, i) => ({
+    worker_id: `${m.model}#launching-${i + 1}`, model: m.model, state: "launching", launching: true,
+  })));
+}
+
 function renderWorkers(snap) {
   const tbody = $("workers").querySelector("tbody");
+  const rows = [...snap.workers, ...launching(snap)].sort((a, b) => a.model.localeCompare(b.model));
   syncRows(
     tbody,
-    snap.workers,
+    rows,
     (w) => w.worker_id,
-    (w) => el("tr", {}, ...Array.from({ length: 9 }, () => el("td")),
-      el("td", {}, el("button", { type: "button", onclick: () => drain(w.worker_id) }, "Drain"))),
+    (w) => el("tr", {}, ...Array.from({ length: 10 }, () => el("td")),
+      el("td", {}, w.launching ? "" : el("button", { type: "button", onclick: () => drain(w.worker_id) }, "Drain"))),
     (row, w) => {
+      if (w.launching) {
+        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–"];
+        cells.forEach((text, i) => setText(row.children[i], text));
+        row.children[3].className = "state state-warming";
+        row.children[3].title = "started by the autoscaler, still loading: its first heartbeat names it";
+        row.dataset.state = "launching";
+        return;
+      }
       const shown = WORKER_STATES[w.state] || w.state;
-      const cells = [w.worker_id, w.model, w.device, shown, w.in_flight, fmt.num(w.mean_batch_size, 1),
-        fmt.ms(w.latency_ewma_ms), fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s)];
+      const idle = "– (no job yet)";
+      const cells = [w.worker_id, w.model, w.device, shown, w.in_flight, w.items, w.items ? fmt.num(w.mean_batch_size, 1) : "–",
+        w.items ? fmt.ms(w.latency_ewma_ms) : idle, fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s)];
       cells.forEach((text, i) => setText(row.children[i], text ?? "–"));
       row.children[3].className = `state state-${shown}`;
       row.dataset.state = shown;
@@ -400,6 +479,26 @@ function renderAudit() {
   setText($("audit-empty"), entries.length ? "" : "No operator actions recorded yet.");
 }
 
+// --- jobs: the lookup and the recent jobs (GET /v1/operator/jobs, polled) -----------------------------------
+
+const lookup = new JobLookup($("job-detail"), (jobId) => cancelJobById(jobId), (exc) => refused(exc));
+
+async function refreshRecent() {
+  try {
+    state.recent = await get(`/v1/operator/jobs?limit=${RECENT_SHOWN}`);
+    renderRecent($("recent-jobs"), $("recent-empty"), $("recent-scope"), state.recent, (id) => lookup.open(id));
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.isAuth) return refused(exc);
+    setText($("recent-empty"), `Cannot read the recent jobs: ${describe(exc)}`);
+  }
+}
+
+function lookUp(event) {
+  event.preventDefault();
+  const id = event.target.job_id.value.trim();
+  if (id) lookup.open(id);
+}
+
 // --- controls -----------------------------------------------------------------------------------------------
 
 function result(text, ok) {
@@ -489,9 +588,15 @@ function cancelRun(runId) {
 
 function cancelJob(event) {
   event.preventDefault();
-  const id = event.target.job_id.value.trim();
+  cancelJobById(event.target.job_id.value.trim());
+}
+
+function cancelJobById(id) {
   act(`Cancel job ${id}`, "A queued or running job ends cancelled; a finished job keeps its result.", "Cancel job",
-    "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, undefined, (a) => `job ${id}: ${a.state ?? "cancelled"}`);
+    "POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, undefined, (a) => {
+      if (lookup.jobId === id) lookup.open(id);
+      return `job ${id}: ${a.state ?? "cancelled"}`;
+    });
 }
 
 const runView = new RunView($("run-detail"), (exc) => {
@@ -547,6 +652,7 @@ function wire() {
   $("redrive").addEventListener("click", () => deadLetters("redrive"));
   $("purge").addEventListener("click", () => deadLetters("purge"));
   $("cancel-job-form").addEventListener("submit", cancelJob);
+  $("job-lookup-form").addEventListener("submit", lookUp);
   let resizing = null;
   addEventListener("resize", () => {
     clearTimeout(resizing);
