@@ -33,7 +33,7 @@ from typing import Any
 from autoscaler.backends.process import ProcessBackend
 from autoscaler.config import ScalingConfig
 from autoscaler.service import Autoscaler
-from benchmarks.common import services, show, write_results
+from benchmarks.common import services, show, write_result
 from consumers.handlers import ModelHandler, with_name
 from consumers.handlers.sleep import SleepHandler
 from fleet import constants as c
@@ -305,7 +305,7 @@ async def main(args: argparse.Namespace) -> None:
     rows = [row for name in args.loads for row in rows_for(results[name])]
     show("Autoscaler on the process backend, NATS JetStream + Redis", rows)
     results["params"] = vars(args)
-    print(f"wrote {write_results('autoscaler', results)}")
+    print(f"wrote {write_result('autoscaler', results)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.table import Table
 
-from benchmarks.common import RESULTS_DIR, console, services, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, console, services, stop_processes, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -341,7 +341,7 @@ def main() -> None:
     show_table(rows)
     summary = targets(rows)
     console.print(summary)
-    path = write_results("bench_dispatch", {"config": {**vars(args)}, "rows": rows, "targets": summary})
+    path = write_result("bench_dispatch", {"config": {**vars(args)}, "rows": rows, "targets": summary})
     plot(rows, path.with_suffix(".png"))
     console.print(f"results: {path} and {path.with_suffix('.png')}")
 

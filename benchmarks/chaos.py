@@ -80,7 +80,7 @@ from rich.table import Table
 
 from benchmarks.chaos_model import COMPUTED_DIR_ENV, MODEL, CountingSleep
 from benchmarks.chaos_tally import TERMINAL, DeadLetters, DoneWatcher, Row, Tally, read_computed, read_records, say
-from benchmarks.common import RESULTS_DIR, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, stop_processes, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -723,7 +723,7 @@ async def main(args: argparse.Namespace) -> int:
         for key in args.scenarios:
             rows.append(await run_scenario(SCENARIOS[key], args, kafka_url))
     show(rows)
-    path = write_results("chaos", {"params": vars(args), "rows": [asdict(r) for r in rows]})
+    path = write_result("chaos", {"params": vars(args), "rows": [asdict(r) for r in rows]})
     print(f"wrote {path}")
     return 1 if any(r.error for r in rows) else 0
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_dag import GatewayFleet
-from benchmarks.common import RESULTS_DIR, services, write_results
+from benchmarks.common import RESULTS_DIR, services, write_result
 from tests.health_probe import HealthProbe
 
 YAML = {"content-type": "application/yaml"}
@@ -152,7 +152,7 @@ def main() -> None:
         asyncio.run(measure(fleet.url, args.repeat))
     print(table(ATTACKS))
     rows = [{"attack": a.name, "results": [list(r) for r in a.results]} for a in ATTACKS]
-    path = write_results(f"gateway_attacks-{args.label}", {"repeat": args.repeat, "attacks": rows})
+    path = write_result(f"gateway_attacks-{args.label}", {"repeat": args.repeat, "attacks": rows})
     print(f"results: {path}")
 
 
