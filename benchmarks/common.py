@@ -130,9 +130,15 @@ def write_result(name: str, figures: dict[str, Any], out: Path | None = None) ->
     return envelope.write(out or RESULTS_DIR / f"{name}.json", document)
 
 
-def show(title: str, rows: list[tuple[str, str, str]]) -> None:
-    """Print a table of (measure, value, target) rows; ``write_result`` keeps it as the result file's headlines."""
+def record(title: str, rows: list[tuple[str, str, str]]) -> None:
+    """Keep a table of (measure, value, target) rows for ``write_result`` without printing it: for benchmarks that
+    print their own layout. Rows with a target are the headlines of the benchmarks page."""
     SHOWN.append(envelope.Table(title, [envelope.Row(*(str(cell) for cell in row)) for row in rows]))
+
+
+def show(title: str, rows: list[tuple[str, str, str]]) -> None:
+    """Print a table of (measure, value, target) rows and ``record`` it for the result file."""
+    record(title, rows)
     table = Table(title=title)
     for column in ("measure", "value", "target"):
         table.add_column(column)
