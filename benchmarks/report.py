@@ -59,15 +59,18 @@ def headline_table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def machine_line(result: Result) -> str:
+def machine_line(benchmark: Benchmark, result: Result) -> str:
     m = result.machine
     memory = f", {m['memory_bytes'] / 2**30:.0f} GiB memory" if m.get("memory_bytes") else ""
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU"
     python = result.versions.get("python")
-    return (
+    line = (
         f"Measured on {result.date[:10]}: {m.get('cores')} cores ({m.get('cpu_model')}){memory}{gpu}; "
-        f"Python {python}, with `{result.command}`."
+        f"Python {python}, with `{result.command}`"
     )
+    if benchmark.module and result.command != benchmark.command:
+        return f"{line}, a shorter or different run than `make bench`'s `{benchmark.command}`."
+    return line + "."
 
 
 def section(benchmark: Benchmark, result: Result | None) -> list[str]:
@@ -80,7 +83,7 @@ def section(benchmark: Benchmark, result: Result | None) -> list[str]:
         lines += [*headline_table(rows), ""]
     else:
         lines += ["This run printed no table; its figures are in the result file.", ""]
-    return [*lines, machine_line(result), ""]
+    return [*lines, machine_line(benchmark, result), ""]
 
 
 def render_markdown(results_dir: Path) -> str:

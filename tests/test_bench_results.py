@@ -56,6 +56,7 @@ def test_the_report_renders_measured_and_unmeasured_benchmarks(tmp_path: Path, s
     assert "| p99 (ms) | 12.5 | <= 10 | no |" in pipeline
     assert "fleet jobs/s" not in pipeline  # context rows stay in the file; the page shows the headlines
     assert "cores" in pipeline and "`python -m benchmarks.bench_pipeline --jobs 100`" in pipeline
+    assert "a shorter or different run than `make bench`'s `python -m benchmarks.bench_pipeline`" in pipeline
     assert NOT_MEASURED not in pipeline
     for benchmark in BENCHMARKS:
         assert f"## {benchmark.name}\n" in page
