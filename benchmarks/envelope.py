@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,6 +160,15 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def fleet_version() -> str | None:
+    """The version in the checkout's pyproject.toml (the code that ran), else the installed distribution's."""
+    try:
+        with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return package_version("fleet")
+
+
 def git_commit() -> str | None:
     """HEAD of the checkout the benchmark ran from, with ``-dirty`` when tracked files were changed."""
     if shutil.which("git") is None:
@@ -181,7 +191,7 @@ def git_commit() -> str | None:
 
 def versions() -> dict[str, Any]:
     found = {library: package_version(dist) for library, dist in LIBRARIES.items()}
-    return {"python": platform.python_version(), "fleet": package_version("fleet"), "commit": git_commit(), **found}
+    return {"python": platform.python_version(), "fleet": fleet_version(), "commit": git_commit(), **found}
 
 
 def command_line(argv: list[str]) -> str:

@@ -10,7 +10,8 @@ A test is marked ``services`` (and left to ``make test``) when
 3. it says so itself: ``@pytest.mark.services`` (or ``pytestmark``) for a test that starts a server in its body.
 
 With ``FLEET_FAST_LANE=1`` (``make check`` sets it) every new process is checked before it starts: a server
-(``SERVER_PROGRAMS``, Chromium through Playwright's driver, or a serving ``fleet`` command: ``FLEET_SERVERS``)
+(``SERVER_PROGRAMS``, Chromium through Playwright's driver) or any ``fleet`` command (a gateway, a worker, ``fleet
+up``; ``fleet --help`` too: a whole Fleet start-up, seconds a test)
 raises ``ServerInFastLane``, and the test fails with the fix in its message, even when its code caught the error.
 """
 
@@ -42,12 +43,11 @@ SERVER_FIXTURES = frozenset(
     }
 )
 SERVER_KINDS = frozenset({"nats", "redis", "kafka", "redis-cluster", "redis_cluster"})
-FLEET_SERVERS = frozenset({"up", "worker", "gateway", "dispatcher", "autoscaler"})  # `fleet --help` is no server
 SERVER_PROGRAMS = frozenset(
     {"redis-server", "nats-server", "java", "chromium", "chromium-browser", "chrome", "valgrind", "mvn", "kcat"}
 )
 MARK_HINT = (
-    "make check (FLEET_FAST_LANE=1) runs only the tests that need no server process. Mark this test "
+    "make check (FLEET_FAST_LANE=1) runs only the tests that start no server and no fleet process. Mark this test "
     "@pytest.mark.services (or request a server fixture such as redis_url), and it runs in make test."
 )
 
@@ -56,7 +56,7 @@ class ServerInFastLane(RuntimeError):
     """A test started a server process in the fast lane."""
 
     def __init__(self, program: str) -> None:
-        super().__init__(f"this test started {program!r}, a server process. {MARK_HINT}")
+        super().__init__(f"this test started {program!r}, a server or fleet process. {MARK_HINT}")
         self.program = program
 
 
@@ -95,10 +95,11 @@ def server_in(argv: Sequence[str] | str) -> str | None:
     return None
 
 
-def fleet_server(args: Sequence[str]) -> str | None:
-    """``fleet worker ...`` is a server; ``fleet --help`` and ``fleet schemas export`` are not."""
+def fleet_server(args: Sequence[str]) -> str:
+    """Every ``fleet`` process counts: a serving one (``up``, ``worker``, ``gateway``) is a server, and a short one
+    (``--help``, a refusal) pays Fleet's whole start-up, seconds a test on a busy machine."""
     command = next((word for word in args if not word.startswith("-")), None)
-    return f"fleet {command}" if command in FLEET_SERVERS else None
+    return f"fleet {command or ' '.join(args[:1])}".rstrip()
 
 
 @contextmanager

@@ -42,8 +42,9 @@ def test_a_test_needs_services_by_its_fixtures_or_its_backend_kind(
         ([sys.executable, "-m", "fleet.cli", "gateway"], "fleet gateway"),
         ([sys.executable, "-m", "fleet", "up", "--models", "echo"], "fleet up"),
         (["/venv/bin/fleet", "worker", "--model", "echo"], "fleet worker"),
-        ([sys.executable, "-m", "fleet.cli", "--help"], None),
-        ([sys.executable, "-m", "fleet.cli", "schemas", "export", "out"], None),
+        ([sys.executable, "-m", "fleet.cli", "--help"], "fleet --help"),
+        ([sys.executable, "-m", "fleet.cli", "worker", "--help"], "fleet worker"),
+        ([sys.executable, "-m", "fleet.cli", "schemas", "export", "out"], "fleet schemas"),
         ([sys.executable, "-m", "uvicorn", "app:app"], "uvicorn"),
         (["/venv/lib/playwright/driver/node", "cli.js", "run-driver"], "chromium (Playwright's driver)"),
         ("redis-server --port 0", "redis-server"),
@@ -119,8 +120,8 @@ def test_a_test_that_starts_a_server_in_the_fast_lane_fails_with_the_hint(
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_sneaky*",
-            "this test started 'redis-server', a server process*Mark this test @pytest.mark.services*",
+            "this test started 'redis-server', a server or fleet process*Mark this test @pytest.mark.services*",
             "*_ test_plain _*",
-            "E * this test started 'nats-server', a server process*Mark this test @pytest.mark.services*",
+            "E * this test started 'nats-server', a server or fleet process*Mark this test @pytest.mark.services*",
         ]
     )
