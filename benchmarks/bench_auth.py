@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.bench_dashboard import wait_ready
-from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_result
 from fleet.producers.sdk import FleetClient
 from fleet.settings import FleetSettings
 from fleet.store import make_store
@@ -127,7 +127,7 @@ def main() -> None:
         "limits": LIMITS,
         "target_ratio": TARGET_RATIO,
     }
-    path = write_results("bench_auth", results, args.out)
+    path = write_result("bench_auth", results, args.out)
     show(
         "gateway submit throughput with API keys and rate limits on and off (NATS + Redis, echo)",
         [

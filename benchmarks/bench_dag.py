@@ -32,7 +32,15 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import RESULTS_DIR, Timer, percentiles_ms, services, show, stop_processes, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    Timer,
+    percentiles_ms,
+    services,
+    show,
+    stop_processes,
+    write_result,
+)
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -313,7 +321,7 @@ async def main(args: argparse.Namespace) -> None:
         )
     print(json.dumps(result))
     result["params"] = vars(args)
-    print(f"wrote {write_results('dag', result)}")
+    print(f"wrote {write_result('dag', result)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -172,6 +172,7 @@ async def test_l2_entries_expire_after_their_ttl(request: pytest.FixtureRequest,
         await eventually(expired, 5, "the L2 entry to expire")
 
 
+@pytest.mark.services
 async def test_a_cache_redis_outage_never_fails_a_request(request: pytest.FixtureRequest, unique: str) -> None:
     """The result store stays up (memory); the Redis of the caches goes down: submits are misses, jobs run."""
     settings = settings_with(request, "memory", unique, cache_timeout_ms=300)

@@ -77,6 +77,7 @@ async def test_l1_entries_expire_after_their_ttl_and_only_successes_fill() -> No
     assert hit is not None and hit.level == "l2"
 
 
+@pytest.mark.services
 async def test_a_redis_outage_is_a_miss_counted_as_an_error() -> None:
     with private_server("redis") as (url, proc):
         store = RedisStore(url, job_ttl_s=60, socket_timeout_s=0.5, connect_timeout_s=0.5)

@@ -297,6 +297,7 @@ def two_steps(echo: str, expression: str) -> dict[str, Any]:
     return {"name": "settle-attack", "steps": steps, "output": "${steps.b.output}"}
 
 
+@pytest.mark.services
 async def test_a_multiplying_projection_in_a_later_step_fails_it_without_stalling_the_worker(
     request: pytest.FixtureRequest, unique: str
 ) -> None:

@@ -217,6 +217,7 @@ async def test_a_redriven_letter_runs_again_and_ends_once(env: Env) -> None:
     assert again.json() == {"redriven": [], "missing": [view["letter_id"]], "not_redrivable": {}}
 
 
+@pytest.mark.services
 async def test_a_redriven_letter_of_a_dispatched_model_runs_again(request: pytest.FixtureRequest, unique: str) -> None:
     """Behind a dispatcher too: its inbox assignment of the redriven request is not taken for a duplicate of the
     first one (same job, same worker)."""

@@ -164,6 +164,7 @@ async def test_unbounded_model_accepts_a_burst(unique: str) -> None:
         assert {r.status_code for r in await burst(client, sleep, 30, f"free-{unique}")} == {202}
 
 
+@pytest.mark.services
 async def test_nats_bound_in_the_gateway_and_in_the_stream(request: pytest.FixtureRequest, unique: str) -> None:
     refs, (sleep,) = model_refs(unique, "sleep")
     redis_url = request.getfixturevalue("redis_url")
@@ -187,6 +188,7 @@ async def test_nats_bound_in_the_gateway_and_in_the_stream(request: pytest.Fixtu
                 await nc.close()
 
 
+@pytest.mark.services
 async def test_nats_refusal_beyond_the_gateway_sample_is_429_broker_full(
     request: pytest.FixtureRequest, unique: str
 ) -> None:
@@ -233,6 +235,7 @@ async def test_the_queue_takes_jobs_again_once_workers_drain_it(request: pytest.
             await worker.stop()
 
 
+@pytest.mark.services
 async def test_connecting_brings_an_existing_request_stream_to_the_bound(unique: str) -> None:
     with private_server("nats") as (nats_url, _):
         for bound, expected in [(0, (-1, "old", False)), (3, (3, "new", True)), (0, (-1, "old", False))]:

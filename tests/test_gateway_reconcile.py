@@ -129,6 +129,7 @@ async def test_a_fresh_gateway_publishes_what_a_dead_one_left_unpublished(
         assert mine(await jobs.claim_unpublished(0, 1000), {ok, late, lost}) == {}, "reconciled marks are cleared"
 
 
+@pytest.mark.services
 async def test_a_republish_of_a_job_the_broker_had_is_dropped(request: pytest.FixtureRequest, unique: str) -> None:
     """The gateway died after the publish but before clearing the mark: the sweep's publish is a duplicate."""
     refs, (echo,) = model_refs(unique, "echo")
@@ -149,6 +150,7 @@ async def test_a_republish_of_a_job_the_broker_had_is_dropped(request: pytest.Fi
         assert [d.msg_id for d in worker.seen] == [job_id]
 
 
+@pytest.mark.services
 async def test_a_gateway_killed_between_record_and_publish(
     request: pytest.FixtureRequest, unique: str, tmp_path: Path
 ) -> None:

@@ -217,6 +217,7 @@ async def test_submits_past_the_burst_get_429_with_the_headers(request: Any, pai
         assert f'fleet_rate_limited_total{{reason="rate_limited",tenant="{unique}"}}' in metrics
 
 
+@pytest.mark.services
 async def test_a_tenant_override_and_dag_runs(request: Any, unique: str) -> None:
     other = f"{unique}-big"
     overrides = {other: {"burst": 4}, f"{unique}-free": {"rate": None}}
@@ -236,6 +237,7 @@ async def test_a_tenant_override_and_dag_runs(request: Any, unique: str) -> None
         assert run.status_code == 429 and error_of(run)["type"] == "rate_limited"  # counted before the lookup
 
 
+@pytest.mark.services
 async def test_a_limit_holds_across_two_gateways_on_one_redis(request: Any, unique: str) -> None:
     burst = 6
     async with (
@@ -254,6 +256,7 @@ async def test_a_limit_holds_across_two_gateways_on_one_redis(request: Any, uniq
         assert burst <= admitted <= burst + math.ceil(elapsed * SLOW), (admitted, elapsed)
 
 
+@pytest.mark.services
 async def test_a_redis_outage_under_limits_is_503_and_the_gateway_keeps_serving(unique: str) -> None:
     """The one-script submit (limits and create together) answers a dead Redis as every store call does."""
     refs, (model,) = model_refs(unique, "echo")

@@ -136,6 +136,7 @@ def test_a_secret_file_that_cannot_be_read_is_named_without_its_text(tmp_path: P
     assert PASSWORD not in repr(settings) and PASSWORD not in settings.model_dump_json()
 
 
+@pytest.mark.services
 def test_the_cli_refuses_a_password_in_a_url_flag_without_echoing_it() -> None:
     done = run_fleet("gateway", "--broker", "nats://127.0.0.1:1", "--store", f"redis://:{PASSWORD}@127.0.0.1:1/0")
     assert done.returncode == 2, done.stderr
