@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 
 from fleet.brokers.base import Broker
 from fleet.producers.gateway import CacheParts, create_app
-from fleet.producers.gateway.embedder import TextModel, load_embed_handler
+from fleet.producers.gateway.cache.embedder import TextModel, load_embed_handler
 from fleet.schemas.models import ECHO, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore

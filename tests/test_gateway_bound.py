@@ -19,7 +19,7 @@ from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.consumers.worker import Worker
 from fleet.errors import QueueFull
-from fleet.producers.gateway.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
+from fleet.producers.gateway.jobs.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
 from fleet.producers.sdk import error_from_response
 from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings

@@ -17,8 +17,8 @@ import pytest
 
 from fleet.brokers import make_broker
 from fleet.producers.gateway import create_app
-from fleet.producers.gateway.operator_beats import Beats
-from fleet.producers.gateway.operator_feed import BACKLOG_EVENTS, OperatorFeed, unheard_replicas
+from fleet.producers.gateway.operator.beats import Beats
+from fleet.producers.gateway.operator.feed import BACKLOG_EVENTS, OperatorFeed, unheard_replicas
 from fleet.scaling import MemoryScalingStore
 from fleet.schemas.operator import OperatorSnapshot
 from fleet.schemas.scaling import DecisionRecord, ScalingStatus

@@ -1,4 +1,4 @@
-"""Per-tenant rate limits and queued-job quotas (``fleet.store.quotas``, ``fleet.producers.gateway.ratelimit``).
+"""Per-tenant rate limits and queued-job quotas (``fleet.store.quotas``, ``fleet.producers.gateway.access.ratelimit``).
 
 The store contract runs on real Redis and in memory; the gateway tests submit over HTTP with API keys (one tenant
 per test, so tests sharing the session's Redis never share a bucket). Rates are small (one admit per several
@@ -27,12 +27,13 @@ from fleet.cli import app as cli_app
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.worker import Worker
-from fleet.producers.gateway.ratelimit import RATE_LIMITED as RATE_LIMITED_TOTAL
+from fleet.limit_policy import TenantLimit
+from fleet.producers.gateway.access.ratelimit import RATE_LIMITED as RATE_LIMITED_TOTAL
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.keys import make_key_store
-from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas, TenantLimit, make_quotas
+from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas, make_quotas
 from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs, private_server, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 

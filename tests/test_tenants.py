@@ -450,7 +450,7 @@ def test_visibility_and_the_default_tenant() -> None:
 async def test_l3_sync_routes_each_logged_entry_to_its_tenants_index_only() -> None:
     import numpy as np
 
-    from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
+    from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
     from fleet.store.cachestore import MemoryCacheStore, VectorEntry
 
     store, dim = MemoryCacheStore(), 8

@@ -32,12 +32,12 @@ from fleet.dags.runner import DagRunner
 from fleet.dags.starter import DagStarter
 from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
-from fleet.links import redact
 from fleet.models import resolve_spec, resolve_specs
 from fleet.outages import OutageLog, services_of, watch_outages
+from fleet.producers.gateway.access.gate import OperatorGate
 from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
-from fleet.producers.gateway.operator_access import OperatorGate
 from fleet.readiness import WorkerTracker
+from fleet.redaction import redact
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until

@@ -72,7 +72,7 @@ async def _audit(log: Any, action: str, target: str, details: dict[str, Any]) ->
 
 def register(app: typer.Typer) -> None:
     """Add ``fleet keys`` to ``app``."""
-    from fleet.cli import Store, settings_from
+    from fleet.cli.common import Store, settings_from
 
     @keys_app.command("create")
     def create(

@@ -19,37 +19,36 @@ from fleet.brokers.base import Broker
 from fleet.dags.runner import DagRunner
 from fleet.errors import ConfigError
 from fleet.models import resolve_specs
-from fleet.producers.gateway import (
-    dag_events,
-    dashboard,
-    routes_dags,
-    routes_deadletters,
-    routes_infer,
-    routes_jobs,
-    routes_keys,
-    routes_operator,
-    routes_ops,
-    routes_scaling,
-    routes_workers,
-    sse,
-    ws,
+from fleet.producers.gateway import dashboard, ops
+from fleet.producers.gateway.access import (
+    Authenticator,
+    OperatorGate,
+    RateLimitHeaders,
+    build_limiter,
+    is_loopback,
+    log_access,
 )
-from fleet.producers.gateway.auth import Authenticator
-from fleet.producers.gateway.backlog import Backlog
-from fleet.producers.gateway.cache import ResultCache, build_cache
-from fleet.producers.gateway.deadletter_recorder import DeadLetterRecorder
+from fleet.producers.gateway.access import keys as access_keys
+from fleet.producers.gateway.cache import ResultCache, TextModel, build_cache
+from fleet.producers.gateway.dags import events as dag_events
+from fleet.producers.gateway.dags import routes as dag_routes
 from fleet.producers.gateway.docs import install_docs
-from fleet.producers.gateway.embedder import TextModel
 from fleet.producers.gateway.errors import install_error_handlers
+from fleet.producers.gateway.jobs import infer, sse, ws
+from fleet.producers.gateway.jobs import routes as job_routes
+from fleet.producers.gateway.jobs.backlog import Backlog
+from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.producers.gateway.metrics import MetricsMiddleware
 from fleet.producers.gateway.openapi_doc import install_openapi
-from fleet.producers.gateway.operator_access import OperatorGate, is_loopback, log_access
-from fleet.producers.gateway.operator_beats import BeatListener, Beats
-from fleet.producers.gateway.operator_feed import OperatorFeed
-from fleet.producers.gateway.operator_jobs import RecentJobIds
-from fleet.producers.gateway.ratelimit import RateLimitHeaders, build_limiter
-from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.gateway.operator import deadletters
+from fleet.producers.gateway.operator import routes as operator_routes
+from fleet.producers.gateway.operator import scaling as scaling_routes
+from fleet.producers.gateway.operator import workers as worker_routes
+from fleet.producers.gateway.operator.beats import BeatListener, Beats
+from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecorder
+from fleet.producers.gateway.operator.feed import OperatorFeed
+from fleet.producers.gateway.recent_jobs import RecentJobIds
 from fleet.producers.gateway.state import GatewayState
 from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
@@ -324,17 +323,17 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(MetricsMiddleware)
-    app.include_router(routes_jobs.router)
-    app.include_router(routes_infer.router)
+    app.include_router(job_routes.router)
+    app.include_router(infer.router)
     app.include_router(ws.router)
     app.include_router(sse.router)
-    app.include_router(routes_ops.router)
-    app.include_router(routes_scaling.router)
-    app.include_router(routes_dags.router)
+    app.include_router(ops.router)
+    app.include_router(scaling_routes.router)
+    app.include_router(dag_routes.router)
     app.include_router(dag_events.router)
-    app.include_router(routes_operator.router)
-    app.include_router(routes_deadletters.router)
-    app.include_router(routes_workers.router)
-    app.include_router(routes_keys.router)
+    app.include_router(operator_routes.router)
+    app.include_router(deadletters.router)
+    app.include_router(worker_routes.router)
+    app.include_router(access_keys.router)
     install_openapi(app, settings.max_long_poll_s)
     return app

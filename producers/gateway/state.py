@@ -18,8 +18,8 @@ from fleet.store.base import ResultStore
 
 if TYPE_CHECKING:
     from fleet.dags.runner import DagRunner
-    from fleet.producers.gateway.backlog import Backlog
     from fleet.producers.gateway.cache import ResultCache
+    from fleet.producers.gateway.jobs.backlog import Backlog
 
 
 @dataclass(slots=True)

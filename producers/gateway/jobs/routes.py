@@ -45,8 +45,8 @@ from fleet import constants as c
 from fleet import tenancy
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
-from fleet.producers.gateway import ratelimit
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway import access
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from fleet.producers.gateway.cache import Hit, Lookup
 from fleet.producers.gateway.calls import long_poll, publish_request, read_job, store_call
 from fleet.producers.gateway.client_json import parse_json
@@ -58,9 +58,9 @@ from fleet.producers.gateway.errors import (
     validation_errors,
     validation_message,
 )
-from fleet.producers.gateway.limits import read_limited_body
+from fleet.producers.gateway.limits import check_wait, read_limited_body
 from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
-from fleet.producers.gateway.operator_jobs import note_submitted
+from fleet.producers.gateway.recent_jobs import note_submitted
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.api import SubmitRequest, SubmitResponse
 from fleet.schemas.jobs import JobError, JobRecord, JobState, input_digest
@@ -312,10 +312,10 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
     # The tenant's rate and queued-job quota (429 when refused): before a cache lookup, since a hit counts against
     # the rate; otherwise together with the create, in one round trip (a submit the model's bound refuses is free).
-    limited, timeout_s = ratelimit.limiter_of(request) is not None, state.limits.store_timeout_s
+    limited, timeout_s = access.limiter_of(request) is not None, state.limits.store_timeout_s
     cached = state.cache is not None and state.cache.uses(spec.name) and body.cache
     if limited and cached:
-        await ratelimit.charge(request, record)
+        await access.charge(request, record)
     found = await _cache_lookup(state, spec, body, record.tenant)
     if found is not None and found.hit is not None:
         answered = await _answer_from_cache(state, record, data, found.hit, body.priority)
@@ -327,7 +327,7 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
     published = False
     try:
         if limited and not cached:
-            created = await ratelimit.charge_and_create(request, record, data, timeout_s)
+            created = await access.charge_and_create(request, record, data, timeout_s)
         else:
             created = await store_call(state.store, state.store.create(record, data), timeout_s)
         if not created:
@@ -373,23 +373,13 @@ async def submit(request: Request, state: GatewayState, principal: Principal) ->
     """Submit the job in ``request``'s body for ``principal``'s tenant (``POST /v1/jobs`` and ``POST /v1/infer``),
     counting refusals."""
     try:
-        return await ratelimit.settled(request, _submit(request, state, principal))
+        return await access.settled(request, _submit(request, state, principal))
     except Exception as exc:
         SUBMIT_ERRORS.labels(error_type(exc)).inc()
         raise
 
 
 # -- poll and cancel ------------------------------------------------------------------------------------------
-def check_wait(wait_s: float, max_s: float) -> None:
-    if not 0 < wait_s <= max_s:
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"invalid request: query.wait: must be more than 0 and at most {max_s:g} seconds, got {wait_s:g}",
-            [{"loc": "query.wait", "msg": f"must be in (0, {max_s:g}]", "type": "out_of_range"}],
-        )
-
-
 @router.get(
     "/{job_id}",
     response_model=JobRecord,

@@ -12,7 +12,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import ValidationError
 
 from fleet.errors import ConfigError
-from fleet.producers.gateway.auth import Principal, record_action, require_admin, require_operator
+from fleet.producers.gateway.access.audit import record_action
+from fleet.producers.gateway.access.auth import require_admin, require_operator
+from fleet.producers.gateway.access.principals import Principal
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from fleet.producers.gateway.limits import read_limited_body

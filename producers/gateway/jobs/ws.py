@@ -35,21 +35,18 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
-from fleet.producers.gateway.auth import websocket_principal, ws_subprotocol
+from fleet.producers.gateway.access import websocket_principal, ws_subprotocol
 from fleet.producers.gateway.calls import patiently, store_call
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import ApiError, error_json
 from fleet.producers.gateway.metrics import WEBSOCKETS_OPEN
+from fleet.producers.gateway.push import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_NOT_FOUND, first_of
 from fleet.producers.gateway.state import GatewayState
 from fleet.schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
 
 router = APIRouter(tags=["push"])
-
-CLOSE_NORMAL = 1000
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_NOT_FOUND = 4404
 
 
 async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = tenancy.ALL_TENANTS) -> JobRecord | None:
@@ -71,25 +68,6 @@ async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = t
     return record
 
 
-async def _until_disconnect(websocket: WebSocket) -> None:
-    """Read (and ignore) client frames until the client goes away."""
-    while (await websocket.receive())["type"] != "websocket.disconnect":
-        pass
-
-
-async def _first_of(main: asyncio.Task[Any], websocket: WebSocket) -> bool:
-    """Run ``main`` until done or until the client disconnects; True when ``main`` finished."""
-    watcher = asyncio.create_task(_until_disconnect(websocket))
-    try:
-        await asyncio.wait({main, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (main, watcher):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(main, watcher, return_exceptions=True)
-    return not main.cancelled() and main.done()
-
-
 @router.websocket("/v1/jobs/{job_id}/ws", name="job_ws")
 async def job_ws(websocket: WebSocket, job_id: str) -> None:
     """Push one job's terminal record, then close (1000); unknown job: an error frame and close code 4404."""
@@ -101,7 +79,7 @@ async def job_ws(websocket: WebSocket, job_id: str) -> None:
     WEBSOCKETS_OPEN.inc()
     try:
         main = asyncio.create_task(wait_terminal(state, job_id, principal.tenant))
-        if not await _first_of(main, websocket):
+        if not await first_of(main, websocket):
             return  # the client left first
         try:
             record = main.result()

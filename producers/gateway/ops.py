@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS
 from fleet.producers.gateway.errors import error_response
 from fleet.producers.gateway.metrics import REGISTRY
 from fleet.producers.gateway.state import GatewayState, gateway_state

@@ -37,13 +37,15 @@ from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import constants as c
-from fleet.producers.gateway.auth import SUBMITTER, authenticator
+from fleet.limit_policy import LimitPolicy
+from fleet.producers.gateway.access.auth import authenticator
+from fleet.producers.gateway.access.principals import SUBMITTER
 from fleet.producers.gateway.calls import store_call
 from fleet.producers.gateway.errors import ApiError
 from fleet.schemas.api import SubmitResponse
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.store.base import ResultStore
-from fleet.store.quotas import QUOTA_EXCEEDED, Decision, LimitPolicy, Quotas, hold_s
+from fleet.store.quotas import QUOTA_EXCEEDED, Decision, Quotas, hold_s
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Request
 
 from fleet import constants as c
-from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import ApiError, error_responses
-from fleet.producers.gateway.operator_access import Principal, require_operator
-from fleet.producers.gateway.operator_beats import Beats
+from fleet.producers.gateway.operator.beats import Beats
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.operator import DrainAccepted
 from fleet.schemas.wire import DrainRequest

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
+from fleet.producers.gateway.access import OperatorGate, Principal, operator_gate, require_operator
 from fleet.producers.gateway.calls import store_call
 from fleet.producers.gateway.errors import error_responses
-from fleet.producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
-from fleet.producers.gateway.operator_feed import OperatorFeed
-from fleet.producers.gateway.operator_jobs import RecentJobIds, read_recent
+from fleet.producers.gateway.operator.feed import OperatorFeed
+from fleet.producers.gateway.recent_jobs import RecentJobIds, read_recent
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.operator import OperatorAccess, OperatorSnapshot, RecentJobs
 

@@ -7,11 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
-from fleet.producers.gateway import redrive as actions
-from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import error_responses
-from fleet.producers.gateway.operator_access import Principal, require_operator
-from fleet.producers.gateway.operator_feed import dead_letter_view
+from fleet.producers.gateway.operator import redrive as actions
+from fleet.producers.gateway.operator.feed import dead_letter_view
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.operator import DeadLetterGroup, DeadLetterList, LetterSelection, PurgeResult, RedriveResult
 from fleet.store.deadletters import DeadLetterStore

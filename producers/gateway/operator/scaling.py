@@ -13,9 +13,8 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
-from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import ApiError, error_responses
-from fleet.producers.gateway.operator_access import Principal, require_operator
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.scaling import ScalingStore
 from fleet.schemas.operator import ScaleRequest
