@@ -54,13 +54,13 @@ async def quota_store(request: Any, kind: str) -> AsyncIterator[tuple[Quotas, Re
 async def test_a_burst_is_admitted_then_refused(request: Any, kind: str, unique: str) -> None:
     async with quota_store(request, kind) as (quotas, _):
         limit = TenantLimit(rate=SLOW, burst=3)
-        decisions = [await quotas.admit(unique, limit, None, 0) for _ in range(4)]
+        decisions = [await quotas.decide(unique, limit, None, 0) for _ in range(4)]
         assert [d.verdict for d in decisions] == [ADMITTED, ADMITTED, ADMITTED, RATE_LIMITED]
         assert [d.remaining for d in decisions[:3]] == [2, 1, 0]
         refused = decisions[3]
         assert 0 < refused.retry_after_s <= 1 / SLOW + 0.01  # one admit comes back after 1/rate
         assert 2 / SLOW - 1 < refused.reset_s <= 3 / SLOW + 0.01  # the whole burst after about 3/rate
-        other = await quotas.admit(f"{unique}-other", limit, None, 0)  # tenants do not share a bucket
+        other = await quotas.decide(f"{unique}-other", limit, None, 0)  # tenants do not share a bucket
         assert other.admitted and other.remaining == 2
 
 
@@ -72,7 +72,7 @@ async def test_the_rate_refills_over_time(request: Any, kind: str, unique: str) 
         started = time.monotonic()
         admitted = refused = 0
         while admitted < burst + 3:  # the burst, then three that only a refill admits
-            decision = await quotas.admit(unique, limit, None, 0)
+            decision = await quotas.decide(unique, limit, None, 0)
             admitted += decision.admitted
             refused += not decision.admitted
             if not decision.admitted:
@@ -87,20 +87,20 @@ async def test_the_rate_refills_over_time(request: Any, kind: str, unique: str) 
 async def test_the_quota_counts_job_ids_and_frees_them(request: Any, kind: str, unique: str) -> None:
     async with quota_store(request, kind) as (quotas, _):
         limit = TenantLimit(max_queued=2)
-        first, second = await quotas.admit(unique, limit, "j1", 60), await quotas.admit(unique, limit, "j2", 60)
+        first, second = await quotas.decide(unique, limit, "j1", 60), await quotas.decide(unique, limit, "j2", 60)
         assert first.added and second.added and second.queued == 2
-        full = await quotas.admit(unique, limit, "j3", 60)
+        full = await quotas.decide(unique, limit, "j3", 60)
         assert full.verdict == QUOTA_EXCEEDED and full.queued == 2 and not full.added
-        again = await quotas.admit(unique, limit, "j1", 60)  # a job already counted is not counted twice
+        again = await quotas.decide(unique, limit, "j1", 60)  # a job already counted is not counted twice
         assert again.admitted and not again.added and again.queued == 2
         assert sorted(await quotas.members(unique, 10)) == ["j1", "j2"]
         await quotas.release([(unique, "j1"), (f"{unique}-other", "j2")])  # the other tenant's j2 is not ours
         assert await quotas.members(unique, 10) == ["j2"]
-        assert (await quotas.admit(unique, limit, "j3", 0.2)).added
-        assert (await quotas.admit(unique, limit, "j4", 60)).verdict == QUOTA_EXCEEDED
+        assert (await quotas.decide(unique, limit, "j3", 0.2)).added
+        assert (await quotas.decide(unique, limit, "j4", 60)).verdict == QUOTA_EXCEEDED
 
         async def hold_ended() -> bool:  # j3's hold of 0.2 s ends: the admission script trims it
-            return (await quotas.admit(unique, limit, "j4", 60)).admitted
+            return (await quotas.decide(unique, limit, "j4", 60)).admitted
 
         await eventually(hold_ended, what="a place whose hold ended is free again")
         assert sorted(await quotas.members(unique, 10)) == ["j2", "j4"]
@@ -110,11 +110,11 @@ async def test_the_quota_counts_job_ids_and_frees_them(request: Any, kind: str, 
 async def test_a_refusal_by_one_limit_consumes_neither(request: Any, kind: str, unique: str) -> None:
     async with quota_store(request, kind) as (quotas, _):
         limit = TenantLimit(rate=SLOW, burst=2, max_queued=1)
-        assert (await quotas.admit(unique, limit, "a", 60)).remaining == 1
-        assert (await quotas.admit(unique, limit, "b", 60)).verdict == QUOTA_EXCEEDED  # took no rate token
+        assert (await quotas.decide(unique, limit, "a", 60)).remaining == 1
+        assert (await quotas.decide(unique, limit, "b", 60)).verdict == QUOTA_EXCEEDED  # took no rate token
         await quotas.release([(unique, "a")])
-        assert (await quotas.admit(unique, limit, "b", 60)).remaining == 0
-        assert (await quotas.admit(unique, limit, "c", 60)).verdict == RATE_LIMITED
+        assert (await quotas.decide(unique, limit, "b", 60)).remaining == 0
+        assert (await quotas.decide(unique, limit, "c", 60)).verdict == RATE_LIMITED
         assert await quotas.members(unique, 10) == ["b"]  # the refused c took no place
 
 
@@ -125,7 +125,7 @@ async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: 
         first, second, third = (
             JobRecord(job_id=f"{unique}-{n}", model="echo", state=JobState.queued, tenant=unique) for n in range(3)
         )
-        decision, created = await quotas.admit_create(store, unique, limit, 60, first, b"message-0")
+        decision, created = await quotas.decide_and_create(store, unique, limit, 60, first, b"message-0")
         assert (decision.admitted, decision.added, decision.queued, decision.remaining, created) == (
             True,
             True,
@@ -138,15 +138,15 @@ async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: 
         claimed = dict(await store.claim_unpublished(0.0, 10_000))  # marked unpublished, as store.create does
         assert claimed.get(first.job_id) == b"message-0"
 
-        decision, created = await quotas.admit_create(store, unique, limit, 60, second, b"message-1")
+        decision, created = await quotas.decide_and_create(store, unique, limit, 60, second, b"message-1")
         assert decision.verdict == QUOTA_EXCEEDED and not created
         assert await store.get(second.job_id) is None, "a refused submit must leave no record"
 
-        decision, created = await quotas.admit_create(store, unique, limit, 60, first, b"message-0")
+        decision, created = await quotas.decide_and_create(store, unique, limit, 60, first, b"message-0")
         assert decision.admitted and not decision.added and not created  # a resubmit: its place is held already
 
         rate_only = TenantLimit(rate=SLOW, burst=2)  # the burst went to the first submit and the resubmit
-        decision, created = await quotas.admit_create(store, unique, rate_only, 0, third, b"message-2")
+        decision, created = await quotas.decide_and_create(store, unique, rate_only, 0, third, b"message-2")
         assert decision.verdict == RATE_LIMITED and not created
         assert await store.get(third.job_id) is None
         assert await quotas.members(unique, 10) == [first.job_id]

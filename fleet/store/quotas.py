@@ -114,7 +114,7 @@ return d
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What ``admit`` decided, with what the ``RateLimit-*`` headers say. ``remaining`` is -1 without a rate."""
+    """What ``decide`` decided, with what the ``RateLimit-*`` headers say. ``remaining`` is -1 without a rate."""
 
     verdict: int
     limit: TenantLimit
@@ -150,16 +150,16 @@ def group_by_tenant(items: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
 
 # -- stores ---------------------------------------------------------------------------------------------------
 class Quotas(Protocol):
-    """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``admit`` decides and, when it admits,
-    takes a place for ``job_id`` (None: the rate alone); ``admit_create`` decides for ``job`` (a place in its quota
+    """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``decide`` decides and, when it admits,
+    takes a place for ``job_id`` (None: the rate alone); ``decide_and_create`` decides for ``job`` (a place in its quota
     when ``limit`` has one, held ``hold_s``) and, only when it admits, creates it in ``store`` as
     ``store.create(job, message)`` does, returning (the decision, whether the record was created); ``release``
     frees the places of (tenant, job id) pairs in one call; ``members`` lists a tenant's oldest queued ids;
     ``forget`` removes some of them."""
 
-    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
+    async def decide(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
 
-    async def admit_create(
+    async def decide_and_create(
         self,
         store: ResultStore,
         tenant: str,
@@ -177,10 +177,10 @@ class Quotas(Protocol):
 
 
 class TwoCalls:
-    """``admit_create`` as two calls: the decision, then ``store.create`` when it admitted (the in-memory limits,
+    """``decide_and_create`` as two calls: the decision, then ``store.create`` when it admitted (the in-memory limits,
     and Redis limits beside a store they cannot share a script with)."""
 
-    async def admit_create(
+    async def decide_and_create(
         self: Quotas,
         store: ResultStore,
         tenant: str,
@@ -189,7 +189,7 @@ class TwoCalls:
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        decision = await self.admit(tenant, limit, job.job_id if limit.max_queued > 0 else None, hold_s)
+        decision = await self.decide(tenant, limit, job.job_id if limit.max_queued > 0 else None, hold_s)
         if not decision.admitted:
             return decision, False
         try:
@@ -201,28 +201,28 @@ class TwoCalls:
 
 
 class RedisQuotas(TwoCalls):
-    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per admit, and
+    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per decision, and
     on one Redis one ``ADMIT_CREATE_LUA`` call per submit (a cluster has the job and the tenant in different slots:
     two calls there)."""
 
     def __init__(self, store: Any) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
-        self._admit = self.redis.register_script(ADMIT_LUA)
-        self._admit_create = None if store.cluster_mode else self.redis.register_script(ADMIT_CREATE_LUA)
+        self._decide = self.redis.register_script(ADMIT_LUA)
+        self._decide_and_create = None if store.cluster_mode else self.redis.register_script(ADMIT_CREATE_LUA)
         from redis.exceptions import RedisError
 
         self._failures = (RedisError, OSError, TimeoutError)
 
-    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
+    async def decide(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
         args = [limit.interval_us, limit.burst, limit.max_queued, job_id or "", f"{hold_s:.3f}"]
         try:  # on every submit: a plain try, not RedisErrors (whose exit imports and checks on each call)
-            reply = await self._admit(keys=[c.rate_key(tenant), c.queued_key(tenant)], args=args)
+            reply = await self._decide(keys=[c.rate_key(tenant), c.queued_key(tenant)], args=args)
         except self._failures as exc:
             raise StoreError(f"rate limiter at {self.display_url} could not check a tenant's limits: {exc}") from exc
         return decision_of(reply, limit)
 
-    async def admit_create(
+    async def decide_and_create(
         self,
         store: ResultStore,
         tenant: str,
@@ -231,14 +231,14 @@ class RedisQuotas(TwoCalls):
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        if self._admit_create is None or getattr(store, "redis", None) is not self.redis:  # not one script's reach
-            return await super().admit_create(store, tenant, limit, hold_s, job, message)
+        if self._decide_and_create is None or getattr(store, "redis", None) is not self.redis:  # not one script's reach
+            return await super().decide_and_create(store, tenant, limit, hold_s, job, message)
         job_id = job.job_id
         keys, args = store.pending_create(job, message)  # type: ignore[attr-defined]  # a RedisStore: its client
         keys += [c.rate_key(tenant), c.queued_key(tenant)]
         args += [limit.interval_us, limit.burst, limit.max_queued, job_id if limit.max_queued else "", f"{hold_s:.3f}"]
         try:
-            reply = await self._admit_create(keys=keys, args=args)
+            reply = await self._decide_and_create(keys=keys, args=args)
         except self._failures as exc:
             raise StoreError(f"result store at {self.display_url} could not create job {job_id!r}: {exc}") from exc
         return decision_of(reply[:6], limit), reply[6] == 1
@@ -271,7 +271,7 @@ class MemoryQuotas(TwoCalls):
         self._tat: dict[str, float] = {}
         self._queued: dict[str, dict[str, float]] = {}  # tenant -> job id -> hold end
 
-    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
+    async def decide(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
         now = self.clock()
         interval = limit.interval_us / 1_000_000
         remaining, reset, tat = -1, 0.0, max(now, self._tat.get(tenant, now))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from fleet.brokers.base import Broker
+from fleet.producers.gateway.calls import Bounded
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.schemas.models import ModelSpec
 from fleet.settings import FleetSettings
@@ -36,6 +37,11 @@ class GatewayState:
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     dag_runner: DagRunner | None = None
     cache: ResultCache | None = None
+
+    @property
+    def bounded(self) -> Bounded:
+        """The result store with each call bounded by ``limits.store_timeout_s`` (``calls.store_call``)."""
+        return Bounded(self.store, self.limits.store_timeout_s)
 
 
 async def gateway_state(request: Request) -> GatewayState:

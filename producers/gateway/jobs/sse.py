@@ -31,7 +31,7 @@ from fastapi.responses import StreamingResponse
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
 from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from fleet.producers.gateway.calls import read_job, store_call
+from fleet.producers.gateway.calls import read_job
 from fleet.producers.gateway.errors import error_json
 from fleet.producers.gateway.metrics import SSE_STREAMS_OPEN
 from fleet.producers.gateway.push import KEEP_ALIVE, OUTAGE_PAUSE_S, STREAM_HEADERS, sse_event
@@ -58,7 +58,7 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
         while not record.terminal:
             wait_s = limits.sse_keepalive_s
             try:
-                latest = await store_call(store, store.wait(job_id, wait_s), wait_s + limits.store_timeout_s)
+                latest = await state.bounded(store.wait(job_id, wait_s), waits_s=wait_s)
             except StoreError as exc:
                 if not exc.retriable:
                     raise
@@ -90,10 +90,10 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
 async def events_after_outage(state: GatewayState, job_id: str, viewer: str | None) -> AsyncIterator[bytes]:
     """The events of a job whose record could not be read when the stream was requested: keep-alives until it
     can be, then ``job_events``; an unknown job (or one ``viewer`` may not see) ends with ``event: error``."""
-    store, limits = state.store, state.limits
+    store = state.store
     while True:
         try:
-            record = await store_call(store, store.get(job_id), limits.store_timeout_s)
+            record = await state.bounded(store.get(job_id))
             break
         except StoreError as exc:
             if not exc.retriable:  # a corrupt record: waiting does not mend it

@@ -36,7 +36,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
 from fleet.producers.gateway.access import websocket_principal, ws_subprotocol
-from fleet.producers.gateway.calls import patiently, store_call
+from fleet.producers.gateway.calls import patiently
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import ApiError, error_json
 from fleet.producers.gateway.metrics import WEBSOCKETS_OPEN
@@ -56,15 +56,13 @@ async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = t
     A socket has no deadline, so a store outage is waited out however long it lasts (``calls.patiently``): the
     client gets the terminal record once the store is back. Raises ``StoreError`` only when it is not retriable.
     """
-    store, limits = state.store, state.limits
-    record = await patiently(lambda: store_call(store, store.get(job_id), limits.store_timeout_s), job_id)
+    store, limits, bounded = state.store, state.limits, state.bounded
+    record = await patiently(lambda: bounded(store.get(job_id)), job_id)
     if record is not None and not tenancy.visible(record.tenant, viewer):
         return None
     chunk_s = limits.ws_wait_chunk_s
     while record is not None and not record.terminal:
-        record = await patiently(
-            lambda: store_call(store, store.wait(job_id, chunk_s), chunk_s + limits.store_timeout_s), job_id
-        )
+        record = await patiently(lambda: bounded(store.wait(job_id, chunk_s), waits_s=chunk_s), job_id)
     return record
 
 

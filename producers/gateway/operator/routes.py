@@ -8,7 +8,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from fleet.producers.gateway.access import OperatorGate, Principal, operator_gate, require_operator
-from fleet.producers.gateway.calls import store_call
 from fleet.producers.gateway.errors import error_responses
 from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.recent_jobs import RecentJobIds, read_recent
@@ -107,4 +106,4 @@ async def recent_jobs(
     tenant's."""
     ids: RecentJobIds = request.app.state.recent_jobs
     recent = read_recent(ids, state.store, limit, operator.tenant)
-    return await store_call(state.store, recent, state.limits.store_timeout_s)
+    return await state.bounded(recent)
