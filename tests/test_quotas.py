@@ -32,8 +32,8 @@ from fleet.producers.gateway.access.ratelimit import RATE_LIMITED as RATE_LIMITE
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.keys import make_key_store
-from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas, make_quotas
+from fleet.store.bundle import Stores
+from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas
 from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs, private_server, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -46,7 +46,7 @@ async def quota_store(request: Any, kind: str) -> AsyncIterator[tuple[Quotas, Re
     pair = "memory" if kind == "memory" else f"memory+{kind}"
     settings = settings_for(pair, urls_for(request, kind) if kind != "memory" else {})
     async with connected_pair(settings) as (_, store):
-        yield make_quotas(store), store
+        yield Stores.beside(store).quotas, store
 
 
 # -- the store contract ---------------------------------------------------------------------------------------
@@ -178,11 +178,11 @@ async def limited_gateway(
     refs, (model,) = model_refs(unique, "echo")
     settings = settings_for(pair, urls_for(request, pair), models=refs, auth=auth, **limits)
     async with connected_pair(settings) as (broker, store):
-        tenant, headers = c.DEFAULT_TENANT, {}
+        tenant, headers, stores = c.DEFAULT_TENANT, {}, Stores.beside(store)
         if auth == "keys":
-            key, _ = await make_key_store(store).create(unique, "submitter", None)
+            key, _ = await stores.keys.create(unique, "submitter", None)
             tenant, headers = unique, {"Authorization": f"Bearer {key}"}
-        async with asgi_gateway(settings, broker, store) as (app, client):
+        async with asgi_gateway(settings, broker, store, stores=stores) as (app, client):
             yield Limited(app, client, store, model, tenant, headers, settings)
 
 
@@ -223,14 +223,14 @@ async def test_a_tenant_override_and_dag_runs(request: Any, unique: str) -> None
     overrides = {other: {"burst": 4}, f"{unique}-free": {"rate": None}}
     limits = {"rate_limit": f"{SLOW}/s burst 2", "tenant_limits": overrides}
     async with limited_gateway(request, "nats+redis", unique, **limits) as gw:
-        key, _ = await make_key_store(gw.store).create(other, "submitter", None)
+        key, _ = await gw.app.state.gateway.stores.keys.create(other, "submitter", None)
         big = {"Authorization": f"Bearer {key}"}
         small_codes = [(await gw.submit(i)).status_code for i in range(3)]
         big_codes = [(await gw.submit(i, big)).status_code for i in range(5)]
         assert small_codes == [202, 202, 429]
         assert big_codes == [202, 202, 202, 202, 429]
-        assert gw.app.state.tenant_limiter.policy.for_tenant(other).rate == SLOW  # inherited from the default
-        free, _ = await make_key_store(gw.store).create(f"{unique}-free", "submitter", None)
+        assert gw.app.state.gateway.tenant_limiter.policy.for_tenant(other).rate == SLOW  # inherited from the default
+        free, _ = await gw.app.state.gateway.stores.keys.create(f"{unique}-free", "submitter", None)
         free_codes = [(await gw.submit(i, {"Authorization": f"Bearer {free}"})).status_code for i in range(4)]
         assert free_codes == [202] * 4  # "rate": null: this tenant has no limit
         run = await gw.client.post("/v1/dags/nodag/runs", json={"input": {}}, headers=gw.headers)
@@ -264,7 +264,7 @@ async def test_a_redis_outage_under_limits_is_503_and_the_gateway_keeps_serving(
         async with connected_pair(settings) as (broker, store), asgi_gateway(settings, broker, store) as (_, client):
             first = await client.post("/v1/jobs", json={"model": model, "input": {"n": 1}})
             assert first.status_code == 202 and first.headers["ratelimit-remaining"] == "999"
-            assert await make_quotas(store).members(c.DEFAULT_TENANT, 10) == [first.json()["job_id"]]
+            assert await Stores.beside(store).quotas.members(c.DEFAULT_TENANT, 10) == [first.json()["job_id"]]
             proc.terminate()
             proc.wait(10)
             for n in range(3):
@@ -281,7 +281,8 @@ def body(gw: Limited, n: int) -> dict[str, Any]:
 def echo_worker(gw: Limited) -> Worker:
     """A real echo worker with the gateway's limit settings: it gives quota places back as it settles."""
     settings = gw.settings.model_copy(update={"ack_wait_s": 5.0})
-    return Worker(with_name(EchoHandler, gw.model)(), gw.app.state.gateway.broker, gw.store, settings=settings)
+    state = gw.app.state.gateway
+    return Worker(with_name(EchoHandler, gw.model)(), state.broker, gw.store, settings=settings, stores=state.stores)
 
 
 @pytest.mark.parametrize("auth", ["off", "keys"])  # the default tenant, and a key's tenant read from the records
@@ -290,8 +291,8 @@ async def test_the_quota_refuses_then_frees_places_as_jobs_finish(
     request: Any, pair: str, auth: str, unique: str
 ) -> None:
     async with limited_gateway(request, pair, unique, auth=auth, tenant_max_queued=2) as gw:
-        await gw.app.state.tenant_limiter.quotas.release(
-            [(gw.tenant, i) for i in await gw.app.state.tenant_limiter.quotas.members(gw.tenant, 100)]
+        await gw.app.state.gateway.tenant_limiter.quotas.release(
+            [(gw.tenant, i) for i in await gw.app.state.gateway.tenant_limiter.quotas.members(gw.tenant, 100)]
         )  # what an earlier run against this Redis may have left
         first = [await gw.submit(i) for i in range(2)]
         assert [a.status_code for a in first] == [202, 202]
@@ -303,7 +304,7 @@ async def test_the_quota_refuses_then_frees_places_as_jobs_finish(
         assert error["details"] == {"tenant": gw.tenant, "max_queued": 2, "queued": 2, "retry_after_s": 1}
         again = await gw.submit(0, job_id=first[0].json()["job_id"])  # a resubmit creates nothing: not refused
         assert again.status_code == 202
-        quotas = gw.app.state.tenant_limiter.quotas
+        quotas = gw.app.state.gateway.tenant_limiter.quotas
         worker = echo_worker(gw)
         await worker.start()
         try:

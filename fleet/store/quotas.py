@@ -44,7 +44,7 @@ from fleet.errors import StoreError
 from fleet.limit_policy import TenantLimit
 from fleet.schemas.jobs import JobRecord
 from fleet.store.base import ResultStore
-from fleet.store.redis import CREATE_PENDING_LUA
+from fleet.store.redis import CREATE_PENDING_LUA, RedisStore
 from fleet.store.redis_errors import RedisErrors, text
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ class RedisQuotas(TwoCalls):
     on one Redis one ``ADMIT_CREATE_LUA`` call per submit (a cluster has the job and the tenant in different slots:
     two calls there)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisStore) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
         self._decide = self.redis.register_script(ADMIT_LUA)
@@ -231,10 +231,11 @@ class RedisQuotas(TwoCalls):
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        if self._decide_and_create is None or getattr(store, "redis", None) is not self.redis:  # not one script's reach
+        # one script reaches the job's key and the tenant's only on one Redis, the one of these limits
+        if self._decide_and_create is None or not isinstance(store, RedisStore) or store.redis is not self.redis:
             return await super().decide_and_create(store, tenant, limit, hold_s, job, message)
         job_id = job.job_id
-        keys, args = store.pending_create(job, message)  # type: ignore[attr-defined]  # a RedisStore: its client
+        keys, args = store.pending_create(job, message)
         keys += [c.rate_key(tenant), c.queued_key(tenant)]
         args += [limit.interval_us, limit.burst, limit.max_queued, job_id if limit.max_queued else "", f"{hold_s:.3f}"]
         try:
@@ -323,15 +324,3 @@ async def release_quietly(quotas: Quotas, items: list[tuple[str, str]]) -> None:
             await quotas.release(items)
     except Exception as exc:
         log.warning("could not release %d queued-job places (%s); a sweep or their holds free them", len(items), exc)
-
-
-def make_quotas(store: ResultStore) -> Quotas:
-    """The limits beside ``store``: in its Redis, or in memory (one per memory store) for ``memory://``."""
-    if store.scheme == "memory":
-        existing = getattr(store, "quotas", None)
-        if existing is None:
-            existing = MemoryQuotas()
-            store.quotas = existing  # type: ignore[attr-defined]  # shared in-process, like the key store
-        result: Quotas = existing
-        return result
-    return RedisQuotas(store)

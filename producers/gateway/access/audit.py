@@ -10,6 +10,7 @@ from fastapi import Request
 
 from fleet.errors import FleetError
 from fleet.producers.gateway.access.principals import Principal
+from fleet.producers.gateway.state import state_of
 from fleet.schemas.keys import AuditEntry
 from fleet.store.audit import AuditLog
 
@@ -30,7 +31,7 @@ async def record_action(
         target=target,
         details=details,
     )
-    audit: AuditLog = request.app.state.audit_log
+    audit: AuditLog = state_of(request).stores.audit
     try:
         await audit.append(entry)
     except FleetError as exc:

@@ -74,7 +74,7 @@ def unauthorized(type_: str, message: str) -> ApiError:
 
 @dataclass(slots=True)
 class Authenticator:
-    """The access rule of one gateway: its mode, its operator gate and (set by the lifespan) its key store."""
+    """The access rule of one gateway: its mode, its operator gate and its key store (None with keys off)."""
 
     mode: str
     gate: OperatorGate
@@ -151,7 +151,9 @@ def principal_of(info: KeyInfo) -> Principal:
 
 
 def authenticator(connection: HTTPConnection) -> Authenticator:
-    auth: Authenticator = connection.app.state.authenticator
+    """This gateway's authenticator (``GatewayState.authenticator``, read without importing the state, which holds
+    this module's type)."""
+    auth: Authenticator = connection.app.state.gateway.authenticator
     return auth
 
 

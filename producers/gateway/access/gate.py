@@ -96,7 +96,7 @@ class OperatorGate:
 
 
 def _gate(request: Request) -> OperatorGate:
-    gate: OperatorGate = request.app.state.operator_gate
+    gate: OperatorGate = request.app.state.gateway.authenticator.gate  # the state holds the authenticator's type
     return gate
 
 

@@ -119,7 +119,9 @@ class TenantLimiter:
 
 
 def limiter_of(request: Request) -> TenantLimiter | None:
-    limiter: TenantLimiter | None = getattr(request.app.state, "tenant_limiter", None)
+    """This gateway's limits (``GatewayState.tenant_limiter``: None without any), read without importing the state,
+    which holds this module's type."""
+    limiter: TenantLimiter | None = request.app.state.gateway.tenant_limiter
     return limiter
 
 
