@@ -10,6 +10,7 @@ all hold this one bundle. Nothing is attached to the result store at run time, a
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from fleet.errors import ConfigError
@@ -54,13 +55,21 @@ class Stores:
                 cache=RedisCacheStore(results.redis, results.display_url),
             )
         if isinstance(results, MemoryStore):
-            return cls(
-                results=results,
-                keys=MemoryKeyStore(),
-                audit=MemoryAuditLog(),
-                quotas=MemoryQuotas(),
-                dags=MemoryDagStore(job_ttl_s=results.job_ttl_s),
-                dead_letters=MemoryDeadLetterStore(),
-                cache=MemoryCacheStore(),
-            )
+            # one bundle per memory store, as a Redis holds one set of feature stores: every gateway or worker built
+            # on the same in-memory store (fleet up, tests) sees the same keys, runs and cache entries
+            if results not in _MEMORY_BUNDLES:
+                _MEMORY_BUNDLES[results] = cls(
+                    results=results,
+                    keys=MemoryKeyStore(),
+                    audit=MemoryAuditLog(),
+                    quotas=MemoryQuotas(),
+                    dags=MemoryDagStore(job_ttl_s=results.job_ttl_s),
+                    dead_letters=MemoryDeadLetterStore(),
+                    cache=MemoryCacheStore(),
+                )
+            return _MEMORY_BUNDLES[results]
         raise ConfigError(f"no feature stores beside a {type(results).__name__} ({results.scheme}://)")
+
+
+_MEMORY_BUNDLES: weakref.WeakKeyDictionary[MemoryStore, Stores] = weakref.WeakKeyDictionary()
+"""The bundle of each in-memory result store (``Stores.beside``), kept as long as that store lives."""
