@@ -33,7 +33,7 @@ from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_process
 from fleet.producers.sdk import FleetClient
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from fleet.store.keys import make_key_store
+from fleet.store.bundle import Stores
 from tests.processes import fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
@@ -48,7 +48,7 @@ async def make_key(redis_url: str) -> str:
     store = make_store(FleetSettings(store_url=redis_url))
     await store.connect()
     try:
-        key, _ = await make_key_store(store).create("bench", "submitter", None)
+        key, _ = await Stores.beside(store).keys.create("bench", "submitter", None)
         return key
     finally:
         await store.close()

@@ -41,8 +41,8 @@ import numpy as np
 
 from benchmarks.cache_workload import labelled_pairs, requests
 from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_result
-from fleet.producers.gateway.embedder import load_embed_handler
-from fleet.producers.gateway.semantic_index import SemanticIndex, texts_agree
+from fleet.producers.gateway.cache.embedder import load_embed_handler
+from fleet.producers.gateway.cache.semantic_index import SemanticIndex, texts_agree
 from fleet.producers.sdk_http import AiohttpHttp, GatewayUnreachable, Http
 from fleet.schemas.models import EMBED, EMBED_DIM
 from tests.processes import ROOT, fleet_argv, fleet_env

@@ -53,7 +53,7 @@ from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
@@ -232,7 +232,7 @@ async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str
     await store.connect()
     model = f"echo-{uuid.uuid4().hex[:8]}"
     handler = with_name(EchoHandler, model)()
-    runner = DagRunner(broker, store, make_dag_store(store), {model: handler.spec})
+    runner = DagRunner(broker, store, Stores.beside(store).dags, {model: handler.spec})
     try:
         async with Worker(handler, broker, store, settings=settings, on_settled=[runner.on_settled]):
             chain, _, _ = await runner.register(chain_spec(f"bench-chain-{model}", model))

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from fleet import constants as c
-from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.schemas.jobs import JobRecord, JobState, input_digest
 from fleet.store.base import ResultStore
 from fleet.store.redis import RedisStore

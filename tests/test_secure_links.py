@@ -24,7 +24,8 @@ from pydantic import ValidationError
 
 from fleet import constants as c
 from fleet.errors import ConfigError, LinkRefused
-from fleet.links import redact, redis_options, tls_context, url_has_secret
+from fleet.links import redis_options, tls_context
+from fleet.redaction import redact, url_has_secret
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from tests.gateway_helpers import ObservedWorker, asgi_gateway, model_refs

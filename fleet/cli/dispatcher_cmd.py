@@ -11,7 +11,7 @@ from fleet.settings import FleetSettings
 
 
 def register(app: typer.Typer) -> None:
-    from fleet.cli import Broker, LogLevel, Store, fail, run, settings_from
+    from fleet.cli.common import Broker, LogLevel, Store, fail, run, settings_from
 
     @app.command()
     def dispatcher(

@@ -35,21 +35,18 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
-from fleet.producers.gateway.auth import websocket_principal, ws_subprotocol
-from fleet.producers.gateway.calls import patiently, store_call
+from fleet.producers.gateway.access import websocket_principal, ws_subprotocol
+from fleet.producers.gateway.calls import patiently
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import ApiError, error_json
 from fleet.producers.gateway.metrics import WEBSOCKETS_OPEN
+from fleet.producers.gateway.push import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_NOT_FOUND, first_of
 from fleet.producers.gateway.state import GatewayState
 from fleet.schemas.jobs import JobRecord
 
 logger = logging.getLogger(__name__)
 
 router = APIRouter(tags=["push"])
-
-CLOSE_NORMAL = 1000
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_NOT_FOUND = 4404
 
 
 async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = tenancy.ALL_TENANTS) -> JobRecord | None:
@@ -59,35 +56,14 @@ async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = t
     A socket has no deadline, so a store outage is waited out however long it lasts (``calls.patiently``): the
     client gets the terminal record once the store is back. Raises ``StoreError`` only when it is not retriable.
     """
-    store, limits = state.store, state.limits
-    record = await patiently(lambda: store_call(store, store.get(job_id), limits.store_timeout_s), job_id)
+    store, limits, bounded = state.store, state.limits, state.bounded
+    record = await patiently(lambda: bounded(store.get(job_id)), job_id)
     if record is not None and not tenancy.visible(record.tenant, viewer):
         return None
     chunk_s = limits.ws_wait_chunk_s
     while record is not None and not record.terminal:
-        record = await patiently(
-            lambda: store_call(store, store.wait(job_id, chunk_s), chunk_s + limits.store_timeout_s), job_id
-        )
+        record = await patiently(lambda: bounded(store.wait(job_id, chunk_s), waits_s=chunk_s), job_id)
     return record
-
-
-async def _until_disconnect(websocket: WebSocket) -> None:
-    """Read (and ignore) client frames until the client goes away."""
-    while (await websocket.receive())["type"] != "websocket.disconnect":
-        pass
-
-
-async def _first_of(main: asyncio.Task[Any], websocket: WebSocket) -> bool:
-    """Run ``main`` until done or until the client disconnects; True when ``main`` finished."""
-    watcher = asyncio.create_task(_until_disconnect(websocket))
-    try:
-        await asyncio.wait({main, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (main, watcher):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(main, watcher, return_exceptions=True)
-    return not main.cancelled() and main.done()
 
 
 @router.websocket("/v1/jobs/{job_id}/ws", name="job_ws")
@@ -101,7 +77,7 @@ async def job_ws(websocket: WebSocket, job_id: str) -> None:
     WEBSOCKETS_OPEN.inc()
     try:
         main = asyncio.create_task(wait_terminal(state, job_id, principal.tenant))
-        if not await _first_of(main, websocket):
+        if not await first_of(main, websocket):
             return  # the client left first
         try:
             record = main.result()

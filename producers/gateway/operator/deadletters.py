@@ -7,12 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
-from fleet.producers.gateway import redrive as actions
-from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import error_responses
-from fleet.producers.gateway.operator_access import Principal, require_operator
-from fleet.producers.gateway.operator_feed import dead_letter_view
-from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.producers.gateway.operator import redrive as actions
+from fleet.producers.gateway.operator.feed import dead_letter_view
+from fleet.producers.gateway.state import GatewayState, gateway_state, state_of
 from fleet.schemas.operator import DeadLetterGroup, DeadLetterList, LetterSelection, PurgeResult, RedriveResult
 from fleet.store.deadletters import DeadLetterStore
 
@@ -20,9 +19,8 @@ router = APIRouter(prefix="/v1/deadletters", tags=["operator"])
 
 
 async def dead_letter_store(request: Request) -> DeadLetterStore:
-    """FastAPI dependency: the store the recorder writes (``app.state.dead_letters``)."""
-    letters: DeadLetterStore = request.app.state.dead_letters
-    return letters
+    """FastAPI dependency: the store the recorder writes (``GatewayState.stores.dead_letters``)."""
+    return state_of(request).stores.dead_letters
 
 
 def _check_model(state: GatewayState, model: str | None) -> None:

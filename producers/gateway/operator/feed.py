@@ -26,9 +26,9 @@ from typing import Any
 
 from fleet.brokers.base import Broker
 from fleet.lag import read_lag
-from fleet.producers.gateway.operator_beats import Beats
-from fleet.producers.gateway.operator_words import collapse_decisions, scaling_reason, wanted_replicas
-from fleet.producers.gateway.routes_scaling import shown_status
+from fleet.producers.gateway.operator.beats import Beats
+from fleet.producers.gateway.operator.status import shown_status
+from fleet.producers.gateway.operator.words import collapse_decisions, scaling_reason, wanted_replicas
 from fleet.scaling import ScalingStore
 from fleet.schemas.operator import (
     DeadLetterGroup,

@@ -1,7 +1,7 @@
 """Who may use the operator surface when API keys are off (``FLEET_AUTH=off``): the operator gate.
 
-The check is "the caller's principal has the ``operator`` role" (``fleet.producers.gateway.auth.require_operator``,
-re-exported here). With ``FLEET_AUTH=off`` the gate gives such a principal:
+The check is "the caller's principal has the ``operator`` role" (``fleet.producers.gateway.access.require_operator``).
+With ``FLEET_AUTH=off`` the gate gives such a principal:
 
 * ``FLEET_OPERATOR_TOKEN`` set: ``Authorization: Bearer <token>`` (compared in constant time). No header: 401 with
   ``WWW-Authenticate: Bearer``; another token: 403.
@@ -10,7 +10,7 @@ re-exported here). With ``FLEET_AUTH=off`` the gate gives such a principal:
   403 ``operator_disabled`` saying to set the token (logged once at start-up).
 
 With ``FLEET_AUTH=keys`` an API key with the operator (or admin) role gives it, and the token still does
-(``fleet.producers.gateway.auth``).
+(``fleet.producers.gateway.access.auth``).
 """
 
 from __future__ import annotations
@@ -22,24 +22,13 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from fleet.producers.gateway.auth import ALL_ROLES, OPERATOR, Principal, require_operator
+from fleet.producers.gateway.access.principals import ALL_ROLES, Principal
 from fleet.producers.gateway.errors import ApiError
 from fleet.schemas.operator import OperatorAccess
 from fleet.settings import FleetSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "OPERATOR_ROLE",
-    "OperatorGate",
-    "Principal",
-    "is_loopback",
-    "log_access",
-    "operator_gate",
-    "require_operator",
-]
-
-OPERATOR_ROLE = OPERATOR
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -107,7 +96,7 @@ class OperatorGate:
 
 
 def _gate(request: Request) -> OperatorGate:
-    gate: OperatorGate = request.app.state.operator_gate
+    gate: OperatorGate = request.app.state.gateway.authenticator.gate  # the state holds the authenticator's type
     return gate
 
 

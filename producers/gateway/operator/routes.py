@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from fleet.producers.gateway.calls import store_call
+from fleet.producers.gateway.access import OperatorGate, Principal, operator_gate, require_operator
 from fleet.producers.gateway.errors import error_responses
-from fleet.producers.gateway.operator_access import OperatorGate, Principal, operator_gate, require_operator
-from fleet.producers.gateway.operator_feed import OperatorFeed
-from fleet.producers.gateway.operator_jobs import RecentJobIds, read_recent
-from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.producers.gateway.operator.feed import OperatorFeed
+from fleet.producers.gateway.recent_jobs import read_recent
+from fleet.producers.gateway.state import GatewayState, gateway_state, state_of
 from fleet.schemas.operator import OperatorAccess, OperatorSnapshot, RecentJobs
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
@@ -23,9 +22,8 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def operator_feed(request: Request) -> OperatorFeed:
-    """FastAPI dependency: this gateway's one feed (``app.state.operator_feed``)."""
-    feed: OperatorFeed = request.app.state.operator_feed
-    return feed
+    """FastAPI dependency: this gateway's one feed (``GatewayState.operator_feed``)."""
+    return state_of(request).operator_feed
 
 
 @router.get("/access", summary="Whether operator calls need a token", response_model=OperatorAccess)
@@ -105,6 +103,5 @@ async def recent_jobs(
     it started, its newest 200 at most (``scope`` says so); look any job up by id with ``GET /v1/jobs/{id}``. An
     operator API key sees its own tenant's jobs, as ``GET /v1/jobs/{id}`` shows them; the operator token every
     tenant's."""
-    ids: RecentJobIds = request.app.state.recent_jobs
-    recent = read_recent(ids, state.store, limit, operator.tenant)
-    return await store_call(state.store, recent, state.limits.store_timeout_s)
+    recent = read_recent(state.recent_jobs, state.store, limit, operator.tenant)
+    return await state.bounded(recent)

@@ -35,7 +35,7 @@ from fastapi.responses import StreamingResponse
 
 from fleet.dags.runner import DagRunner, UnknownRun, store_id
 from fleet.errors import StoreError
-from fleet.producers.gateway.auth import (
+from fleet.producers.gateway.access import (
     AUTH_RESPONSES,
     SUBMITTER_DEPS,
     Principal,
@@ -44,12 +44,20 @@ from fleet.producers.gateway.auth import (
     ws_subprotocol,
 )
 from fleet.producers.gateway.calls import patiently
+from fleet.producers.gateway.dags.routes import runner_of, view_doc
 from fleet.producers.gateway.errors import error_json
 from fleet.producers.gateway.metrics import SSE_STREAMS_OPEN, WEBSOCKETS_OPEN
-from fleet.producers.gateway.routes_dags import runner_of, view_doc
-from fleet.producers.gateway.sse import KEEP_ALIVE, OUTAGE_PAUSE_S, STREAM_HEADERS, sse_event
+from fleet.producers.gateway.push import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_NORMAL,
+    CLOSE_NOT_FOUND,
+    KEEP_ALIVE,
+    OUTAGE_PAUSE_S,
+    STREAM_HEADERS,
+    first_of,
+    sse_event,
+)
 from fleet.producers.gateway.state import GatewayState, gateway_state
-from fleet.producers.gateway.ws import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_NOT_FOUND, _first_of
 from fleet.schemas.api import ErrorResponse
 from fleet.store.dagstore import RunDoc
 
@@ -208,7 +216,7 @@ async def run_ws(websocket: WebSocket, run_id: str) -> None:
         runner = runner_of(state)
         wait_s = state.limits.ws_wait_chunk_s
         main = asyncio.create_task(_send_all(websocket, runner, run_id, wait_s, principal.tenant))
-        if await _first_of(main, websocket):
+        if await first_of(main, websocket):
             with contextlib.suppress(RuntimeError):
                 await websocket.close(main.result())
     except WebSocketDisconnect:

@@ -29,8 +29,8 @@ import numpy as np
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from fleet.producers.gateway.embedder import BatchingEmbedder
-from fleet.producers.gateway.semantic_index import Match, Mirror, SemanticIndex
+from fleet.producers.gateway.cache.embedder import BatchingEmbedder
+from fleet.producers.gateway.cache.semantic_index import Match, Mirror, SemanticIndex
 from fleet.store.cachestore import CacheStore, VectorEntry
 from fleet.tasks import cancel_and_wait, wait_event
 

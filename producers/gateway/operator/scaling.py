@@ -13,14 +13,13 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
-from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import ApiError, error_responses
-from fleet.producers.gateway.operator_access import Principal, require_operator
-from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.producers.gateway.operator.status import configured, unreported, view
+from fleet.producers.gateway.state import GatewayState, gateway_state, state_of
 from fleet.scaling import ScalingStore
 from fleet.schemas.operator import ScaleRequest
 from fleet.schemas.scaling import ScalingOverrides, ScalingStatus, ScalingUpdate, check_limits
-from fleet.settings import FleetSettings
 
 router = APIRouter(prefix="/v1/scaling", tags=["scaling"])
 
@@ -28,51 +27,13 @@ DEFAULT_DECISIONS = 20
 
 
 async def scaling_store(request: Request) -> ScalingStore:
-    """FastAPI dependency: the scaling store the lifespan opened (``app.state.scaling``)."""
-    store: ScalingStore = request.app.state.scaling
-    return store
-
-
-def _unreported(model: str, settings: FleetSettings) -> ScalingStatus:
-    return ScalingStatus(
-        model=model,
-        current_replicas=0,
-        desired_replicas=0,
-        lag=None,
-        arrival_rate=None,
-        min_replicas=settings.autoscale_min_replicas,
-        max_replicas=settings.autoscale_max_replicas,
-        paused=False,
-    )
-
-
-def _configured(status: ScalingStatus) -> ScalingOverrides:
-    """The autoscaler's own limits (before overrides); the status's values when it did not say."""
-    own = status.configured or ScalingOverrides()
-    return ScalingOverrides(
-        min_replicas=own.min_replicas if own.min_replicas is not None else status.min_replicas,
-        max_replicas=own.max_replicas if own.max_replicas is not None else status.max_replicas,
-        paused=own.paused if own.paused is not None else status.paused,
-    )
-
-
-def _view(status: ScalingStatus, overrides: ScalingOverrides, decisions: int) -> ScalingStatus:
-    base = status.model_copy(update=_configured(status).limits())
-    shown = base.with_overrides(overrides)
-    shown.decisions = shown.decisions[:decisions]
-    return shown
-
-
-def shown_status(
-    model: str, stored: ScalingStatus | None, overrides: ScalingOverrides, settings: FleetSettings, decisions: int
-) -> ScalingStatus:
-    """A model's status as ``GET /v1/scaling`` shows it: the stored one (or an unreported one) with the overrides."""
-    return _view(stored or _unreported(model, settings), overrides, decisions)
+    """FastAPI dependency: the scaling store the lifespan opened (``GatewayState.scaling``)."""
+    return state_of(request).scaling
 
 
 async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> ScalingStatus:
     stored = {s.model: s for s in await scaling.statuses()}
-    return stored.get(model) or _unreported(model, state.settings)
+    return stored.get(model) or unreported(model, state.settings)
 
 
 @router.get(
@@ -91,8 +52,8 @@ async def list_scaling(
     stored = {s.model: s for s in await scaling.statuses()}
     out = []
     for model in state.specs:
-        status = stored.get(model) or _unreported(model, state.settings)
-        out.append(_view(status, await scaling.get_overrides(model), decisions))
+        status = stored.get(model) or unreported(model, state.settings)
+        out.append(view(status, await scaling.get_overrides(model), decisions))
     return out
 
 
@@ -135,10 +96,10 @@ async def update_scaling(
         raise UnknownModel(model, list(state.specs))
     status = await _status_of(model, state, scaling)
     overrides = update.apply(await scaling.get_overrides(model))
-    _check_update(model, _configured(status), overrides)
+    _check_update(model, configured(status), overrides)
     await scaling.set_overrides(model, overrides)
     await record_action(request, operator, "scaling.update", model, update.model_dump(mode="json", exclude_unset=True))
-    return _view(status, overrides, DEFAULT_DECISIONS)
+    return view(status, overrides, DEFAULT_DECISIONS)
 
 
 @router.post(
@@ -167,7 +128,7 @@ async def scale_to(
     )
     await scaling.set_overrides(model, overrides)
     await record_action(request, operator, "scaling.scale", model, body.model_dump(mode="json"))
-    return _view(status, overrides, DEFAULT_DECISIONS)
+    return view(status, overrides, DEFAULT_DECISIONS)
 
 
 @router.delete(
@@ -191,4 +152,4 @@ async def end_scale_to(
     overrides = (await scaling.get_overrides(model)).model_copy(update={"pinned_replicas": None, "pinned_until": None})
     await scaling.set_overrides(model, overrides)
     await record_action(request, operator, "scaling.end_scale", model, {})
-    return _view(status, overrides, DEFAULT_DECISIONS)
+    return view(status, overrides, DEFAULT_DECISIONS)

@@ -12,10 +12,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import ValidationError
 
 from fleet.errors import ConfigError
-from fleet.producers.gateway.auth import Principal, record_action, require_admin, require_operator
+from fleet.producers.gateway.access.audit import record_action
+from fleet.producers.gateway.access.auth import require_admin, require_operator
+from fleet.producers.gateway.access.principals import Principal
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from fleet.producers.gateway.limits import read_limited_body
+from fleet.producers.gateway.state import state_of
 from fleet.schemas.keys import AuditList, CreateKeyRequest, KeyCreated, KeyInfo, KeyList
 from fleet.store.audit import AuditLog
 from fleet.store.keys import KeyStore, parse_expiry
@@ -32,15 +35,13 @@ CREATE_BODY = {
 
 
 async def key_store(request: Request) -> KeyStore:
-    """FastAPI dependency: the key store the lifespan built."""
-    keys: KeyStore = request.app.state.key_store
-    return keys
+    """FastAPI dependency: the key store of this gateway's stores."""
+    return state_of(request).stores.keys
 
 
 async def audit_log(request: Request) -> AuditLog:
-    """FastAPI dependency: the audit log the lifespan built."""
-    log: AuditLog = request.app.state.audit_log
-    return log
+    """FastAPI dependency: the audit log of this gateway's stores."""
+    return state_of(request).stores.audit
 
 
 def parse_create(raw: bytes) -> CreateKeyRequest:
@@ -102,7 +103,7 @@ async def revoke_key(
     info = await keys.revoke(key_id)
     if info is None:
         raise ApiError(404, "key_not_found", f"no API key with id {key_id!r}", {"key_id": key_id})
-    request.app.state.authenticator.forget(key_id)
+    state_of(request).authenticator.forget(key_id)
     await record_action(request, admin, "key.revoke", key_id, {"tenant": info.tenant, "role": info.role})
     return info
 

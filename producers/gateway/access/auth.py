@@ -8,7 +8,7 @@
   works as a bearer: it gives the operator role (no tenant). No bearer, a malformed, unknown, expired or revoked
   key: 401 with ``WWW-Authenticate: Bearer``; a role too low for the route: 403.
 * ``off``: submit, read and push routes are open (the principal is the ``default`` tenant); the operator and admin
-  routes keep the operator gate of ``fleet.producers.gateway.operator_access`` (the token, or open on a loopback bind).
+  routes keep the operator gate of ``fleet.producers.gateway.access.gate`` (the token, or open on a loopback bind).
 
 WebSockets take the key from the ``Authorization`` header, or (browsers cannot set headers on a WebSocket) from
 the subprotocols ``["fleet", "bearer.<key>"]``: the server then answers with the subprotocol ``fleet``. A refused
@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Depends, Request, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -36,18 +36,21 @@ from starlette.requests import HTTPConnection
 
 from fleet import constants as c
 from fleet.errors import FleetError
+from fleet.producers.gateway.access.gate import OperatorGate
+from fleet.producers.gateway.access.principals import (
+    ADMIN,
+    ANONYMOUS,
+    OPERATOR,
+    SUBMITTER,
+    Principal,
+    roles_of,
+)
 from fleet.producers.gateway.errors import ApiError, describe_fleet_error, error_json, error_responses
-from fleet.schemas.keys import AuditEntry, KeyInfo
-from fleet.store.audit import AuditLog
+from fleet.schemas.keys import KeyInfo
 from fleet.store.keys import KeyStore, digest
-
-if TYPE_CHECKING:
-    from fleet.producers.gateway.operator_access import OperatorGate
 
 log = logging.getLogger(__name__)
 
-SUBMITTER, OPERATOR, ADMIN = c.ROLES
-ALL_ROLES = frozenset(c.ROLES)
 WS_SUBPROTOCOL = "fleet"
 WS_BEARER_PREFIX = "bearer."
 
@@ -56,25 +59,6 @@ BEARER = HTTPBearer(
     scheme_name="bearer",
     description="An API key from `fleet keys create` (FLEET_AUTH=keys), or FLEET_OPERATOR_TOKEN for operator calls",
 )
-
-
-def roles_of(role: str) -> frozenset[str]:
-    """The roles a key of ``role`` holds: its own and every lower one."""
-    return frozenset(c.ROLES[: c.ROLES.index(role) + 1])
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling, and what they may do. ``tenant`` owns the jobs and runs they submit (None: the operator
-    token, bound to no tenant); ``key_id`` names the API key (None without one)."""
-
-    subject: str
-    roles: frozenset[str]
-    tenant: str | None = None
-    key_id: str | None = None
-
-
-ANONYMOUS = Principal("anonymous", frozenset({SUBMITTER}), tenant=c.DEFAULT_TENANT)
 
 
 def bearer_of(authorization: str | None) -> str | None:
@@ -90,7 +74,7 @@ def unauthorized(type_: str, message: str) -> ApiError:
 
 @dataclass(slots=True)
 class Authenticator:
-    """The access rule of one gateway: its mode, its operator gate and (set by the lifespan) its key store."""
+    """The access rule of one gateway: its mode, its operator gate and its key store (None with keys off)."""
 
     mode: str
     gate: OperatorGate
@@ -167,7 +151,9 @@ def principal_of(info: KeyInfo) -> Principal:
 
 
 def authenticator(connection: HTTPConnection) -> Authenticator:
-    auth: Authenticator = connection.app.state.authenticator
+    """This gateway's authenticator (``GatewayState.authenticator``, read without importing the state, which holds
+    this module's type)."""
+    auth: Authenticator = connection.app.state.gateway.authenticator
     return auth
 
 
@@ -224,24 +210,3 @@ async def websocket_principal(websocket: WebSocket, role: str = SUBMITTER) -> Pr
     await websocket.send_text(json.dumps(body))
     await websocket.close(4000 + status if status < 500 else 1011)
     return None
-
-
-async def record_action(
-    request: Request, principal: Principal, action: str, target: str | None, details: dict[str, Any]
-) -> None:
-    """Append an operator action to the audit log. The action already happened: a log that cannot be written is
-    logged as an error (with the entry), not turned into a failed answer."""
-    entry = AuditEntry(
-        at=time.time(),
-        action=action,
-        actor=principal.subject,
-        key_id=principal.key_id,
-        tenant=principal.tenant,
-        target=target,
-        details=details,
-    )
-    audit: AuditLog = request.app.state.audit_log
-    try:
-        await audit.append(entry)
-    except FleetError as exc:
-        log.error("audit log: could not record %s: %s", entry.model_dump_json(), exc.message)

@@ -1,4 +1,4 @@
-"""The gateway's result caches: L1 in-process, L2 exact in the store, L3 semantic (``cache_l3``).
+"""The gateway's result caches: L1 in-process, L2 exact in the store, L3 semantic (``l3``).
 
 Per model opt-in (``FLEET_CACHE``). The key of a request is the sha256 of the canonical JSON of ``{model, version,
 input, tenant}`` (``fleet.schemas.jobs.input_digest``), under ``fleet.constants.cache_entry_key(model, version,
@@ -6,7 +6,7 @@ digest)``:
 a new ``ModelSpec.version`` never reads an older version's entries, and one tenant never reads another's. A model
 named in ``FLEET_CACHE_SHARED`` leaves the tenant out of the key (``{model, version, input}``, as before tenants)
 and keeps one L3 index: its entries answer every tenant. Otherwise L3 searches only the requesting tenant's index
-(``cache_l3``). A lookup tries the levels in order and stops at the first hit:
+(``l3``). A lookup tries the levels in order and stops at the first hit:
 
 * L1: a ``cachetools.TTLCache`` (LRU with a TTL) of outputs in this gateway;
 * L2: the cache store (``fleet.store.cachestore``), one entry per key with a TTL; a hit is copied into L1;
@@ -43,8 +43,9 @@ from cachetools import TTLCache
 from fleet import constants as c
 from fleet.encoding import DEFAULT_ENCODING, convert_output
 from fleet.errors import ConfigError, StoreError
-from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
-from fleet.producers.gateway.embedder import BatchingEmbedder, TextModel, load_embed_handler
+from fleet.producers.gateway.cache.embedder import BatchingEmbedder, TextModel, load_embed_handler
+from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
+from fleet.producers.gateway.cache.semantic_index import gpu_mirror, index_device
 from fleet.producers.gateway.metrics import (
     CACHE_FILLS,
     CACHE_L3_ENTRIES,
@@ -52,7 +53,6 @@ from fleet.producers.gateway.metrics import (
     CACHE_LOOKUP_SECONDS,
     CACHE_REQUESTS,
 )
-from fleet.producers.gateway.semantic_index import gpu_mirror, index_device
 from fleet.schemas.jobs import CacheLevel, JobRecord, JobState, input_digest
 from fleet.schemas.models import EMBED_DIM, ModelSpec
 from fleet.settings import FleetSettings

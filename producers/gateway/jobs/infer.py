@@ -22,10 +22,11 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from fleet.producers.gateway.calls import long_poll
 from fleet.producers.gateway.errors import ApiError, limited_responses
-from fleet.producers.gateway.routes_jobs import SUBMIT_BODY, check_wait, submit
+from fleet.producers.gateway.jobs.routes import SUBMIT_BODY, submit
+from fleet.producers.gateway.limits import check_wait
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.api import InferResponse
 from fleet.schemas.jobs import JobRecord, JobState

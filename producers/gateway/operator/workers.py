@@ -5,11 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Request
 
 from fleet import constants as c
-from fleet.producers.gateway.auth import record_action
+from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import ApiError, error_responses
-from fleet.producers.gateway.operator_access import Principal, require_operator
-from fleet.producers.gateway.operator_beats import Beats
-from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.producers.gateway.operator.beats import Beats
+from fleet.producers.gateway.state import GatewayState, gateway_state, state_of
 from fleet.schemas.operator import DrainAccepted
 from fleet.schemas.wire import DrainRequest
 
@@ -19,8 +18,7 @@ WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,199}$"  # one subject token: 
 
 
 async def beats_heard(request: Request) -> Beats:
-    beats: Beats = request.app.state.beats
-    return beats
+    return state_of(request).beats
 
 
 @router.post(

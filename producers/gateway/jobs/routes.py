@@ -28,6 +28,10 @@ unknown id; the operator token reads every tenant's jobs. A submit whose job id 
 answers the ``409 job_id_conflict`` of any used id, word for word (nothing of that job: not its model, state,
 input or tenant) and leaves it alone. Job ids are one namespace across tenants (a store key per id), so that a
 used id is a conflict at all is the one thing a submitter learns; it learns the same of its own jobs.
+
+One word per step of a submit: the tenant is *charged* (its rate and queued-job quota, ``access.charge``, where
+the quota store *decides*: ``fleet.store.quotas.Quotas.decide``), the job *reserves* a place under its model's
+queue bound (``Backlog.reserve``, given back by ``Backlog.published``), is *created* in the store and *published*.
 """
 
 from __future__ import annotations
@@ -45,10 +49,10 @@ from fleet import constants as c
 from fleet import tenancy
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
-from fleet.producers.gateway import ratelimit
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway import access
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from fleet.producers.gateway.cache import Hit, Lookup
-from fleet.producers.gateway.calls import long_poll, publish_request, read_job, store_call
+from fleet.producers.gateway.calls import long_poll, publish_request, read_job
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import (
     ApiError,
@@ -58,9 +62,9 @@ from fleet.producers.gateway.errors import (
     validation_errors,
     validation_message,
 )
-from fleet.producers.gateway.limits import read_limited_body
+from fleet.producers.gateway.limits import check_wait, read_limited_body
 from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
-from fleet.producers.gateway.operator_jobs import note_submitted
+from fleet.producers.gateway.recent_jobs import note_submitted
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.api import SubmitRequest, SubmitResponse
 from fleet.schemas.jobs import JobError, JobRecord, JobState, input_digest
@@ -156,7 +160,7 @@ async def _forget(state: GatewayState, job_id: str) -> None:
     """Delete the record (and its unpublished mark) of a job whose publish failed, so that no record claims a job
     that is not queued."""
     try:
-        await store_call(state.store, state.store.delete(job_id), state.limits.store_timeout_s)
+        await state.bounded(state.store.delete(job_id))
     except Exception:
         logger.exception("job %s was not published and its record could not be deleted", job_id)
 
@@ -184,7 +188,7 @@ async def _mark_published(state: GatewayState, job_id: str) -> None:
     """Clear the job's unpublished mark; a store that fails here changes nothing for the client (the broker has
     the job) and a reconcile sweep clears the mark later (its republish is a duplicate the broker drops)."""
     try:
-        await store_call(state.store, state.store.published(job_id), state.limits.store_timeout_s)
+        await state.bounded(state.store.published(job_id))
     except StoreError as exc:
         logger.warning("job %s is published but still marked unpublished: %s", job_id, exc.message)
 
@@ -216,8 +220,7 @@ def _check_same_job(existing: JobRecord, record: JobRecord) -> None:
 
 async def _resubmit(state: GatewayState, record: JobRecord, data: bytes, priority: str) -> SubmitResponse:
     """The job id already has a record: answer with it (see the module docstring)."""
-    store, timeout_s = state.store, state.limits.store_timeout_s
-    existing = await store_call(store, store.get(record.job_id), timeout_s)
+    existing = await state.bounded(state.store.get(record.job_id))
     if existing is None:
         raise id_conflict(record.job_id)  # it ended and expired meanwhile: a retry is a fresh submit
     _check_same_job(existing, record)
@@ -227,17 +230,18 @@ async def _resubmit(state: GatewayState, record: JobRecord, data: bytes, priorit
     return SubmitResponse(job_id=existing.job_id, status=existing.state)
 
 
-async def _admit(state: GatewayState, body: SubmitRequest, record: JobRecord, data: bytes) -> SubmitResponse | None:
-    """Count the job against its model's bound; None when admitted, else the answer to give.
+async def _reserve_place(
+    state: GatewayState, body: SubmitRequest, record: JobRecord, data: bytes
+) -> SubmitResponse | None:
+    """Count the job against its model's bound; None when it has its place, else the answer to give.
 
     A queue at its bound raises ``QueueFull`` (429), except for a resubmit of a job that exists already: that
     creates nothing, so it gets its usual answer.
     """
     try:
-        await state.backlog.admit(record.model)
+        await state.backlog.reserve(record.model)
     except QueueFull:
-        store = state.store
-        if body.job_id is None or await store_call(store, store.get(body.job_id), state.limits.store_timeout_s) is None:
+        if body.job_id is None or await state.bounded(state.store.get(body.job_id)) is None:
             raise
         return await _resubmit(state, record, data, body.priority)
     return None
@@ -278,7 +282,6 @@ async def _answer_from_cache(
     finish, so there is no moment at which a gateway that dies leaves a job half made. A job id that exists
     already is a resubmit and gets its usual answer.
     """
-    store, timeout_s = state.store, state.limits.store_timeout_s
     record.cache, record.cache_similarity = hit.level, hit.similarity
     answered = transitions.finished(
         record,
@@ -290,7 +293,7 @@ async def _answer_from_cache(
         worker_id=None,
         now=time.time(),
     )
-    if not await store_call(store, store.create(answered), timeout_s):
+    if not await state.bounded(state.store.create(answered)):
         return await _resubmit(state, record, data, priority)
     JOBS_SUBMITTED.labels(record.model).inc()
     return SubmitResponse(job_id=record.job_id, status=answered.state, cache=answered.cache)
@@ -312,24 +315,24 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
     # The tenant's rate and queued-job quota (429 when refused): before a cache lookup, since a hit counts against
     # the rate; otherwise together with the create, in one round trip (a submit the model's bound refuses is free).
-    limited, timeout_s = ratelimit.limiter_of(request) is not None, state.limits.store_timeout_s
+    limited = access.limiter_of(request) is not None
     cached = state.cache is not None and state.cache.uses(spec.name) and body.cache
     if limited and cached:
-        await ratelimit.charge(request, record)
+        await access.charge(request, record)
     found = await _cache_lookup(state, spec, body, record.tenant)
     if found is not None and found.hit is not None:
         answered = await _answer_from_cache(state, record, data, found.hit, body.priority)
         note_submitted(request, answered.job_id)
         return answered
-    answer = await _admit(state, body, record, data)
+    answer = await _reserve_place(state, body, record, data)
     if answer is not None:
         return answer
     published = False
     try:
         if limited and not cached:
-            created = await ratelimit.charge_and_create(request, record, data, timeout_s)
+            created = await access.charge_and_create(request, record, data, state.bounded)
         else:
-            created = await store_call(state.store, state.store.create(record, data), timeout_s)
+            created = await state.bounded(state.store.create(record, data))
         if not created:
             return await _resubmit(state, record, data, body.priority)
         await _publish_new(state, record, data, body.priority)
@@ -373,23 +376,13 @@ async def submit(request: Request, state: GatewayState, principal: Principal) ->
     """Submit the job in ``request``'s body for ``principal``'s tenant (``POST /v1/jobs`` and ``POST /v1/infer``),
     counting refusals."""
     try:
-        return await ratelimit.settled(request, _submit(request, state, principal))
+        return await access.settled(request, _submit(request, state, principal))
     except Exception as exc:
         SUBMIT_ERRORS.labels(error_type(exc)).inc()
         raise
 
 
 # -- poll and cancel ------------------------------------------------------------------------------------------
-def check_wait(wait_s: float, max_s: float) -> None:
-    if not 0 < wait_s <= max_s:
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"invalid request: query.wait: must be more than 0 and at most {max_s:g} seconds, got {wait_s:g}",
-            [{"loc": "query.wait", "msg": f"must be in (0, {max_s:g}]", "type": "out_of_range"}],
-        )
-
-
 @router.get(
     "/{job_id}",
     response_model=JobRecord,
@@ -439,7 +432,7 @@ async def cancel_job(
         raise _already_ended(record)
     error = JobError(type="cancelled", message=f"cancelled by a client (POST /v1/jobs/{job_id}/cancel)")
     call = store.finish(job_id, JobState.cancelled, model=record.model, error=error)
-    won, current = await store_call(store, call, timeout_s)
+    won, current = await state.bounded(call)
     if not won:
         raise _already_ended(current)
     return current

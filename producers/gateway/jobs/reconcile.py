@@ -29,7 +29,7 @@ from prometheus_client import Counter
 
 from fleet.brokers.base import Broker
 from fleet.errors import FleetError
-from fleet.producers.gateway.calls import message_priority, publish_request, store_call
+from fleet.producers.gateway.calls import Bounded, message_priority, publish_request
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.store.base import ResultStore
@@ -59,6 +59,7 @@ class Reconciler:
         self.broker = broker
         self.store = store
         self.limits = limits
+        self.bounded = Bounded(store, limits.store_timeout_s)
         self.after_s = after_s
         self.interval_s = interval_s if interval_s is not None else max(after_s / 3, 0.2)
         self._stop = asyncio.Event()
@@ -66,8 +67,7 @@ class Reconciler:
 
     async def sweep(self) -> int:
         """One sweep; returns how many unpublished jobs it handled."""
-        store, timeout_s = self.store, self.limits.store_timeout_s
-        claimed = await store_call(store, store.claim_unpublished(self.after_s, CLAIM_BATCH), timeout_s)
+        claimed = await self.bounded(self.store.claim_unpublished(self.after_s, CLAIM_BATCH))
         for job_id, message in claimed:
             try:
                 await self._reconcile(job_id, message)
@@ -76,8 +76,7 @@ class Reconciler:
         return len(claimed)
 
     async def _reconcile(self, job_id: str, message: bytes | None) -> None:
-        store, timeout_s = self.store, self.limits.store_timeout_s
-        record = await store_call(store, store.get(job_id), timeout_s)
+        record = await self.bounded(self.store.get(job_id))
         if record is None or record.state != JobState.queued:
             outcome, model = "settled", record.model if record else "unknown"
         elif record.expires_at is not None and record.expires_at <= time.time():
@@ -91,14 +90,14 @@ class Reconciler:
             priority = message_priority(message)
             await publish_request(self.broker, record.model, job_id, message, self.limits, priority=priority)
             log.info("job %s was never confirmed published (its gateway stopped); published it again", job_id)
-        await store_call(store, store.published(job_id), timeout_s)
+        await self.bounded(self.store.published(job_id))
         RECONCILED.labels(model, outcome).inc()
 
     async def _end(self, record: JobRecord, state: JobState, type_: str, why: str) -> None:
         message = f"the gateway that accepted this job stopped before publishing it, and {why}"
         error = JobError(type=type_, message=message, retriable=state == JobState.failed)
         finish = self.store.finish(record.job_id, state, model=record.model, error=error)
-        await store_call(self.store, finish, self.limits.store_timeout_s)
+        await self.bounded(finish)
 
     async def _run(self) -> None:
         while not self._stop.is_set():

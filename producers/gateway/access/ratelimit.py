@@ -37,13 +37,15 @@ from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import constants as c
-from fleet.producers.gateway.auth import SUBMITTER, authenticator
-from fleet.producers.gateway.calls import store_call
+from fleet.limit_policy import LimitPolicy
+from fleet.producers.gateway.access.auth import authenticator
+from fleet.producers.gateway.access.principals import SUBMITTER
+from fleet.producers.gateway.calls import Bounded
 from fleet.producers.gateway.errors import ApiError
 from fleet.schemas.api import SubmitResponse
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.store.base import ResultStore
-from fleet.store.quotas import QUOTA_EXCEEDED, Decision, LimitPolicy, Quotas, hold_s
+from fleet.store.quotas import QUOTA_EXCEEDED, Decision, Quotas, hold_s
 
 log = logging.getLogger(__name__)
 
@@ -74,30 +76,30 @@ class TenantLimiter:
     job_ttl_s: float
     _swept_at: dict[str, float] = field(default_factory=dict)
 
-    async def admit(self, tenant: str, job: JobRecord | None) -> Decision | None:
+    async def charge(self, tenant: str, job: JobRecord | None) -> Decision | None:
         """Decide one request of ``tenant`` (with ``job``: also take a place in its quota); None when nothing
         limits it (no round trip then)."""
         limit = self.policy.for_tenant(tenant)
         if limit.rate is None and (job is None or limit.max_queued == 0):
             return None
         if job is None or limit.max_queued == 0:
-            return await self.quotas.admit(tenant, limit, None, 0.0)
+            return await self.quotas.decide(tenant, limit, None, 0.0)
         hold = hold_s(job.expires_at, time.time(), self.job_ttl_s)
-        decision = await self.quotas.admit(tenant, limit, job.job_id, hold)
+        decision = await self.quotas.decide(tenant, limit, job.job_id, hold)
         if decision.verdict == QUOTA_EXCEEDED and await self._sweep(tenant):
-            decision = await self.quotas.admit(tenant, limit, job.job_id, hold)
+            decision = await self.quotas.decide(tenant, limit, job.job_id, hold)
         return decision
 
-    async def admit_create(self, tenant: str, job: JobRecord, message: bytes) -> tuple[Decision | None, bool]:
-        """``admit(tenant, job)`` and, only when it admits, ``store.create(job, message)``: one round trip on one
+    async def charge_and_create(self, tenant: str, job: JobRecord, message: bytes) -> tuple[Decision | None, bool]:
+        """``charge(tenant, job)`` and, only when it admits, ``store.create(job, message)``: one round trip on one
         Redis. Returns (the decision, None when nothing limits the tenant; whether the record was created)."""
         limit = self.policy.for_tenant(tenant)
         if not limit.enabled:
             return None, await self.store.create(job, message)
         hold = hold_s(job.expires_at, time.time(), self.job_ttl_s) if limit.max_queued else 0.0
-        decision, created = await self.quotas.admit_create(self.store, tenant, limit, hold, job, message)
+        decision, created = await self.quotas.decide_and_create(self.store, tenant, limit, hold, job, message)
         if decision.verdict == QUOTA_EXCEEDED and await self._sweep(tenant):
-            decision, created = await self.quotas.admit_create(self.store, tenant, limit, hold, job, message)
+            decision, created = await self.quotas.decide_and_create(self.store, tenant, limit, hold, job, message)
         return decision, created
 
     async def _sweep(self, tenant: str) -> bool:
@@ -117,7 +119,9 @@ class TenantLimiter:
 
 
 def limiter_of(request: Request) -> TenantLimiter | None:
-    limiter: TenantLimiter | None = getattr(request.app.state, "tenant_limiter", None)
+    """This gateway's limits (``GatewayState.tenant_limiter``: None without any), read without importing the state,
+    which holds this module's type."""
+    limiter: TenantLimiter | None = request.app.state.gateway.tenant_limiter
     return limiter
 
 
@@ -171,7 +175,7 @@ async def _decide(request: Request, job: JobRecord | None) -> None:
     if limiter is None:
         return
     tenant = await tenant_of(request)
-    _note(request, tenant, await limiter.admit(tenant, job), job)
+    _note(request, tenant, await limiter.charge(tenant, job), job)
 
 
 async def charge(request: Request, job: JobRecord) -> None:
@@ -179,14 +183,14 @@ async def charge(request: Request, job: JobRecord) -> None:
     await _decide(request, job)
 
 
-async def charge_and_create(request: Request, job: JobRecord, message: bytes, timeout_s: float) -> bool:
+async def charge_and_create(request: Request, job: JobRecord, message: bytes, bounded: Bounded) -> bool:
     """``charge`` and, when it admits, ``store.create(job, message)`` (in one Redis round trip where the store and
     the limits share one Redis); True if the record was created. Raises 429 as ``charge``, ``StoreError`` as
-    ``store_call``."""
+    ``bounded`` (the result store's calls, bounded by their timeout)."""
     limiter = limiter_of(request)
     assert limiter is not None, "charge_and_create is for a gateway with limits"
     tenant = await tenant_of(request)
-    decision, created = await store_call(limiter.store, limiter.admit_create(tenant, job, message), timeout_s)
+    decision, created = await bounded(limiter.charge_and_create(tenant, job, message))
     _note(request, tenant, decision, job)
     return created
 

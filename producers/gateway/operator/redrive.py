@@ -21,7 +21,7 @@ import uuid
 
 from pydantic import ValidationError
 
-from fleet.producers.gateway.calls import publish_request, store_call
+from fleet.producers.gateway.calls import publish_request
 from fleet.producers.gateway.state import GatewayState
 from fleet.schemas.jobs import JobRecord, JobState, input_digest
 from fleet.schemas.operator import LetterSelection, PurgeResult, RedriveResult
@@ -69,9 +69,9 @@ async def requeue(state: GatewayState, request: RequestMessage) -> None:
         deliveries=0,
         input_digest=input_digest(request.input),
     )
-    store, timeout_s = state.store, state.limits.store_timeout_s
-    await store_call(store, store.delete(request.job_id), timeout_s)
-    await store_call(store, store.create(record, data), timeout_s)
+    store, bounded = state.store, state.bounded
+    await bounded(store.delete(request.job_id))
+    await bounded(store.create(record, data))
     msg_id = f"{request.job_id}.redrive.{uuid.uuid4().hex[:12]}"
     try:
         limits, priority = state.limits, request.priority
@@ -79,10 +79,10 @@ async def requeue(state: GatewayState, request: RequestMessage) -> None:
             state.broker, request.model, request.job_id, data, limits, msg_id=msg_id, priority=priority
         )
     except BaseException:
-        await store_call(store, store.delete(request.job_id), timeout_s)
+        await bounded(store.delete(request.job_id))
         raise
     try:
-        await store_call(store, store.published(request.job_id), timeout_s)
+        await bounded(store.published(request.job_id))
     except Exception as exc:  # the broker has it; a sweep clears the mark (its republish is answered by the record)
         log.warning("redriven job %s is published but still marked unpublished: %s", request.job_id, exc)
 

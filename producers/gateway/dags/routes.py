@@ -1,5 +1,5 @@
 """``/v1/dags`` and ``/v1/runs``: register DAG specs, show them, start runs, poll (optionally long-poll) and cancel
-them. The push routes (WebSocket and server-sent events) are in ``fleet.producers.gateway.dag_events``.
+them. The push routes (WebSocket and server-sent events) are in ``fleet.producers.gateway.dags.events``.
 
 ``POST /v1/dags`` takes YAML (``application/yaml``, ``text/yaml``, ``text/plain``, or no content type) or JSON
 (``application/json``): text that does not parse is ``400 malformed_spec`` naming the line and column, a spec that
@@ -38,8 +38,8 @@ from fleet.dags.spec import MAX_SPEC_BYTES, parse_text
 from fleet.dags.state import RunState, scoped
 from fleet.dags.validate import CompiledDag
 from fleet.errors import DagInvalid, PayloadTooLarge
-from fleet.producers.gateway import ratelimit
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway import access
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from fleet.producers.gateway.calls import patiently
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import (
@@ -49,8 +49,7 @@ from fleet.producers.gateway.errors import (
     validation_errors,
     validation_message,
 )
-from fleet.producers.gateway.limits import read_limited_body
-from fleet.producers.gateway.routes_jobs import check_wait
+from fleet.producers.gateway.limits import check_wait, read_limited_body
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.dags import DagDetail, DagList, DagRegistered, DagSummary, RunStarted, RunView, StartRunRequest
 from fleet.store.dagstore import RunDoc
@@ -242,7 +241,7 @@ def parse_start(raw: bytes) -> StartRunRequest:
     ),
     responses=limited_responses(202, 400, 404, 409, 413, 422, 429, 503),
     openapi_extra=_RUN_BODY,
-    dependencies=[Depends(ratelimit.limit_rate)],  # the tenant's rate limit (fleet.producers.gateway.ratelimit)
+    dependencies=[Depends(access.limit_rate)],  # the tenant's rate limit (fleet.producers.gateway.access.ratelimit)
 )
 async def start_run(
     name: str,

@@ -69,6 +69,7 @@ async def read_recent(
 
 
 def note_submitted(request: Request, job_id: str) -> None:
-    """Remember a job this gateway accepted (the lifespan sets ``app.state.recent_jobs`` with the operator parts)."""
-    ids: RecentJobIds = request.app.state.recent_jobs
+    """Remember a job this gateway accepted (in ``GatewayState.recent_jobs``, read here without importing the state,
+    which holds this module's ``RecentJobIds``)."""
+    ids: RecentJobIds = request.app.state.gateway.recent_jobs
     ids.note(job_id)

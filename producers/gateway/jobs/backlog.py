@@ -3,8 +3,8 @@
 The depth is the broker's lag (``fleet.lag.read_lag``: waiting plus in flight), read every ``lag_interval_s`` (the
 same read keeps the ``fleet_queue_lag`` gauge fresh), plus what this gateway accepted since the read started and
 what it is publishing now. A sample a few seconds old therefore never lets a burst through: 3,000 concurrent
-submissions against a bound of 5 are counted one by one as they are admitted. A stale sample can only make the
-estimate too high (jobs drained since); before refusing, the gateway reads the lag again when its sample is older
+submissions against a bound of 5 are counted one by one as they reserve their place. A stale sample can only make
+the estimate too high (jobs drained since); before refusing, the gateway reads the lag again when its sample is older
 than ``refresh_min_s``, once for all the submissions waiting on it.
 
 What the gateway cannot see between reads is other producers: other gateway replicas and direct publishers. On
@@ -45,7 +45,7 @@ class _Queue:
     depth: int | None = None  # the broker's lag at the last read
     read_at: float | None = None  # monotonic time that read started
     accepted: deque[float] = field(default_factory=deque)  # monotonic times of publishes acked after read_at
-    publishing: int = 0  # admitted, publish not yet answered
+    publishing: int = 0  # reserved, publish not yet answered
     drain_per_s: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -98,10 +98,10 @@ class Backlog:
         return self._queues[model].drain_per_s
 
     # -- admission --------------------------------------------------------------------------------------------
-    async def admit(self, model: str) -> None:
+    async def reserve(self, model: str) -> None:
         """Count one submission as publishing, or raise ``QueueFull`` (with ``retry_after_s``) when at the bound.
 
-        Each admitted submission must end with ``published(model, ok)``.
+        Each reserved submission must end with ``published(model, ok)``.
         """
         queue = self._queues[model]
         if queue.bound and queue.estimate() >= queue.bound and self._stale(queue):
@@ -113,7 +113,7 @@ class Backlog:
         queue.publishing += 1
 
     def published(self, model: str, ok: bool) -> None:
-        """The publish of an admitted submission ended: acked by the broker (``ok``) or not."""
+        """The publish of a reserved submission ended: acked by the broker (``ok``) or not."""
         queue = self._queues[model]
         queue.publishing -= 1
         if ok:

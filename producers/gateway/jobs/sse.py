@@ -30,10 +30,11 @@ from fastapi.responses import StreamingResponse
 
 from fleet import tenancy
 from fleet.errors import JobNotFound, StoreError
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
-from fleet.producers.gateway.calls import read_job, store_call
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
+from fleet.producers.gateway.calls import read_job
 from fleet.producers.gateway.errors import error_json
 from fleet.producers.gateway.metrics import SSE_STREAMS_OPEN
+from fleet.producers.gateway.push import KEEP_ALIVE, OUTAGE_PAUSE_S, STREAM_HEADERS, sse_event
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.api import ErrorResponse
 from fleet.schemas.jobs import JobRecord
@@ -41,15 +42,6 @@ from fleet.schemas.jobs import JobRecord
 logger = logging.getLogger(__name__)
 
 router = APIRouter(tags=["push"], dependencies=SUBMITTER_DEPS, responses=AUTH_RESPONSES)
-
-KEEP_ALIVE = b": keep-alive\n\n"
-OUTAGE_PAUSE_S = 1.0  # between attempts while the store is down (each wait already spent its keep-alive period)
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the stream
-
-
-def sse_event(name: str, data: str) -> bytes:
-    """One event; ``data`` must be a single line (compact JSON is)."""
-    return f"event: {name}\ndata: {data}\n\n".encode()
 
 
 def error_event(type_: str, message: str, details: object = None) -> bytes:
@@ -66,7 +58,7 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
         while not record.terminal:
             wait_s = limits.sse_keepalive_s
             try:
-                latest = await store_call(store, store.wait(job_id, wait_s), wait_s + limits.store_timeout_s)
+                latest = await state.bounded(store.wait(job_id, wait_s), waits_s=wait_s)
             except StoreError as exc:
                 if not exc.retriable:
                     raise
@@ -98,10 +90,10 @@ async def job_events(state: GatewayState, record: JobRecord) -> AsyncIterator[by
 async def events_after_outage(state: GatewayState, job_id: str, viewer: str | None) -> AsyncIterator[bytes]:
     """The events of a job whose record could not be read when the stream was requested: keep-alives until it
     can be, then ``job_events``; an unknown job (or one ``viewer`` may not see) ends with ``event: error``."""
-    store, limits = state.store, state.limits
+    store = state.store
     while True:
         try:
-            record = await store_call(store, store.get(job_id), limits.store_timeout_s)
+            record = await state.bounded(store.get(job_id))
             break
         except StoreError as exc:
             if not exc.retriable:  # a corrupt record: waiting does not mend it

@@ -11,11 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from fleet.producers.gateway.auth import AUTH_RESPONSES, SUBMITTER_DEPS
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS
 from fleet.producers.gateway.errors import error_response
 from fleet.producers.gateway.metrics import REGISTRY
 from fleet.producers.gateway.state import GatewayState, gateway_state
-from fleet.readiness import WorkerTracker
 from fleet.schemas.api import ErrorResponse
 
 router = APIRouter()
@@ -89,10 +88,9 @@ async def readyz(request: Request, state: GatewayState = Depends(gateway_state))
     checks = {"broker": broker, "store": store}
     schemes = {"broker": state.broker.scheme, "store": state.store.scheme}
     failing = [f"{name} ({schemes[name]}): {why}" for name, why in checks.items() if why != "ok"]
-    tracker: WorkerTracker = request.app.state.workers
-    counts = tracker.ready.counts(state.specs)
+    counts = state.workers.ready.counts(state.specs)
     models = {name: {"ready_workers": n} for name, n in counts.items()}
-    if getattr(request.app.state, "require_ready_workers", False):
+    if state.require_ready_workers:
         failing += [f"model {name!r} has no ready worker yet" for name, n in counts.items() if n == 0]
     if failing:
         return error_response(503, "not_ready", "not ready: " + "; ".join(failing), {**checks, "models": models})
