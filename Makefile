@@ -1,6 +1,7 @@
-# The two commands a newcomer needs: `make up` runs Fleet, `make test` runs the whole test suite.
-# Both create .venv on first use (with uv, cached between runs).
-.PHONY: up test venv lint bench lock docs docs-serve
+# The two commands a newcomer needs: `make up` runs Fleet, `make test` runs the whole test suite (what CI runs).
+# `make check` is the contributor's fast lane: lint, types and the tests that need no server process.
+# All create .venv on first use (with uv, cached between runs).
+.PHONY: up test check venv lint bench lock docs docs-serve
 
 up:
 	bash scripts/up.sh
@@ -8,14 +9,18 @@ up:
 test:
 	bash scripts/test.sh
 
+check:
+	bash scripts/check.sh
+
 venv:
 	bash scripts/venv.sh all test bench docs
 
 lint: venv
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
 
+# Every benchmark this machine can run (`make bench ONLY=dag,priority` for some), results in benchmarks/results/.
 bench:
-	bash scripts/bench.sh
+	bash scripts/bench.sh $(if $(ONLY),--only $(ONLY),)
 
 # Re-resolve uv.lock after a change to pyproject.toml's dependencies (only what changed moves); `make lock
 # UPGRADE=1` moves every dependency to its newest allowed version. Commit uv.lock with the change.

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from benchmarks.common import percentiles_ms, show, write_results
+from benchmarks.common import percentiles_ms, show, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.consumers.handlers import with_name
@@ -235,7 +235,7 @@ def report(args: argparse.Namespace, sat: float, runs: list[Run]) -> dict[str, A
         "closest_fixed": closest.name,
         "throughput_ratio": ratio,
     }
-    path = write_results("bench_adaptive", results)
+    path = write_result("bench_adaptive", results)
     print(f"results: {path}")
     return results
 

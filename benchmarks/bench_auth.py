@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.bench_dashboard import wait_ready
-from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_result
 from fleet.producers.sdk import FleetClient
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from fleet.store.keys import make_key_store
+from fleet.store.bundle import Stores
 from tests.processes import fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
@@ -48,7 +48,7 @@ async def make_key(redis_url: str) -> str:
     store = make_store(FleetSettings(store_url=redis_url))
     await store.connect()
     try:
-        key, _ = await make_key_store(store).create("bench", "submitter", None)
+        key, _ = await Stores.beside(store).keys.create("bench", "submitter", None)
         return key
     finally:
         await store.close()
@@ -127,7 +127,7 @@ def main() -> None:
         "limits": LIMITS,
         "target_ratio": TARGET_RATIO,
     }
-    path = write_results("bench_auth", results, args.out)
+    path = write_result("bench_auth", results, args.out)
     show(
         "gateway submit throughput with API keys and rate limits on and off (NATS + Redis, echo)",
         [

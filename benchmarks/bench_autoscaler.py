@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import services, show, write_results
+from benchmarks.common import services, show, write_result
 from fleet import constants as c
 from fleet.autoscaler.backends.process import ProcessBackend
 from fleet.autoscaler.config import ScalingConfig
@@ -305,7 +305,7 @@ async def main(args: argparse.Namespace) -> None:
     rows = [row for name in args.loads for row in rows_for(results[name])]
     show("Autoscaler on the process backend, NATS JetStream + Redis", rows)
     results["params"] = vars(args)
-    print(f"wrote {write_results('autoscaler', results)}")
+    print(f"wrote {write_result('autoscaler', results)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cache_workload import labelled_pairs, requests
-from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_results
-from fleet.producers.gateway.embedder import load_embed_handler
-from fleet.producers.gateway.semantic_index import SemanticIndex, texts_agree
+from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_result
+from fleet.producers.gateway.cache.embedder import load_embed_handler
+from fleet.producers.gateway.cache.semantic_index import SemanticIndex, texts_agree
 from fleet.producers.sdk_http import AiohttpHttp, GatewayUnreachable, Http
 from fleet.schemas.models import EMBED, EMBED_DIM
 from tests.processes import ROOT, fleet_argv, fleet_env
@@ -322,14 +322,14 @@ async def main(args: argparse.Namespace) -> None:
         path = RESULTS_DIR / "bench_cache.json"
         last = json.loads(path.read_text()) if path.exists() else {}
         l3 = await asyncio.to_thread(measure_l3, args)
-        write_results("bench_cache", {"args": last.get("args"), "fleet": last.get("fleet"), "l3": l3})
+        write_result("bench_cache", {"args": last.get("args"), "fleet": last.get("fleet"), "l3": l3})
         print(json.dumps({k: v for k, v in l3.items() if k != "cosine_by_kind"}, indent=1))
         return
     l3_task = asyncio.create_task(asyncio.to_thread(measure_l3, args))
     with services(nats=True, redis=True) as urls:
         fleet = await measure_fleet(urls, args, l3_task)
     l3 = l3_task.result()
-    path = write_results("bench_cache", {"args": vars(args), "fleet": fleet, "l3": l3})
+    path = write_result("bench_cache", {"args": vars(args), "fleet": fleet, "l3": l3})
     title = f"Result caches: {fleet['requests']:,} embed requests, fleet gateway + worker, NATS + Redis"
     show(title, rows(fleet, l3, "l3" in args.levels))
     print(f"results: {path}")

@@ -36,7 +36,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from benchmarks.common import best_of, show, write_results
+from benchmarks.common import best_of, show, write_result
 from fleet.schemas.jobs import JobState
 from fleet.store.base import Finish, Start
 from fleet.store.cluster import seed_nodes
@@ -182,7 +182,7 @@ def main() -> None:
     show("finished-record writes: 3-primary cluster vs one Redis", rows)
     results: dict[str, Any] = {"args": vars(args), "runs": runs, "best": best, "ratio": ratio}
     results["best_of"] = {t: best_of([r["results_per_s"] for r in runs[t]]) for t in TARGETS}
-    print(f"wrote {write_results('cluster', results)}")
+    print(f"wrote {write_result('cluster', results)}")
 
 
 if __name__ == "__main__":

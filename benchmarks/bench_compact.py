@@ -50,7 +50,7 @@ import nats
 import numpy as np
 import redis.asyncio as aioredis
 
-from benchmarks.common import best_of, fetch_and_ack, paired_median, pooled, services, show, write_results
+from benchmarks.common import best_of, fetch_and_ack, paired_median, pooled, services, show, write_result
 from benchmarks.compact_baseline import callgrind_window
 from fleet import constants as c
 from fleet.brokers import make_broker
@@ -312,7 +312,7 @@ async def measure(args: argparse.Namespace, tree: Path | None) -> None:
     results = {"runs": runs, "jobs_per_s": rate, "redis_cpu_us": cpu, "best": best, "ratios": ratios}
     results["params"] = params
     print(json.dumps({"jobs_per_s": rate, "redis_cpu_us": cpu, "ratios": ratios}))
-    print(f"wrote {write_results('compact', results)}")
+    print(f"wrote {write_result('compact', results)}")
 
 
 def parse_args() -> argparse.Namespace:

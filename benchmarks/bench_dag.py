@@ -32,7 +32,15 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import RESULTS_DIR, Timer, percentiles_ms, services, show, stop_processes, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    Timer,
+    percentiles_ms,
+    services,
+    show,
+    stop_processes,
+    write_result,
+)
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -45,7 +53,7 @@ from fleet.schemas.wire import RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
@@ -224,7 +232,7 @@ async def measure(settings: FleetSettings, args: argparse.Namespace) -> dict[str
     await store.connect()
     model = f"echo-{uuid.uuid4().hex[:8]}"
     handler = with_name(EchoHandler, model)()
-    runner = DagRunner(broker, store, make_dag_store(store), {model: handler.spec})
+    runner = DagRunner(broker, store, Stores.beside(store).dags, {model: handler.spec})
     try:
         async with Worker(handler, broker, store, settings=settings, on_settled=[runner.on_settled]):
             chain, _, _ = await runner.register(chain_spec(f"bench-chain-{model}", model))
@@ -313,7 +321,7 @@ async def main(args: argparse.Namespace) -> None:
         )
     print(json.dumps(result))
     result["params"] = vars(args)
-    print(f"wrote {write_results('dag', result)}")
+    print(f"wrote {write_result('dag', result)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_result
 from fleet.producers.sdk import FleetClient, GatewayUnreachable
 from tests.processes import fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
@@ -193,7 +193,7 @@ def main() -> None:
         "target_cost": TARGET_COST,
         "transport_retries": TRANSPORT_RETRIES[0],
     }
-    path = write_results("bench_dashboard", results, args.out)
+    path = write_result("bench_dashboard", results, args.out)
     show(
         f"gateway job throughput with {args.streams} open dashboard streams (NATS + Redis, echo)",
         [

@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.table import Table
 
-from benchmarks.common import RESULTS_DIR, console, services, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, console, record, services, stop_processes, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -299,6 +299,11 @@ def show_table(rows: list[dict[str, Any]]) -> None:
             f"{r['slow_worker_share']:.3f}",
         )
     console.print(table)
+    points = [
+        (f"{r['policy']} at {r['load']:.0%} load: p99 ms, p99/p50", f"{r['p99_ms']:.1f}, {r['p99_over_p50']:.2f}", "")
+        for r in rows
+    ]
+    record("Response time per policy and load (ms)", points)
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -341,7 +346,7 @@ def main() -> None:
     show_table(rows)
     summary = targets(rows)
     console.print(summary)
-    path = write_results("bench_dispatch", {"config": {**vars(args)}, "rows": rows, "targets": summary})
+    path = write_result("bench_dispatch", {"config": {**vars(args)}, "rows": rows, "targets": summary})
     plot(rows, path.with_suffix(".png"))
     console.print(f"results: {path} and {path.with_suffix('.png')}")
 

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 
 from benchmarks.bench_model import bare_transformers_throughput, use_random_weights
-from benchmarks.common import Timer, best_of, services, show, write_results
+from benchmarks.common import Timer, best_of, services, show, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.consumers.device import resolve_device
@@ -116,7 +116,7 @@ async def main(args: argparse.Namespace) -> None:
             ("(c) ratio fleet / bare", f"{batched / bare:.2f}", ">= 0.9"),
         ],
     )
-    print(f"wrote {write_results(args.name, results)}")
+    print(f"wrote {write_result(args.name, results)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.bench_embed import query_texts
 from benchmarks.bench_model import bare_transformers_throughput, use_random_weights
-from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, best_of, services, show, stop_processes, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.events import validated
@@ -170,7 +170,7 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.jobs:,} jobs per point",
         rows,
     )
-    print(f"wrote {write_results(args.name, results)}")
+    print(f"wrote {write_result(args.name, results)}")
 
 
 def parse_args() -> argparse.Namespace:

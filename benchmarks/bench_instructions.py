@@ -42,7 +42,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from benchmarks import bench_compact as bc
-from benchmarks.common import services, show, write_results
+from benchmarks.common import services, show, write_result
 from benchmarks.compact_baseline import CALLGRIND_ENV
 from tests import services as svc
 
@@ -159,7 +159,7 @@ def measure(args: argparse.Namespace, tree: Path | None, tmp: Path) -> None:
     }
     print(json.dumps({"worker_instructions_per_job": per_job, "redis_instructions_per_result": per_result}))
     print(json.dumps({"ratios": ratios}))
-    print(f"wrote {write_results('instructions', results)}")
+    print(f"wrote {write_result('instructions', results)}")
 
 
 def job_counts(value: str) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import show, write_result
 from fleet.consumers.device import resolve_device
 from fleet.consumers.handlers.embed import (
     EmbedHandler,
@@ -99,11 +100,15 @@ def main() -> None:
     parser.add_argument("--random-weights", action="store_true")
     args = parser.parse_args()
     texts = sample_texts(args.texts)
-    print(f"{'batch':>6} {'bare items/s':>14} {'handler items/s':>16} {'ratio':>6}")
+    rows, figures = [], {}
     for batch_size in args.batch_size or [1, 64]:
         bare = bare_transformers_throughput(texts, batch_size, args.device, args.random_weights)
         handler = handler_throughput(texts, batch_size, args.device, args.random_weights)
-        print(f"{batch_size:>6} {bare:>14.1f} {handler:>16.1f} {handler / bare:>6.2f}")
+        figures[f"batch_{batch_size}"] = {"bare_items_per_s": bare, "handler_items_per_s": handler}
+        rows.append((f"batch {batch_size}: bare items/s", f"{bare:,.1f}", ""))
+        rows.append((f"batch {batch_size}: handler / bare", f"{handler / bare:.2f}", ""))
+    show(f"The embed model on {args.device}, {len(texts)} texts", rows)
+    print(f"wrote {write_result('model', {'args': vars(args), **figures})}")
 
 
 if __name__ == "__main__":

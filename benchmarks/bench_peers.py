@@ -42,7 +42,7 @@ import redis.asyncio as aioredis
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType
 
-from benchmarks.common import best_of, paired_median, pooled, services, show, write_results
+from benchmarks.common import best_of, paired_median, pooled, services, show, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.consumers.handlers import with_name
@@ -198,7 +198,7 @@ async def main(args: argparse.Namespace) -> None:
     results = {"runs": runs, "jobs_per_s": rate, "median_jobs_per_s": medians, "cpu_us": cpu, "ratios": ratios}
     results["params"] = vars(args)
     print(json.dumps({"jobs_per_s": rate, "median_jobs_per_s": medians, "ratios": ratios}))
-    print(f"wrote {write_results('peers', results)}")
+    print(f"wrote {write_result('peers', results)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -44,7 +44,7 @@ from benchmarks.common import (
     pooled,
     services,
     show,
-    write_results,
+    write_result,
 )
 from fleet import constants as c
 from fleet.brokers import make_broker
@@ -282,7 +282,7 @@ async def main(args: argparse.Namespace) -> None:
     show(f"Fleet pipeline over {titles}, Redis store", [row for k in kinds for row in rows_for(k, measured[k])])
     for kind, result in measured.items():
         print(json.dumps({"broker": kind, **result["a"], "d": result["d"]}, default=str))
-    print(f"wrote {write_results('pipeline', results)}")
+    print(f"wrote {write_result('pipeline', results)}")
 
 
 def broker_list(value: str) -> list[str]:

@@ -26,7 +26,7 @@ import random
 import uuid
 from typing import Any
 
-from benchmarks.common import percentiles_ms, services, show, write_results
+from benchmarks.common import percentiles_ms, services, show, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -188,7 +188,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(json.dumps(result))
     result["params"] = vars(args)
-    print(f"wrote {write_results('priority', result)}")
+    print(f"wrote {write_result('priority', result)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -80,7 +80,7 @@ from rich.table import Table
 
 from benchmarks.chaos_model import COMPUTED_DIR_ENV, MODEL, CountingSleep
 from benchmarks.chaos_tally import TERMINAL, DeadLetters, DoneWatcher, Row, Tally, read_computed, read_records, say
-from benchmarks.common import RESULTS_DIR, stop_processes, write_results
+from benchmarks.common import RESULTS_DIR, record, stop_processes, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -653,6 +653,21 @@ def show(rows: list[Row]) -> None:
             out.print(f"{row.key}: " + ("[bold red]NON-ZERO: " + ", ".join(nonzero) + "[/]" if nonzero else "all zero"))
 
 
+def headlines(rows: list[Row]) -> list[tuple[str, str, str]]:
+    """One row per scenario for the result file: its defects summed (target 0), or its harness error."""
+    out = []
+    for row in rows:
+        if row.error:
+            out.append((f"{row.key}. {row.title}", f"harness error: {row.error}", "== 0"))
+            continue
+        defects = sum(getattr(row, name) for name in DEFECTS)
+        if row.garbage:
+            defects += row.garbage - row.garbage_dead_lettered
+        out.append((f"{row.key}. {row.title}: defects", str(defects), "== 0"))
+        out.append((f"{row.key}. {row.title}: computed twice", str(row.computed_twice), ""))
+    return out
+
+
 def _cell(row: Row, name: str) -> str:
     value = getattr(row, name)
     return f"[bold red]{value}[/]" if value and name in DEFECTS else str(value)
@@ -723,7 +738,8 @@ async def main(args: argparse.Namespace) -> int:
         for key in args.scenarios:
             rows.append(await run_scenario(SCENARIOS[key], args, kafka_url))
     show(rows)
-    path = write_results("chaos", {"params": vars(args), "rows": [asdict(r) for r in rows]})
+    record("defects per scenario (lost, 2nd terminal, after stored, healthy failed, no notice)", headlines(rows))
+    path = write_result("chaos", {"params": vars(args), "rows": [asdict(r) for r in rows]})
     print(f"wrote {path}")
     return 1 if any(r.error for r in rows) else 0
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -19,8 +18,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import envelope
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 console = Console()
+# The machine as the run found it: a benchmark imports this module first thing.
+STARTED = envelope.now_iso()
+LOAD_AT_START = envelope.load_average()
+SHOWN: list[envelope.Table] = []
 
 
 @contextlib.contextmanager
@@ -116,26 +121,24 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
-def environment() -> dict[str, Any]:
-    import torch
-
-    return {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+def write_result(name: str, figures: dict[str, Any], out: Path | None = None) -> Path:
+    """Write ``benchmarks/results/<name>.json`` (or ``out``): the benchmark's ``figures`` inside the shared envelope
+    (``benchmarks.envelope``), with the tables this run printed through ``show`` as its headlines."""
+    document = envelope.envelope(
+        name, figures, list(SHOWN), started=STARTED, load_at_start=LOAD_AT_START, argv=sys.argv
+    )
+    return envelope.write(out or RESULTS_DIR / f"{name}.json", document)
 
 
-def write_results(name: str, results: dict[str, Any], out: Path | None = None) -> Path:
-    path = out or RESULTS_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **results}, indent=2) + "\n")
-    return path
+def record(title: str, rows: list[tuple[str, str, str]]) -> None:
+    """Keep a table of (measure, value, target) rows for ``write_result`` without printing it: for benchmarks that
+    print their own layout. Rows with a target are the headlines of the benchmarks page."""
+    SHOWN.append(envelope.Table(title, [envelope.Row(*(str(cell) for cell in row)) for row in rows]))
 
 
 def show(title: str, rows: list[tuple[str, str, str]]) -> None:
+    """Print a table of (measure, value, target) rows and ``record`` it for the result file."""
+    record(title, rows)
     table = Table(title=title)
     for column in ("measure", "value", "target"):
         table.add_column(column)

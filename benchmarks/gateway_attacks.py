@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_dag import GatewayFleet
-from benchmarks.common import RESULTS_DIR, services, write_results
+from benchmarks.common import RESULTS_DIR, record, services, write_result
 from tests.health_probe import HealthProbe
 
 YAML = {"content-type": "application/yaml"}
@@ -139,6 +139,10 @@ def table(attacks: list[Attack]) -> str:
         median, worst = statistics.median(latencies) * 1000, max(latencies) * 1000
         health = max(r[2] for r in a.results) * 1000
         lines.append(f"| {a.name} | {statuses} | {median:,.0f} ms | {worst:,.0f} ms | {health:,.0f} ms |")
+    record(
+        "each attack: status, request median / worst, /healthz worst while in flight",
+        [(a.name, row.split(" | ", 1)[1].rstrip(" |"), "") for a, row in zip(attacks, lines[2:], strict=True)],
+    )
     return "\n".join(lines)
 
 
@@ -152,7 +156,7 @@ def main() -> None:
         asyncio.run(measure(fleet.url, args.repeat))
     print(table(ATTACKS))
     rows = [{"attack": a.name, "results": [list(r) for r in a.results]} for a in ATTACKS]
-    path = write_results(f"gateway_attacks-{args.label}", {"repeat": args.repeat, "attacks": rows})
+    path = write_result(f"gateway_attacks-{args.label}", {"repeat": args.repeat, "attacks": rows})
     print(f"results: {path}")
 
 

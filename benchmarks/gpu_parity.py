@@ -18,6 +18,7 @@ import sys
 import torch
 
 from benchmarks.bench_model import sample_texts, use_random_weights
+from benchmarks.common import show, write_result
 from fleet.consumers.handlers.embed import EmbedHandler
 
 
@@ -55,6 +56,13 @@ def main() -> int:
     print(f"  largest absolute difference {float((reference - tested).abs().max()):.2e}")
     norms = tested.norm(dim=1)
     print(f"  norms on {args.device}: {float(norms.min()):.6f} .. {float(norms.max()):.6f}")
+    lowest = float(cosine.min())
+    mean = float(cosine.mean())
+    rows = [("lowest cosine similarity", f"{lowest:.6f}", f">= {args.min_cosine}"), ("mean", f"{mean:.6f}", "")]
+    show(f"embed parity, {args.device} against cpu", rows)
+    figures = {"texts": len(texts), "weights": weights, "lowest_cosine": lowest, "mean_cosine": mean}
+    figures["max_abs_difference"] = float((reference - tested).abs().max())
+    print(f"wrote {write_result('gpu_parity', figures)}")
     if float(cosine.min()) < args.min_cosine:
         print(f"FAIL: lowest cosine {float(cosine.min()):.6f} < {args.min_cosine}")
         return 1

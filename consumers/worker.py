@@ -60,7 +60,7 @@ from fleet.schemas.jobs import JobError
 from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.quotas import make_quotas
+from fleet.store.bundle import Stores
 from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,9 @@ class Worker:
             ``worker.settler.on_settled``.
         on_drain: called when an operator asks this worker to drain (``fleet.consumers.drain``); ``fleet worker`` passes
             what SIGTERM does. Without it the worker runs its own ``stop``.
+        stores: the process's stores beside ``store`` (``fleet.store.bundle.Stores``); the worker releases its
+            tenants' queued-job places in ``stores.quotas`` when limits bound them. ``fleet up`` passes the bundle
+            it shares with the gateway; None builds one when needed.
 
     ``state`` is ``starting`` until the model is loaded and warmed up, then ``ready`` (``degraded`` while the store
     cannot be reached), ``draining`` and ``stopped``; heartbeats carry it.
@@ -169,6 +172,7 @@ class Worker:
         routing: Literal["pull", "dispatch"] | None = None,
         on_settled: list[OnSettled] | None = None,
         on_drain: Callable[[], object] | None = None,
+        stores: Stores | None = None,
     ) -> None:
         self.handler = handler
         self.spec = handler.spec
@@ -210,7 +214,7 @@ class Worker:
             outage=self.outage,
             stats=self.stats,
             stop=self._stopping,
-            quotas=make_quotas(store) if settings.limit_policy().bounds_queued else None,
+            quotas=(stores or Stores.beside(store)).quotas if settings.limit_policy().bounds_queued else None,
         )
         self.settler.on_settled.extend(on_settled or [])
         self.admission = Admission(self.spec, self.settler)

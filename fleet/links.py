@@ -12,8 +12,9 @@ Every Fleet client of a broker or store gets its credentials and TLS from here, 
 Secrets are only ever read from files (never from a flag or a setting's value), when a client is built, and they
 go straight into the client library's options: they are in no setting's repr, no log line and no message.
 A password written inside a URL (``redis://:pw@host``, ``nats://user:pw@host``) still works, for deployments that
-keep the whole URL in a secret, but it is refused as a command-line flag by the CLI and ``redact`` removes it
-from every URL Fleet logs or reports.
+keep the whole URL in a secret, but it is refused as a command-line flag by the CLI and ``fleet.redaction.redact``
+removes it from every URL Fleet logs or reports. The settings check that the link settings agree
+(``FleetSettings``' validator), so this module reads the settings and the settings never import it.
 
 ``link_error`` turns what a client raised into a ``LinkRefused`` (not retriable) when the server rejected the
 credentials or the TLS handshake failed, naming the service, the address and the setting to check.
@@ -24,14 +25,13 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError, LinkRefused
 
 if TYPE_CHECKING:
     from fleet.settings import FleetSettings
 
-SECRET_QUERY_KEYS = frozenset({"password", "token", "sasl_plain_password"})
 MAX_SECRET_BYTES = 64 * 1024
 _AUTH_MARKERS = (
     "authorization violation",
@@ -45,37 +45,6 @@ _AUTH_MARKERS = (
     "noperm",
     "permissions violation",
 )
-
-
-def redact(url: str) -> str:
-    """``url`` with any password, token or secret query value replaced by ``***`` (for messages and logs).
-
-    Several comma-separated servers (``nats://a:4222,nats://b:4222``) are redacted one by one.
-    """
-    if "," in url:
-        return ",".join(redact(part) for part in url.split(","))
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "(unparsable URL)"
-    netloc = parts.netloc
-    if "@" not in netloc and not any(key.lower() in SECRET_QUERY_KEYS for key, _ in parse_qsl(parts.query)):
-        return url  # nothing to hide: the URL as written (urlunsplit would turn memory:// into memory:)
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0] if password is not None else ""
-        netloc = f"{user}:***@{host}" if user else f"***@{host}"
-    query = parts.query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if any(key.lower() in SECRET_QUERY_KEYS for key, _ in pairs):
-        query = urlencode([(k, "***" if k.lower() in SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def url_has_secret(url: str) -> bool:
-    """True when ``url`` carries a password, a token or a secret query value (what ``redact`` would hide)."""
-    return redact(url) != url
 
 
 def read_secret(path: Path, what: str) -> str:
@@ -169,36 +138,6 @@ def redis_options(settings: FleetSettings) -> dict[str, Any]:
     return options
 
 
-def check_link_settings(settings: FleetSettings) -> None:
-    """Refuse link settings that contradict each other (``ValueError`` naming them); files are read later."""
-    nats_ways = [settings.nats_creds_file, settings.nats_nkey_seed_file, settings.nats_password_file]
-    if sum(way is not None for way in nats_ways) > 1:
-        raise ValueError("nats_creds_file, nats_nkey_seed_file and nats_password_file: set at most one of them")
-    _paired(settings.nats_user, settings.nats_password_file, "nats_user", "nats_password_file")
-    _paired(settings.kafka_user, settings.kafka_password_file, "kafka_user", "kafka_password_file")
-    if (settings.kafka_sasl_mechanism is None) != (settings.kafka_user is None):
-        raise ValueError("kafka_sasl_mechanism and kafka_user: set both (with kafka_password_file) or neither")
-    if settings.redis_user is not None and settings.redis_password_file is None:
-        raise ValueError("redis_user needs redis_password_file (the ACL user's password)")
-    for kind in ("nats", "kafka", "redis"):
-        cert, key = getattr(settings, f"{kind}_tls_cert_file"), getattr(settings, f"{kind}_tls_key_file")
-        if key is not None and cert is None:
-            raise ValueError(f"{kind}_tls_key_file needs {kind}_tls_cert_file (the client certificate)")
-    _tls_needs_scheme(settings)
-
-
-def _tls_needs_scheme(settings: FleetSettings) -> None:
-    nats_files = (settings.nats_tls_ca_file, settings.nats_tls_cert_file)
-    schemes = {urlsplit(part.strip()).scheme for part in settings.broker_url.split(",") if part.strip()}
-    if "tls" in schemes and len(schemes) > 1:
-        raise ValueError("broker_url: write every NATS server with tls:// or none of them")
-    if any(f is not None for f in nats_files) and schemes == {"nats"}:
-        raise ValueError("nats_tls_* files are set but broker_url is nats://...: write tls://host:4222 to use TLS")
-    redis_files = (settings.redis_tls_ca_file, settings.redis_tls_cert_file)
-    if any(f is not None for f in redis_files) and settings.store_scheme in ("redis", "redis+cluster"):
-        raise ValueError("redis_tls_* files are set but store_url is redis://...: write rediss://host:6379/0")
-
-
 _TLS_SCHEMES = frozenset({"tls", "rediss", "rediss+cluster"})
 # how a TLS server that refuses the client may end the handshake, depending on timing (TLS 1.3)
 _CLOSED_IN_HANDSHAKE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, ssl.SSLEOFError)
@@ -268,8 +207,3 @@ def _readable(path: Path, what: str) -> Path:
             return path
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from None
-
-
-def _paired(first: object, second: object, first_name: str, second_name: str) -> None:
-    if (first is None) != (second is None):
-        raise ValueError(f"{first_name} and {second_name}: set both or neither")

@@ -29,7 +29,8 @@ from redis.exceptions import RedisError
 
 from fleet import constants as c
 from fleet.errors import ConfigError, StoreError
-from fleet.links import link_error, redact, redis_options
+from fleet.links import link_error, redis_options
+from fleet.redaction import redact
 from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -16,10 +16,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fleet import constants as c
 from fleet.errors import ConfigError
+from fleet.limit_policy import LimitPolicy, build_policy, parse_rate, parse_tenant_limits
 from fleet.priorities import check_weights
-
-if TYPE_CHECKING:
-    from fleet.store.quotas import LimitPolicy
+from fleet.redaction import redact
 
 BROKER_SCHEMES = ("memory", "nats", "tls", "kafka")  # tls:// is NATS over TLS
 STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -28,8 +27,6 @@ STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
 def url_scheme(url: str, allowed: tuple[str, ...], what: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in allowed:
-        from fleet.links import redact
-
         raise ConfigError(
             f"{what} URL {redact(url)!r} has scheme {scheme or '(none)'!r}; expected one of "
             + ", ".join(f"{s}://" for s in allowed)
@@ -338,8 +335,6 @@ class FleetSettings(BaseSettings):
     @field_validator("rate_limit")
     @classmethod
     def _check_rate_limit(cls, value: str | None) -> str | None:
-        from fleet.store.quotas import parse_rate
-
         if value is not None and value.strip():
             parse_rate(value)
         return value
@@ -347,14 +342,11 @@ class FleetSettings(BaseSettings):
     @field_validator("tenant_limits", mode="before")
     @classmethod
     def _parse_tenant_limits(cls, value: object) -> object:
-        from fleet.store.quotas import parse_tenant_limits
-
         return parse_tenant_limits(value)
 
     def limit_policy(self) -> LimitPolicy:
-        """The per-tenant rate limits and quotas (``fleet.store.quotas``); ``.enabled`` is False by default."""
-        from fleet.store.quotas import build_policy
-
+        """The per-tenant rate limits and quotas (``fleet.limit_policy``, enforced by ``fleet.store.quotas``);
+        ``.enabled`` is False by default."""
         return build_policy(self.rate_limit, self.tenant_max_queued, self.tenant_limits)
 
     @field_validator("p99_target_ms", mode="before")
@@ -428,9 +420,7 @@ class FleetSettings(BaseSettings):
                 f"max_wait_ms ({self.max_wait_ms}) must be well below ack_wait_s ({self.ack_wait_s}s), "
                 "or messages are redelivered while a batch is still filling"
             )
-        from fleet.links import check_link_settings
-
-        check_link_settings(self)
+        _check_link_settings(self)
         return self
 
     @property
@@ -440,3 +430,39 @@ class FleetSettings(BaseSettings):
     @property
     def store_scheme(self) -> str:
         return urlsplit(self.store_url).scheme
+
+
+# -- the link settings (fleet.links builds the clients' options from them) ------------------------------
+def _check_link_settings(settings: FleetSettings) -> None:
+    """Refuse link settings that contradict each other (``ValueError`` naming them); files are read later."""
+    nats_ways = [settings.nats_creds_file, settings.nats_nkey_seed_file, settings.nats_password_file]
+    if sum(way is not None for way in nats_ways) > 1:
+        raise ValueError("nats_creds_file, nats_nkey_seed_file and nats_password_file: set at most one of them")
+    _paired(settings.nats_user, settings.nats_password_file, "nats_user", "nats_password_file")
+    _paired(settings.kafka_user, settings.kafka_password_file, "kafka_user", "kafka_password_file")
+    if (settings.kafka_sasl_mechanism is None) != (settings.kafka_user is None):
+        raise ValueError("kafka_sasl_mechanism and kafka_user: set both (with kafka_password_file) or neither")
+    if settings.redis_user is not None and settings.redis_password_file is None:
+        raise ValueError("redis_user needs redis_password_file (the ACL user's password)")
+    for kind in ("nats", "kafka", "redis"):
+        cert, key = getattr(settings, f"{kind}_tls_cert_file"), getattr(settings, f"{kind}_tls_key_file")
+        if key is not None and cert is None:
+            raise ValueError(f"{kind}_tls_key_file needs {kind}_tls_cert_file (the client certificate)")
+    _tls_needs_scheme(settings)
+
+
+def _tls_needs_scheme(settings: FleetSettings) -> None:
+    nats_files = (settings.nats_tls_ca_file, settings.nats_tls_cert_file)
+    schemes = {urlsplit(part.strip()).scheme for part in settings.broker_url.split(",") if part.strip()}
+    if "tls" in schemes and len(schemes) > 1:
+        raise ValueError("broker_url: write every NATS server with tls:// or none of them")
+    if any(f is not None for f in nats_files) and schemes == {"nats"}:
+        raise ValueError("nats_tls_* files are set but broker_url is nats://...: write tls://host:4222 to use TLS")
+    redis_files = (settings.redis_tls_ca_file, settings.redis_tls_cert_file)
+    if any(f is not None for f in redis_files) and settings.store_scheme in ("redis", "redis+cluster"):
+        raise ValueError("redis_tls_* files are set but store_url is redis://...: write rediss://host:6379/0")
+
+
+def _paired(first: object, second: object, first_name: str, second_name: str) -> None:
+    if (first is None) != (second is None):
+        raise ValueError(f"{first_name} and {second_name}: set both or neither")

@@ -1,5 +1,5 @@
 """The DAG DSL's shape (``DagSpec``, ``StepSpec``) and the REST bodies of the DAG routes (``/v1/dags``, ``/v1/runs``,
-``fleet.producers.gateway.routes_dags``); ``fleet.dags.spec`` loads specs, ``fleet schemas export`` writes their JSON
+``fleet.producers.gateway.dags.routes``); ``fleet.dags.spec`` loads specs, ``fleet schemas export`` writes their JSON
 Schemas."""
 
 from __future__ import annotations

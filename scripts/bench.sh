@@ -1,17 +1,11 @@
 #!/usr/bin/env bash
-# Every benchmark on this machine, side by side, ratios printed and JSON in benchmarks/results/.
+# Every benchmark this machine can run, one after another (benchmarks/catalogue.py lists them), each writing its
+# JSON result file to benchmarks/results/; those needing a GPU or valgrind are skipped with the reason where
+# missing, and a summary at the end says what ran, what was skipped and where the results are.
+#   bash scripts/bench.sh [--only dag,priority] [--list]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
 bash scripts/venv.sh all test bench docs
 export PYTHONUNBUFFERED=1
-.venv/bin/python -m benchmarks.bench_pipeline "$@"
-.venv/bin/python -m benchmarks.bench_embed --infra nats
-.venv/bin/python -m benchmarks.bench_embed_fleet
-.venv/bin/python -m benchmarks.bench_dispatch
-.venv/bin/python -m benchmarks.bench_autoscaler
-.venv/bin/python -m benchmarks.bench_cache
-.venv/bin/python -m benchmarks.bench_dag
-.venv/bin/python -m benchmarks.bench_adaptive
-.venv/bin/python -m benchmarks.bench_priority
-.venv/bin/python -m benchmarks.bench_peers
+exec .venv/bin/python -m benchmarks.run_all "$@"

@@ -242,30 +242,11 @@ def schemas_markdown() -> str:
 
 
 # -- benchmarks -------------------------------------------------------------------------------------------------
-def placeholder_benchmarks_markdown(results_dir: Path) -> str:
-    """PLACEHOLDER for the lead: used only while ``benchmarks.report.render_markdown`` does not exist.
-
-    It lists each JSON result file with its content; the real renderer (from the benchmarks-as-data work) replaces
-    it by existing, with no change here.
-    """
-    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
-    if not files:
-        return "No benchmark results yet: run `make bench`, which writes them to `benchmarks/results/`."
-    parts = []
-    for path in files:
-        text = json.dumps(json.loads(path.read_text(encoding="utf-8")), indent=2)
-        parts.append(f"## `{path.stem}`\n\n```json\n{text}\n```\n")
-    return "\n".join(parts)
-
-
 def benchmarks_markdown(results_dir: Path = RESULTS_DIR) -> str:
-    try:
-        from benchmarks.report import render_markdown
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks.report", "benchmarks"):
-            raise
-        return placeholder_benchmarks_markdown(results_dir)
-    return str(render_markdown(results_dir))
+    """The benchmarks page, from the result files (``benchmarks.report``)."""
+    from benchmarks.report import render_markdown
+
+    return render_markdown(results_dir)
 
 
 # -- includes ---------------------------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ from prometheus_client import REGISTRY
 
 from fleet.brokers.base import Broker
 from fleet.producers.gateway import CacheParts, create_app
-from fleet.producers.gateway.embedder import TextModel, load_embed_handler
+from fleet.producers.gateway.cache.embedder import TextModel, load_embed_handler
 from fleet.schemas.models import ECHO, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from fleet.store.bundle import Stores
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, served
 
 
@@ -78,12 +79,18 @@ class Gateway:
 
 @contextlib.asynccontextmanager
 async def gateway(
-    settings: FleetSettings, broker: Broker, store: ResultStore, parts: CacheParts | None = None
+    settings: FleetSettings,
+    broker: Broker,
+    store: ResultStore,
+    parts: CacheParts | None = None,
+    stores: Stores | None = None,
 ) -> AsyncIterator[Gateway]:
-    """A gateway on ``broker`` and ``store`` with the shared embedding model for L3."""
+    """A gateway on ``broker`` and ``store`` (or ``stores``, shared with the caller) with the shared embedding model
+    for L3."""
     parts = parts or CacheParts(load_text_model=shared_text_model)
     await asyncio.to_thread(shared_text_model)  # once per session (importing torch takes most of it)
-    app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS, cache_parts=parts)
+    stores = stores or Stores.beside(store)
+    app = create_app(settings, broker=broker, stores=stores, limits=FAST_LIMITS, cache_parts=parts)
     async with served(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
         cache = app.state.gateway.cache
         if cache is not None and cache.semantic is not None:

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from fleet.cli import main
-from fleet.producers.gateway import routes_jobs
+from fleet.producers.gateway.jobs import routes as job_routes
 
 EXIT_CODE = 86
 
@@ -19,6 +19,6 @@ async def _die_before_publishing(*args: Any, **kwargs: Any) -> None:
 
 
 if __name__ == "__main__":
-    routes_jobs._publish_new = _die_before_publishing  # type: ignore[assignment]
+    job_routes._publish_new = _die_before_publishing  # type: ignore[assignment]
     sys.argv = ["fleet", *sys.argv[1:]]
     main()

@@ -24,7 +24,8 @@ from fleet.dags.state import job_id
 from fleet.schemas.jobs import JobRecord
 from fleet.settings import FleetSettings
 from fleet.store.base import Finish, ResultStore
-from fleet.store.dagstore import DagStore, RunDoc, make_dag_store
+from fleet.store.bundle import Stores
+from fleet.store.dagstore import DagStore, RunDoc
 from tests.handlers_for_tests import Steps
 from tests.infra import count_completions, drain_subject, eventually
 
@@ -115,7 +116,7 @@ async def dag_fleet(
     model = f"steps-{unique}"
     handler_cls = with_name(Steps, model)
     counting = CountingStore(store)
-    dags = RecordingDagStore(make_dag_store(store))
+    dags = RecordingDagStore(Stores.beside(store).dags)
     runner = DagRunner(broker, counting, dags, {model: handler_cls.spec})  # type: ignore[arg-type]
     settled: collections.Counter[str] = collections.Counter()
 

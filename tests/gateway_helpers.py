@@ -32,6 +32,7 @@ from fleet.schemas.jobs import JobRecord
 from fleet.schemas.models import BUILTIN_SPECS, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from fleet.store.bundle import Stores
 from fleet.tasks import wait_event
 from tests import services
 
@@ -107,9 +108,13 @@ async def asgi_gateway(
     broker: Broker | None = None,
     store: ResultStore | None = None,
     limits: GatewayLimits = FAST_LIMITS,
+    stores: Stores | None = None,
 ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    """The app with its lifespan running and an httpx client talking to it in-process (no WebSockets)."""
-    app = create_app(settings, broker=broker, store=store, limits=limits)
+    """The app with its lifespan running and an httpx client talking to it in-process (no WebSockets); ``stores``:
+    the stores the caller shares with it (keys it made, limits it reads), beside ``store``."""
+    if stores is None and store is not None:
+        stores = Stores.beside(store)  # fixed at build: a test that serves the app again (``served``) keeps them
+    app = create_app(settings, broker=broker, stores=stores, limits=limits)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:

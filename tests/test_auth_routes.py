@@ -26,9 +26,10 @@ from websockets.exceptions import ConnectionClosed
 from fleet.cli import app as cli_app
 from fleet.errors import ConfigError
 from fleet.producers.gateway import create_app
+from fleet.producers.gateway.app import check_auth
 from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
-from fleet.store.keys import make_key_store
+from fleet.store.bundle import Stores
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs, served, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -117,7 +118,8 @@ async def keyed_gateway(request: Any, pair: str, unique: str) -> AsyncIterator[S
     refs, (model,) = model_refs(unique, "echo")
     settings = settings_for(pair, urls_for(request, pair), models=refs, auth="keys", operator_token=TOKEN)
     async with connected_pair(settings) as (broker, store):
-        store_keys = make_key_store(store)
+        stores = Stores.beside(store)
+        store_keys = stores.keys
         made = {}
         for role in ("submitter", "operator", "admin"):
             made[role] = await store_keys.create(unique, role, None)  # type: ignore[arg-type]
@@ -133,7 +135,7 @@ async def keyed_gateway(request: Any, pair: str, unique: str) -> AsyncIterator[S
             made["operator"][1].key_id,
             made["admin"][1].key_id,
         )
-        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
+        app = create_app(settings, broker=broker, stores=stores, limits=FAST_LIMITS)
         async with served(app) as base_url:
             yield Served(app, base_url, keys, model, store)
 
@@ -233,7 +235,7 @@ async def test_operator_actions_are_audited(request: Any, pair: str, unique: str
         op = {"Authorization": f"Bearer {gw.keys.operator}"}
         admin = {"Authorization": f"Bearer {gw.keys.admin}"}
         m = gw.model
-        gw.app.state.beats.observe_worker(
+        gw.app.state.gateway.beats.observe_worker(
             Heartbeat(worker_id=f"w-{unique}", model=m, device="cpu", pid=1, max_batch=1, max_wait_ms=0, state="ready")
         )
         calls = [
@@ -291,9 +293,13 @@ async def test_openapi_declares_bearer_and_its_errors(request: Any, unique: str)
 def test_non_loopback_gateway_needs_an_explicit_auth_setting() -> None:
     with pytest.raises(ConfigError, match="FLEET_AUTH"):
         create_app(FleetSettings(host="0.0.0.0"))
-    assert create_app(FleetSettings(host="0.0.0.0", auth="off")).state.authenticator.mode == "off"
-    assert create_app(FleetSettings(host="0.0.0.0", auth="keys")).state.authenticator.mode == "keys"
-    assert create_app(FleetSettings(host="127.0.0.1")).state.authenticator.mode == "off"
+    for settings, mode in [
+        (FleetSettings(host="0.0.0.0", auth="off"), "off"),
+        (FleetSettings(host="0.0.0.0", auth="keys"), "keys"),
+        (FleetSettings(host="127.0.0.1"), "off"),
+    ]:
+        assert check_auth(settings) == mode
+        create_app(settings)  # builds: the lifespan's authenticator takes that mode
 
     args = ["gateway", "--host", "0.0.0.0", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1/0"]
     result = CliRunner().invoke(cli_app, args, prog_name="fleet")
@@ -332,10 +338,10 @@ async def test_the_dag_cli_sends_fleet_api_key(request: Any, unique: str) -> Non
 async def test_a_key_revoked_elsewhere_is_refused_within_the_cache_ttl(request: Any, pair: str, unique: str) -> None:
     """Another gateway or ``fleet keys revoke`` revoked it: this gateway's one-second cache lets it go quickly."""
     async with keyed_gateway(request, pair, unique) as gw, httpx.AsyncClient(base_url=gw.base_url) as client:
-        key, info = await make_key_store(gw.store).create(unique, "submitter", None)
+        key, info = await gw.app.state.gateway.stores.keys.create(unique, "submitter", None)
         headers = {"Authorization": f"Bearer {key}"}
         assert (await client.get("/v1/models", headers=headers)).status_code == 200
-        await make_key_store(gw.store).revoke(info.key_id)
+        await gw.app.state.gateway.stores.keys.revoke(info.key_id)
 
         async def refused() -> bool:
             return (await client.get("/v1/models", headers=headers)).status_code == 401

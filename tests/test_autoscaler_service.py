@@ -318,6 +318,7 @@ async def test_the_autoscaler_reads_heartbeats_from_the_broker(unique: str) -> N
 
 
 # -- the command ----------------------------------------------------------------------------------------------
+@pytest.mark.services
 def test_the_command_explains_itself_and_refuses_conflicting_settings() -> None:
     help_text = run_fleet("autoscaler", "--help").stdout
     for flag in ("--backend", "--min-replicas", "--max-replicas", "--mode", "--target-drain-s", "--interval-s"):

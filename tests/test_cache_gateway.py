@@ -107,7 +107,7 @@ async def test_infer_answers_a_hit_at_once_and_says_which_level(env: Env) -> Non
 
 async def test_l2_answers_a_second_gateway_and_l1_takes_it_over(env: Env) -> None:
     await env.computed(env.echo, {"shared": 2})
-    async with gateway(env.settings, env.broker, env.store) as other:
+    async with gateway(env.settings, env.broker, env.store, stores=env.gw.app.state.gateway.stores) as other:
         first = await other.submit(env.echo, {"shared": 2})
         second = await other.submit(env.echo, {"shared": 2})
     assert (first["status"], first["cache"]) == ("succeeded", "l2")
@@ -139,7 +139,7 @@ async def test_l3_hits_a_paraphrase_and_misses_a_different_meaning(env: Env) -> 
 
 async def test_l3_index_is_rebuilt_by_a_gateway_that_starts_later(env: Env) -> None:
     await env.computed(env.text, {"text": "Where can I buy train tickets to Berlin?"})
-    async with gateway(env.settings, env.broker, env.store) as later:
+    async with gateway(env.settings, env.broker, env.store, stores=env.gw.app.state.gateway.stores) as later:
         hit = await later.submit(env.text, {"text": "Where can I buy train tickets to Berlin"})
     assert hit["cache"] == "l3", hit
 
@@ -172,6 +172,7 @@ async def test_l2_entries_expire_after_their_ttl(request: pytest.FixtureRequest,
         await eventually(expired, 5, "the L2 entry to expire")
 
 
+@pytest.mark.services
 async def test_a_cache_redis_outage_never_fails_a_request(request: pytest.FixtureRequest, unique: str) -> None:
     """The result store stays up (memory); the Redis of the caches goes down: submits are misses, jobs run."""
     settings = settings_with(request, "memory", unique, cache_timeout_ms=300)

@@ -9,8 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from fleet.errors import ConfigError
-from fleet.producers.gateway.cache import resolve_levels
-from fleet.producers.gateway.semantic_index import SemanticIndex, default_nlist, faiss_gpus, index_device, texts_agree
+from fleet.producers.gateway.cache.results import resolve_levels
+from fleet.producers.gateway.cache.semantic_index import (
+    SemanticIndex,
+    default_nlist,
+    faiss_gpus,
+    index_device,
+    texts_agree,
+)
 from fleet.schemas.models import BUILTIN_SPECS
 from fleet.settings import FleetSettings
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from fleet.producers.gateway.cache import ResultCache, build_cache
+from fleet.producers.gateway.cache.results import ResultCache, build_cache
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.schemas.models import ECHO
 from fleet.settings import FleetSettings
@@ -77,6 +77,7 @@ async def test_l1_entries_expire_after_their_ttl_and_only_successes_fill() -> No
     assert hit is not None and hit.level == "l2"
 
 
+@pytest.mark.services
 async def test_a_redis_outage_is_a_miss_counted_as_an_error() -> None:
     with private_server("redis") as (url, proc):
         store = RedisStore(url, job_ttl_s=60, socket_timeout_s=0.5, connect_timeout_s=0.5)
@@ -102,8 +103,8 @@ async def test_a_redis_outage_is_a_miss_counted_as_an_error() -> None:
 
 
 async def test_an_l3_index_keeps_answering_while_its_log_cannot_be_read() -> None:
-    from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
-    from fleet.producers.gateway.embedder import BatchingEmbedder
+    from fleet.producers.gateway.cache.embedder import BatchingEmbedder
+    from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
 
     class Broken(MemoryCacheStore):
         async def read_vectors(self, log: str, after: str, limit: int) -> list[tuple[str, VectorEntry]]:

@@ -15,6 +15,7 @@ from tests.processes import ROOT, fleet_process, run_fleet, stop, wait_http_read
 from tests.services import free_port
 
 
+@pytest.mark.services
 def test_help_lists_the_commands() -> None:
     result = run_fleet("--help")
     assert result.returncode == 0
@@ -24,6 +25,7 @@ def test_help_lists_the_commands() -> None:
     assert "--max-batch" in worker_help.stdout and "FLEET_MAX_BATCH" in worker_help.stdout
 
 
+@pytest.mark.services
 def test_schemas_export_writes_the_wire_format(tmp_path: Path) -> None:
     result = run_fleet("schemas", "export", str(tmp_path), env={"FLEET_MODELS": "echo,embed"})
     assert result.returncode == 0, result.stderr
@@ -58,6 +60,7 @@ def test_schemas_export_writes_the_wire_format(tmp_path: Path) -> None:
         (["schemas", "export", "out", "--models", "nosuch.module:Thing"], {}, "cannot import 'nosuch.module'"),
     ],
 )
+@pytest.mark.services
 def test_bad_configuration_is_refused_with_a_clear_message(args: list[str], env: dict[str, str], expected: str) -> None:
     result = run_fleet(*args, env=env)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -65,6 +68,7 @@ def test_bad_configuration_is_refused_with_a_clear_message(args: list[str], env:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.services
 def test_an_unreachable_broker_fails_fast_with_its_url() -> None:
     args = ("worker", "--model", "echo", "--broker", "nats://127.0.0.1:1", "--store", "redis://127.0.0.1:1")
     result = run_fleet(*args, env={"FLEET_STARTUP_TIMEOUT_S": "0"})  # one attempt: start-up retries are off
@@ -73,6 +77,7 @@ def test_an_unreachable_broker_fails_fast_with_its_url() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.services
 def test_fleet_up_serves_echo_and_embed_over_rest(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "up.log"
@@ -113,6 +118,7 @@ def test_fleet_up_on_real_infrastructure(kind: str, request: pytest.FixtureReque
 
 
 @pytest.mark.slow
+@pytest.mark.services
 def test_fleet_up_runs_a_dispatcher_for_models_in_dispatch_routing(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "up.log"

@@ -133,6 +133,7 @@ def check(result, expected: str) -> None:
 
 
 @pytest.mark.parametrize(("argv", "expected"), [pytest.param(a, e, id=i) for i, a, e in CASES])
+@pytest.mark.services
 def test_each_command_answers_bad_input_with_one_message(argv: tuple[str, ...], expected: str, tmp_path) -> None:
     lines = tmp_path / "inputs.jsonl"
     lines.write_text('{"a": 1}\n')
@@ -140,12 +141,14 @@ def test_each_command_answers_bad_input_with_one_message(argv: tuple[str, ...], 
     check(run_fleet(*argv, env=ONCE, stdin='{"a": 1}\n'), expected)
 
 
+@pytest.mark.services
 def test_a_worker_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
     result = run_fleet("worker", "--model", "echo", "--metrics-port", str(busy_port), *DOWN, env=ONCE)
     check(result, f"cannot serve metrics and probes on 0.0.0.0:{busy_port}")
     assert "another --metrics-port" in result.stderr
 
 
+@pytest.mark.services
 def test_an_autoscaler_whose_metrics_port_is_taken_says_so(busy_port: int) -> None:
     result = run_fleet("autoscaler", "--backend", "dry-run", "--model", "echo", "--metrics-port", str(busy_port), *DOWN)
     check(result, f"cannot serve metrics on 0.0.0.0:{busy_port}")
@@ -179,6 +182,7 @@ def test_every_command_is_covered() -> None:
         pytest.param(("dispatcher", "--model", "echo", *DOWN), "--port (0 turns", id="dispatcher"),
     ],
 )
+@pytest.mark.services
 def test_a_server_port_in_use_is_one_error_line_and_never_ready(argv: tuple[str, ...], setting: str) -> None:
     """A second ``fleet up`` used to log uvicorn's bind error, print "ready" (the other process answered) and end
     in a traceback with exit 3; ``fleet gateway`` exited 3 with no ``error:`` line."""

@@ -476,6 +476,7 @@ async def test_a_cached_answer_comes_back_in_the_encoding_asked_for(
 
 
 @pytest.mark.parametrize(("model", "value", "named"), [("echo", "base64", "has none"), ("embed", "b" * 5000, "float")])
+@pytest.mark.services
 def test_fleet_publish_refuses_a_bad_encoding_format_in_one_line(model: str, value: str, named: str) -> None:
     argv = ["publish", "-", "--model", model, "--broker", "nats://127.0.0.1:1", "--encoding-format", value]
     result = run_fleet(*argv, stdin='{"text": "x"}\n', timeout_s=60)

@@ -27,7 +27,6 @@ from fleet.errors import DagInvalid
 from fleet.producers.sdk import FleetClient, GatewayError, ws_url
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
 from tests.gateway_helpers import WORKER_SETTINGS, asgi_gateway, error_of, model_refs, served, urls_for
 from tests.infra import connected_pair, settings_for
 
@@ -60,7 +59,7 @@ class DagEnv:
     @contextlib.asynccontextmanager
     async def worker(self) -> AsyncIterator[Worker]:
         """A real echo worker that continues DAG runs from its settle hook."""
-        runner = DagRunner(self.broker, self.store, make_dag_store(self.store))
+        runner = DagRunner(self.broker, self.store, self.app.state.gateway.stores.dags)
         worker = Worker(
             with_name(EchoHandler, self.echo)(),
             self.broker,

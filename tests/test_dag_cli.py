@@ -26,12 +26,14 @@ def one_line_error(result: object, code: int) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_STEPS))
+@pytest.mark.services
 def test_validate_accepts_each_example(name: str) -> None:
     result = run_fleet("dag", "validate", str(EXAMPLES / f"{name}.yaml"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"ok: {name}, {EXAMPLE_STEPS[name]} steps"
 
 
+@pytest.mark.services
 def test_validate_prints_each_problem_on_its_own_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
@@ -48,6 +50,7 @@ def test_validate_prints_each_problem_on_its_own_line(tmp_path: Path) -> None:
     assert any("step 'b'" in line and "nope" in line for line in lines), lines
 
 
+@pytest.mark.services
 def test_validate_knows_models_given_with_models(tmp_path: Path) -> None:
     spec = tmp_path / "custom.yaml"
     spec.write_text("name: custom\nsteps:\n  - {id: a, model: echo-cli, input: {x: 1}}\noutput: '${steps.a.output}'\n")
@@ -56,6 +59,7 @@ def test_validate_knows_models_given_with_models(tmp_path: Path) -> None:
     assert (result.returncode, result.stdout.strip()) == (0, "ok: custom, 1 steps"), result.stderr
 
 
+@pytest.mark.services
 def test_bad_files_are_one_line_errors(tmp_path: Path) -> None:
     assert "cannot read" in one_line_error(run_fleet("dag", "validate", str(tmp_path / "missing.yaml")), 2)
     broken = tmp_path / "broken.yaml"
@@ -66,6 +70,7 @@ def test_bad_files_are_one_line_errors(tmp_path: Path) -> None:
     assert "cannot read" in one_line_error(run_fleet("dag", "run", "missing.yaml", "--url", "http://x"), 2)
 
 
+@pytest.mark.services
 def test_show_draws_the_steps_and_mermaid() -> None:
     table = run_fleet("dag", "show", str(EXAMPLES / "triage.yaml"))
     assert table.returncode == 0, table.stderr
@@ -77,6 +82,7 @@ def test_show_draws_the_steps_and_mermaid() -> None:
     assert "s0 --> s1" in mermaid.stdout and "(for each)" in mermaid.stdout and "(when)" in mermaid.stdout
 
 
+@pytest.mark.services
 def test_an_unreachable_gateway_is_a_one_line_error() -> None:
     url = "http://127.0.0.1:1"
     assert "cannot reach the gateway" in one_line_error(run_fleet("dag", "show", "chain", "--url", url), 1)
@@ -96,6 +102,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
+@pytest.mark.services
 def test_run_a_file_with_wait_prints_the_output(gateway: str) -> None:
     result = run_fleet(
         "dag", "run", str(EXAMPLES / "chain.yaml"), "--input", '{"value": 42}', "--wait", "--url", gateway
@@ -107,6 +114,7 @@ def test_run_a_file_with_wait_prints_the_output(gateway: str) -> None:
     assert "succeeded" in result.stderr and "1/1" in result.stderr
 
 
+@pytest.mark.services
 def test_run_the_fan_out_examples_and_a_name(gateway: str) -> None:
     items = run_fleet(
         "dag", "run", str(EXAMPLES / "fanout.yaml"), "--input", '{"items": [1, 2, 3]}', "--wait", "--url", gateway
@@ -124,6 +132,7 @@ def test_run_the_fan_out_examples_and_a_name(gateway: str) -> None:
     assert (view["state"], view["output"]) == ("succeeded", {"count": 1, "items": ["x"]})
 
 
+@pytest.mark.services
 def test_show_a_registered_name(gateway: str) -> None:
     assert run_fleet("dag", "run", str(EXAMPLES / "chain.yaml"), "--url", gateway).returncode == 0
     shown = run_fleet("dag", "show", "chain", "--url", gateway)
@@ -134,6 +143,7 @@ def test_show_a_registered_name(gateway: str) -> None:
     assert "no DAG 'nope'" in one_line_error(run_fleet("dag", "show", "nope", "--url", gateway), 1)
 
 
+@pytest.mark.services
 def test_runs_that_fail_or_are_refused_exit_1(gateway: str) -> None:
     refused = run_fleet("dag", "run", str(EXAMPLES / "fanout.yaml"), "--input", '{"items": 3}', "--url", gateway)
     assert "input schema" in one_line_error(refused, 1)

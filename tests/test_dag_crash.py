@@ -29,7 +29,7 @@ from fleet import constants as c
 from fleet.dags.runner import DagRunner
 from fleet.schemas.jobs import JobState
 from fleet.schemas.models import BUILTIN_SPECS
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.infra import connected_pair, count_completions, settings_for
 from tests.processes import ROOT, fleet_argv, fleet_env
 
@@ -156,7 +156,7 @@ async def test_a_hundred_fan_out_runs_survive_a_worker_killed_every_two_seconds(
     started = time.monotonic()
     try:
         async with connected_pair(settings) as (broker, store):
-            runner = DagRunner(broker, store, make_dag_store(store), BUILTIN_SPECS)
+            runner = DagRunner(broker, store, Stores.beside(store).dags, BUILTIN_SPECS)
             await broker.ensure_model("echo")
             name, _, _ = await runner.register(spec(f"crash-{unique}"))
             deadline = time.monotonic() + 60

@@ -25,7 +25,7 @@ from fleet.dags.expressions import ExpressionError, compile_expression
 from fleet.dags.runner import DagRunner
 from fleet.dags.spec import load_spec, parse_text
 from fleet.errors import DagInvalid
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.gateway_helpers import WORKER_SETTINGS, model_refs, urls_for
 from tests.infra import connected_pair, settings_for
 from tests.limits_fixtures import (
@@ -297,6 +297,7 @@ def two_steps(echo: str, expression: str) -> dict[str, Any]:
     return {"name": "settle-attack", "steps": steps, "output": "${steps.b.output}"}
 
 
+@pytest.mark.services
 async def test_a_multiplying_projection_in_a_later_step_fails_it_without_stalling_the_worker(
     request: pytest.FixtureRequest, unique: str
 ) -> None:
@@ -304,7 +305,7 @@ async def test_a_multiplying_projection_in_a_later_step_fails_it_without_stallin
     settings = settings_for("nats+redis", urls_for(request, "nats+redis"), models=refs)
     async with connected_pair(settings) as (broker, store):
         handler = with_name(EchoHandler, echo)
-        runner = DagRunner(broker, store, make_dag_store(store), {echo: handler.spec})
+        runner = DagRunner(broker, store, Stores.beside(store).dags, {echo: handler.spec})
         worker = Worker(
             handler(),
             broker,

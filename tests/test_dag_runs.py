@@ -20,7 +20,7 @@ from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
 from fleet.schemas.jobs import JobState
 from fleet.schemas.models import BUILTIN_SPECS
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.dag_fixtures import fleet_fixture, infra_fixture, settings_fixture  # noqa: F401  (fixtures)
 from tests.dagkit import DagFleet, all_job_ids, terminal_once
 from tests.infra import eventually
@@ -300,7 +300,7 @@ async def test_a_start_is_idempotent_on_its_run_id(fleet: DagFleet, unique) -> N
 @pytest.mark.parametrize("example", ["chain", "fanout"])
 async def test_the_examples_run_on_echo_workers(infra, settings, example) -> None:
     broker, store = infra
-    dags = make_dag_store(store)
+    dags = Stores.beside(store).dags
     runner = DagRunner(broker, store, dags, BUILTIN_SPECS)
     run_input = {"value": 42} if example == "chain" else {"items": list(range(10))}
     async with Worker(EchoHandler(), broker, store, settings=settings, on_settled=[runner.on_settled]):

@@ -16,7 +16,7 @@ from fleet.dags.runner import DagRunner
 from fleet.dags.starter import DAG_START_DLQ_MODEL, DagStarter
 from fleet.schemas.wire import DeadLetter
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.infra import connected_pair, drain_subject, eventually, settings_for
 
 HOSTILE = [
@@ -41,7 +41,7 @@ async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Broker, Re
 async def test_hostile_start_messages_are_dead_lettered_and_good_ones_start_runs(pair, unique) -> None:
     broker, store = pair
     model = f"echo-{unique}"
-    runner = DagRunner(broker, store, make_dag_store(store), {model: with_name(EchoHandler, model).spec})
+    runner = DagRunner(broker, store, Stores.beside(store).dags, {model: with_name(EchoHandler, model).spec})
     dag = f"d-{unique}"
     spec = {
         "name": dag,

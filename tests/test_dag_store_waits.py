@@ -13,7 +13,8 @@ import pytest
 
 from fleet import constants as c
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import RunDoc, make_dag_store
+from fleet.store.bundle import Stores
+from fleet.store.dagstore import RunDoc
 from tests.infra import connected_pair, settings_for
 
 
@@ -40,7 +41,7 @@ def bump(to: int) -> Any:
 
 
 async def test_create_run_is_idempotent_and_indexes_a_new_run_once(store: ResultStore) -> None:
-    dags = make_dag_store(store)
+    dags = Stores.beside(store).dags
     run = uuid.uuid4().hex
     created, first = await dags.create_run(run, doc(1))
     again, second = await dags.create_run(run, doc(2))
@@ -51,7 +52,7 @@ async def test_create_run_is_idempotent_and_indexes_a_new_run_once(store: Result
 
 
 async def test_latest_version_follows_registrations(store: ResultStore) -> None:
-    dags = make_dag_store(store)
+    dags = Stores.beside(store).dags
     name = f"d-{uuid.uuid4().hex[:10]}"
     assert await dags.latest_version(name) is None
     assert await dags.register(name, {"v": 1}) == 1
@@ -63,7 +64,7 @@ async def test_latest_version_follows_registrations(store: ResultStore) -> None:
 async def test_a_waiter_woken_by_a_change_waits_for_the_next_without_a_read_and_never_misses_one(
     redis_store: ResultStore,
 ) -> None:
-    dags = make_dag_store(redis_store)
+    dags = Stores.beside(redis_store).dags
     run = uuid.uuid4().hex
     await dags.create_run(run, doc(0))
     channel = c.dag_events_channel(run)

@@ -40,7 +40,6 @@ from fleet.producers.publish import prepare
 from fleet.producers.sdk import FleetClient, ws_url
 from fleet.schemas.models import BUILTIN_SPECS
 from fleet.schemas.wire import DagContext, DagStartMessage, RequestMessage
-from fleet.store.dagstore import make_dag_store
 from tests.gateway_helpers import error_of
 from tests.infra import eventually
 from tests.test_tenants import Env, env, same_as_unknown  # noqa: F401  (the two tenants' gateway and worker)
@@ -242,7 +241,9 @@ output: {{a: "${{steps.a.state}}", b: "${{steps.b.state}}"}}
 @contextlib.asynccontextmanager
 async def raw_starter(env: Env) -> AsyncIterator[None]:
     """A ``DagStarter`` (as every worker runs) taking the starts published on ``fleet.req._dagrun``."""
-    starter = DagStarter(DagRunner(env.broker, env.store, make_dag_store(env.store)), f"starter-{env.unique}")
+    starter = DagStarter(
+        DagRunner(env.broker, env.store, env.gw.app.state.gateway.stores.dags), f"starter-{env.unique}"
+    )
     await starter.start()
     try:
         yield
@@ -317,7 +318,7 @@ async def test_a_run_written_before_keys_and_namespaces_goes_on_with_its_old_ids
     """Mid-upgrade: a run document the old code wrote (under the bare run id, no key, its spec under the bare DAG
     name) is continued by the new worker with its old step ids, and its tenant reads, waits on and re-starts it."""
     dag, run_id = f"legacy-{env.unique}", f"legacy-run-{env.unique}"
-    runner = DagRunner(env.broker, env.store, make_dag_store(env.store), env.gw.app.state.gateway.specs)
+    runner = DagRunner(env.broker, env.store, env.gw.app.state.gateway.stores.dags, env.gw.app.state.gateway.specs)
     await runner.register(echo_dag(dag, env.echo))  # the bare name: where every spec lived before namespaces
     version, compiled = await runner.compiled(dag)
     state, _ = evaluate.advance(compiled, evaluate.new_run(compiled, run_id, {"old": True}))

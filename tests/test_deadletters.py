@@ -31,7 +31,8 @@ from fleet.schemas.wire import DeadLetter
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from fleet.store.deadletters import StoredLetter, make_dead_letter_store
+from fleet.store.bundle import Stores
+from fleet.store.deadletters import StoredLetter
 from tests.gateway_helpers import FAST_LIMITS, error_of, urls_for
 from tests.handlers_for_tests import ItemIn, ItemOut, Items
 from tests.infra import connected_pair, eventually, settings_for
@@ -79,7 +80,7 @@ async def result_store(request: pytest.FixtureRequest) -> AsyncIterator[ResultSt
 
 
 async def test_store_adds_once_lists_newest_first_and_takes_once(result_store: ResultStore, unique: str) -> None:
-    letters = make_dead_letter_store(result_store)
+    letters = Stores.beside(result_store).dead_letters
     model, other = f"a-{unique}", f"b-{unique}"
     now = time.time()
     for i in range(4):
@@ -217,6 +218,7 @@ async def test_a_redriven_letter_runs_again_and_ends_once(env: Env) -> None:
     assert again.json() == {"redriven": [], "missing": [view["letter_id"]], "not_redrivable": {}}
 
 
+@pytest.mark.services
 async def test_a_redriven_letter_of_a_dispatched_model_runs_again(request: pytest.FixtureRequest, unique: str) -> None:
     """Behind a dispatcher too: its inbox assignment of the redriven request is not taken for a duplicate of the
     first one (same job, same worker)."""

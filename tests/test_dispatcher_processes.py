@@ -107,6 +107,7 @@ async def _lag_is(broker, model: str, expected: int) -> bool:
     return await broker.lag(c.request_subject(model), c.consumer_name(model)) == expected
 
 
+@pytest.mark.services
 def test_dispatcher_cli_explains_itself_and_rejects_bad_settings() -> None:
     help_text = run_fleet("dispatcher", "--help").stdout
     assert "jiq-amnesia" in help_text and "--policy" in help_text and "--routing dispatch" in help_text

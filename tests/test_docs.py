@@ -298,17 +298,10 @@ def docs_hooks() -> ModuleType:
 
 
 def test_the_benchmark_page_is_made_from_the_result_files(tmp_path: Path) -> None:
-    hooks = docs_hooks()
-    assert "make bench" in hooks.placeholder_benchmarks_markdown(tmp_path)  # no results yet: says how to make them
-    (tmp_path / "bench_probe.json").write_text('{"benchmark": "bench_probe", "ratio": 0.97}', encoding="utf-8")
-    page = hooks.placeholder_benchmarks_markdown(tmp_path)
-    assert "bench_probe" in page and "0.97" in page
+    from benchmarks.catalogue import BENCHMARKS
+    from benchmarks.report import NOT_MEASURED, RESULTS_DIR, render_markdown
 
-
-def test_the_benchmark_page_calls_benchmarks_report_when_it_exists(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    report = ModuleType("benchmarks.report")
-    report.render_markdown = lambda results_dir: f"rendered {results_dir.name}"  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "benchmarks.report", report)
-    assert docs_hooks().benchmarks_markdown(tmp_path) == f"rendered {tmp_path.name}"
+    page = docs_hooks().benchmarks_markdown(RESULTS_DIR)
+    assert page == render_markdown(RESULTS_DIR)
+    assert all(benchmark.name in page for benchmark in BENCHMARKS)
+    assert docs_hooks().benchmarks_markdown(tmp_path).count(NOT_MEASURED) == len(BENCHMARKS)  # no files yet

@@ -459,6 +459,7 @@ async def test_multiplexed_websocket_limits_answer_with_error_frames(menv: Env) 
 
 
 # -- dependencies down, readiness, metrics --------------------------------------------------------------------
+@pytest.mark.services
 async def test_broker_down_is_503_and_leaves_no_queued_record(request: pytest.FixtureRequest, unique: str) -> None:
     refs, (echo,) = model_refs(unique, "echo")
     with private_server("nats") as (nats_url, proc):
@@ -481,6 +482,7 @@ async def test_broker_down_is_503_and_leaves_no_queued_record(request: pytest.Fi
             assert (await client.get("/healthz")).status_code == 200
 
 
+@pytest.mark.services
 async def test_store_down_is_503_store_unavailable(unique: str) -> None:
     refs, (echo,) = model_refs(unique, "echo")
     with private_server("redis") as (redis_url, proc):

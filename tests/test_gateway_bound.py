@@ -19,7 +19,7 @@ from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.consumers.worker import Worker
 from fleet.errors import QueueFull
-from fleet.producers.gateway.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
+from fleet.producers.gateway.jobs.backlog import RETRY_AFTER_UNKNOWN_S, Backlog, retry_after_s
 from fleet.producers.sdk import error_from_response
 from fleet.schemas.jobs import JobState
 from fleet.settings import FleetSettings
@@ -71,15 +71,15 @@ async def test_admissions_count_on_top_of_a_stale_sample() -> None:
     backlog = backlog_of(lag, clock)
     await backlog.refresh("m")
     for _ in range(BOUND):  # the sample says 0 however many are admitted: each admission counts
-        await backlog.admit("m")
+        await backlog.reserve("m")
         backlog.published("m", ok=True)
     with pytest.raises(QueueFull) as full:
-        await backlog.admit("m")
+        await backlog.reserve("m")
     assert (full.value.limit, full.value.depth) == (BOUND, BOUND)
     assert lag.reads == 1, "a sample younger than refresh_min_s is trusted"
     clock[0] += 2.0  # the workers drained 3 of them meanwhile; a refusal reads the lag again first
     lag.value = 2
-    await backlog.admit("m")
+    await backlog.reserve("m")
     assert lag.reads == 2 and backlog.depth("m") == 3
     backlog.published("m", ok=False)  # a failed publish frees its slot
     assert backlog.depth("m") == 2
@@ -92,7 +92,7 @@ async def test_the_drain_rate_comes_from_successive_samples_and_own_accepts() ->
     await backlog.refresh("m")
     assert backlog.drain_rate("m") is None
     for _ in range(20):  # 20 accepted between the reads; 100 + 20 - 40 = 80 finished in 10 s
-        await backlog.admit("m")
+        await backlog.reserve("m")
         backlog.published("m", ok=True)
     clock[0] = 10.0
     lag.value = 40
@@ -108,7 +108,7 @@ async def test_concurrent_refusals_share_one_read() -> None:
     lag.value = 1
     await backlog.refresh("m")
     clock[0] = 5.0
-    results = await asyncio.gather(*(backlog.admit("m") for _ in range(50)), return_exceptions=True)
+    results = await asyncio.gather(*(backlog.reserve("m") for _ in range(50)), return_exceptions=True)
     assert all(isinstance(r, QueueFull) for r in results)
     assert lag.reads == 2
 
@@ -164,6 +164,7 @@ async def test_unbounded_model_accepts_a_burst(unique: str) -> None:
         assert {r.status_code for r in await burst(client, sleep, 30, f"free-{unique}")} == {202}
 
 
+@pytest.mark.services
 async def test_nats_bound_in_the_gateway_and_in_the_stream(request: pytest.FixtureRequest, unique: str) -> None:
     refs, (sleep,) = model_refs(unique, "sleep")
     redis_url = request.getfixturevalue("redis_url")
@@ -187,6 +188,7 @@ async def test_nats_bound_in_the_gateway_and_in_the_stream(request: pytest.Fixtu
                 await nc.close()
 
 
+@pytest.mark.services
 async def test_nats_refusal_beyond_the_gateway_sample_is_429_broker_full(
     request: pytest.FixtureRequest, unique: str
 ) -> None:
@@ -233,6 +235,7 @@ async def test_the_queue_takes_jobs_again_once_workers_drain_it(request: pytest.
             await worker.stop()
 
 
+@pytest.mark.services
 async def test_connecting_brings_an_existing_request_stream_to_the_bound(unique: str) -> None:
     with private_server("nats") as (nats_url, _):
         for bound, expected in [(0, (-1, "old", False)), (3, (3, "new", True)), (0, (-1, "old", False))]:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from fleet import constants as c
-from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.schemas.jobs import JobRecord, JobState, input_digest
 from fleet.store.base import ResultStore
 from fleet.store.redis import RedisStore
@@ -129,6 +129,7 @@ async def test_a_fresh_gateway_publishes_what_a_dead_one_left_unpublished(
         assert mine(await jobs.claim_unpublished(0, 1000), {ok, late, lost}) == {}, "reconciled marks are cleared"
 
 
+@pytest.mark.services
 async def test_a_republish_of_a_job_the_broker_had_is_dropped(request: pytest.FixtureRequest, unique: str) -> None:
     """The gateway died after the publish but before clearing the mark: the sweep's publish is a duplicate."""
     refs, (echo,) = model_refs(unique, "echo")
@@ -149,6 +150,7 @@ async def test_a_republish_of_a_job_the_broker_had_is_dropped(request: pytest.Fi
         assert [d.msg_id for d in worker.seen] == [job_id]
 
 
+@pytest.mark.services
 async def test_a_gateway_killed_between_record_and_publish(
     request: pytest.FixtureRequest, unique: str, tmp_path: Path
 ) -> None:

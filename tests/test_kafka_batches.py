@@ -226,6 +226,7 @@ async def test_publish_all_on_kafka_publishes_in_slices_and_reports_each_message
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.services
 async def test_publish_many_through_a_kafka_kill_and_restart_says_so_in_time_and_loses_nothing(unique: str) -> None:
     with restartable("kafka") as server:
         settings = FleetSettings.model_validate({"broker_url": server.url, "kafka_partitions": 2})

@@ -244,6 +244,7 @@ NO_RETRY: dict[str, Any] = {"env": {"FLEET_STARTUP_TIMEOUT_S": "0"}, "timeout_s"
 
 
 @pytest.mark.parametrize("command", ["worker", "publish"])
+@pytest.mark.services
 def test_a_closed_kafka_port_fails_at_once_naming_the_url(command: str) -> None:
     url = "kafka://127.0.0.1:1"
     started = time.monotonic()
@@ -264,6 +265,7 @@ def silent_port() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
+@pytest.mark.services
 def test_a_port_that_never_answers_fails_within_the_connect_timeout(silent_port: int) -> None:
     url = f"kafka://127.0.0.1:{silent_port}"
     started = time.monotonic()

@@ -18,9 +18,10 @@ from fleet.errors import ConfigError
 from fleet.schemas.keys import AuditEntry
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from fleet.store.audit import AuditLog, make_audit_log
+from fleet.store.audit import AuditLog
 from fleet.store.base import ResultStore
-from fleet.store.keys import KEY_RE, KeyStore, digest, make_key_store, parse_expiry
+from fleet.store.bundle import Stores
+from fleet.store.keys import KEY_RE, KeyStore, digest, parse_expiry
 
 STORES = ["memory", "redis"]
 
@@ -39,7 +40,7 @@ async def opened(kind: str, request: Any) -> AsyncIterator[ResultStore]:
 @pytest.mark.parametrize("kind", STORES)
 async def test_key_store_contract(kind: str, request: Any) -> None:
     async with opened(kind, request) as store:
-        keys: KeyStore = make_key_store(store)
+        keys: KeyStore = Stores.beside(store).keys
         key, info = await keys.create("team-a", "operator", None)
         assert KEY_RE.match(key) and key.startswith(info.prefix)
         assert (info.tenant, info.role, info.expires_at, info.revoked_at) == ("team-a", "operator", None, None)
@@ -63,7 +64,7 @@ async def test_key_store_contract(kind: str, request: Any) -> None:
 
 async def test_redis_keeps_only_the_digest(redis_url: str) -> None:
     async with _redis(redis_url) as store:
-        key, info = await make_key_store(store).create("t", "admin", None)
+        key, info = await Stores.beside(store).keys.create("t", "admin", None)
         fields = await store.redis.hgetall(c.api_key_key(info.key_id))  # type: ignore[attr-defined]
         values = {(v.decode() if isinstance(v, bytes) else v) for v in fields.values()}
         assert key not in values and digest(key) in values
@@ -83,7 +84,7 @@ async def _redis(url: str) -> AsyncIterator[ResultStore]:
 @pytest.mark.parametrize("kind", STORES)
 async def test_audit_log_newest_first(kind: str, request: Any, unique: str) -> None:
     async with opened(kind, request) as store:
-        log: AuditLog = make_audit_log(store)
+        log: AuditLog = Stores.beside(store).audit
         for n in range(3):
             await log.append(AuditEntry(at=time.time(), action="scaling.update", actor="test", target=f"{unique}-{n}"))
         latest = await log.latest(2)
@@ -142,7 +143,7 @@ def test_cli_create_list_revoke(redis_url: str, unique: str) -> None:
 
     async def audited() -> list[AuditEntry]:
         async with _redis(redis_url) as store:
-            return await make_audit_log(store).latest(50)
+            return await Stores.beside(store).audit.latest(50)
 
     actions = {(e.action, e.target, e.actor) for e in asyncio.run(audited())}
     assert {("key.create", key_id, "cli"), ("key.revoke", key_id, "cli")} <= actions
@@ -161,9 +162,10 @@ async def test_fleet_up_bootstraps_one_admin_key_on_the_embedded_store(capsys: p
     from fleet.cli.serving import bootstrap_admin_key
 
     async with opened("memory", None) as store:
-        await bootstrap_admin_key(store)
+        keys = Stores.beside(store).keys
+        await bootstrap_admin_key(keys)
         printed = capsys.readouterr()
         key = printed.err.strip().rsplit(" ", 1)[-1]
-        info = await make_key_store(store).check(key)
+        info = await keys.check(key)
         assert info is not None and info.role == "admin" and info.status(time.time()) == "active"
         assert key not in printed.out

@@ -422,6 +422,7 @@ async def test_a_direct_handler_that_raises_loses_its_message_but_the_client_kee
     assert seen == [b"good"] and core._id not in nc._direct
 
 
+@pytest.mark.services
 async def test_the_direct_hand_over_outlives_a_server_killed_and_restarted(unique: str) -> None:
     # nats-py subscribes again under the same id after a reconnect: the inbox must keep its direct hand-over (and
     # its messages must not start going through the library's queue, nor be lost).

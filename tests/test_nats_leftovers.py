@@ -65,6 +65,7 @@ async def crash(server: Restartable) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.services
 async def test_acked_requests_a_killed_nats_server_kept_are_purged_and_free_their_places(unique: str) -> None:
     model = f"left-{unique}"
     subject, group = c.request_subject(model), c.consumer_name(model)

@@ -170,6 +170,7 @@ async def test_the_broker_says_which_publish_went_unacknowledged(nats_url: str, 
         await broker.close()
 
 
+@pytest.mark.services
 async def test_a_server_killed_mid_publish_times_it_out_and_publishing_works_again_after_the_restart() -> None:
     """The reply subscription is sent again on reconnect: publishes after a restart are matched to their PubAcks."""
     with restartable("nats") as server:  # started

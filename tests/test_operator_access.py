@@ -15,8 +15,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fleet.producers.gateway import create_app
+from fleet.producers.gateway.access.gate import OperatorGate, is_loopback
 from fleet.producers.gateway.errors import ApiError
-from fleet.producers.gateway.operator_access import OperatorGate, is_loopback
 from fleet.settings import FleetSettings
 from tests.gateway_helpers import FAST_LIMITS, error_of, model_refs
 

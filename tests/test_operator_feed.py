@@ -17,15 +17,15 @@ import pytest
 
 from fleet.brokers import make_broker
 from fleet.producers.gateway import create_app
-from fleet.producers.gateway.operator_beats import Beats
-from fleet.producers.gateway.operator_feed import BACKLOG_EVENTS, OperatorFeed, unheard_replicas
+from fleet.producers.gateway.operator.beats import Beats
+from fleet.producers.gateway.operator.feed import BACKLOG_EVENTS, OperatorFeed, unheard_replicas
 from fleet.scaling import MemoryScalingStore
 from fleet.schemas.operator import OperatorSnapshot
 from fleet.schemas.scaling import DecisionRecord, ScalingStatus
 from fleet.schemas.wire import DispatcherBeat, Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store import make_store
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -187,7 +187,7 @@ async def test_snapshot_shows_the_model_its_worker_and_the_completions(env: Env)
 
 
 async def test_decisions_of_the_last_15_minutes_show_newest_first(env: Env) -> None:
-    scaling = env.app.state.scaling
+    scaling = env.app.state.gateway.scaling
     now = time.time()
     for at, reason in [(now - 3600, "an hour ago"), (now - 60, "a minute ago"), (now - 1, "just now")]:
         await scaling.record(
@@ -288,7 +288,7 @@ async def test_stream_sends_the_ring_then_one_sample_per_model_per_sampling(env:
 
 
 async def test_many_streams_cost_one_sampling(env: Env) -> None:
-    feed: OperatorFeed = env.app.state.operator_feed
+    feed: OperatorFeed = env.app.state.gateway.operator_feed
 
     async def one() -> list[tuple[str, str]]:
         async with env.client.stream("GET", "/v1/operator/stream") as response:
@@ -334,7 +334,7 @@ async def test_recent_runs_index_keeps_the_newest_runs(
     store = make_store(FleetSettings(store_url=url))
     await store.connect()
     try:
-        dags = make_dag_store(store)
+        dags = Stores.beside(store).dags
         for i in range(5):
             doc = {"run": {"run_id": f"{unique}-{i}", "dag": "d", "state": "running"}, "created_at": time.time()}
             assert (await dags.create_run(f"{unique}-{i}", doc))[0]

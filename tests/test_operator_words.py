@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fleet.producers.gateway.operator_jobs import RecentJobIds, read_recent
-from fleet.producers.gateway.operator_words import collapse_decisions, rate_text, scaling_reason
+from fleet.producers.gateway.operator.words import collapse_decisions, rate_text, scaling_reason
+from fleet.producers.gateway.recent_jobs import RecentJobIds, read_recent
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.schemas.scaling import DecisionRecord, Pin, ScalingStatus
 from fleet.store.memory import MemoryStore

@@ -24,7 +24,7 @@ from fleet import constants as c
 from fleet.brokers.base import Broker
 from fleet.producers.gateway import create_app
 from fleet.store.base import ResultStore
-from fleet.store.keys import make_key_store
+from fleet.store.bundle import Stores
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, model_refs, served, urls_for
 from tests.infra import connected_pair, eventually, request_bytes, settings_for
 
@@ -81,10 +81,11 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     settings = settings_for(pair, urls_for(request, pair), models=refs, auth="keys", operator_token=TOKEN)
     tenant_a, tenant_b = f"a-{unique}", f"b-{unique}"
     async with connected_pair(settings) as (broker, store):
-        keys = make_key_store(store)
+        stores = Stores.beside(store)
+        keys = stores.keys
         key_a = (await keys.create(tenant_a, "submitter", None))[0]
         key_b = (await keys.create(tenant_b, "submitter", None))[0]
-        app = create_app(settings, broker=broker, store=store, limits=FAST_LIMITS)
+        app = create_app(settings, broker=broker, stores=stores, limits=FAST_LIMITS)
         async with served(app) as base, contextlib.AsyncExitStack() as stack:
             clients = [
                 await stack.enter_async_context(

@@ -30,7 +30,7 @@ from fleet.errors import BrokerUnavailable, InvalidInput
 from fleet.lag import read_lag, read_lag_by_priority
 from fleet.priorities import check_weights, priority_of_subject, serve_cycle, serve_order
 from fleet.producers.gateway.calls import message_priority
-from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.publish import check_priority, prepare
 from fleet.producers.sdk import FleetClient
 from fleet.schemas.api import SubmitRequest

@@ -1,4 +1,4 @@
-"""Per-tenant rate limits and queued-job quotas (``fleet.store.quotas``, ``fleet.producers.gateway.ratelimit``).
+"""Per-tenant rate limits and queued-job quotas (``fleet.store.quotas``, ``fleet.producers.gateway.access.ratelimit``).
 
 The store contract runs on real Redis and in memory; the gateway tests submit over HTTP with API keys (one tenant
 per test, so tests sharing the session's Redis never share a bucket). Rates are small (one admit per several
@@ -27,12 +27,13 @@ from fleet.cli import app as cli_app
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.worker import Worker
-from fleet.producers.gateway.ratelimit import RATE_LIMITED as RATE_LIMITED_TOTAL
+from fleet.limit_policy import TenantLimit
+from fleet.producers.gateway.access.ratelimit import RATE_LIMITED as RATE_LIMITED_TOTAL
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.keys import make_key_store
-from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas, TenantLimit, make_quotas
+from fleet.store.bundle import Stores
+from fleet.store.quotas import ADMITTED, QUOTA_EXCEEDED, RATE_LIMITED, Quotas
 from tests.gateway_helpers import FAST_LIMITS, asgi_gateway, error_of, model_refs, private_server, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
@@ -45,7 +46,7 @@ async def quota_store(request: Any, kind: str) -> AsyncIterator[tuple[Quotas, Re
     pair = "memory" if kind == "memory" else f"memory+{kind}"
     settings = settings_for(pair, urls_for(request, kind) if kind != "memory" else {})
     async with connected_pair(settings) as (_, store):
-        yield make_quotas(store), store
+        yield Stores.beside(store).quotas, store
 
 
 # -- the store contract ---------------------------------------------------------------------------------------
@@ -53,13 +54,13 @@ async def quota_store(request: Any, kind: str) -> AsyncIterator[tuple[Quotas, Re
 async def test_a_burst_is_admitted_then_refused(request: Any, kind: str, unique: str) -> None:
     async with quota_store(request, kind) as (quotas, _):
         limit = TenantLimit(rate=SLOW, burst=3)
-        decisions = [await quotas.admit(unique, limit, None, 0) for _ in range(4)]
+        decisions = [await quotas.decide(unique, limit, None, 0) for _ in range(4)]
         assert [d.verdict for d in decisions] == [ADMITTED, ADMITTED, ADMITTED, RATE_LIMITED]
         assert [d.remaining for d in decisions[:3]] == [2, 1, 0]
         refused = decisions[3]
         assert 0 < refused.retry_after_s <= 1 / SLOW + 0.01  # one admit comes back after 1/rate
         assert 2 / SLOW - 1 < refused.reset_s <= 3 / SLOW + 0.01  # the whole burst after about 3/rate
-        other = await quotas.admit(f"{unique}-other", limit, None, 0)  # tenants do not share a bucket
+        other = await quotas.decide(f"{unique}-other", limit, None, 0)  # tenants do not share a bucket
         assert other.admitted and other.remaining == 2
 
 
@@ -71,7 +72,7 @@ async def test_the_rate_refills_over_time(request: Any, kind: str, unique: str) 
         started = time.monotonic()
         admitted = refused = 0
         while admitted < burst + 3:  # the burst, then three that only a refill admits
-            decision = await quotas.admit(unique, limit, None, 0)
+            decision = await quotas.decide(unique, limit, None, 0)
             admitted += decision.admitted
             refused += not decision.admitted
             if not decision.admitted:
@@ -86,20 +87,20 @@ async def test_the_rate_refills_over_time(request: Any, kind: str, unique: str) 
 async def test_the_quota_counts_job_ids_and_frees_them(request: Any, kind: str, unique: str) -> None:
     async with quota_store(request, kind) as (quotas, _):
         limit = TenantLimit(max_queued=2)
-        first, second = await quotas.admit(unique, limit, "j1", 60), await quotas.admit(unique, limit, "j2", 60)
+        first, second = await quotas.decide(unique, limit, "j1", 60), await quotas.decide(unique, limit, "j2", 60)
         assert first.added and second.added and second.queued == 2
-        full = await quotas.admit(unique, limit, "j3", 60)
+        full = await quotas.decide(unique, limit, "j3", 60)
         assert full.verdict == QUOTA_EXCEEDED and full.queued == 2 and not full.added
-        again = await quotas.admit(unique, limit, "j1", 60)  # a job already counted is not counted twice
+        again = await quotas.decide(unique, limit, "j1", 60)  # a job already counted is not counted twice
         assert again.admitted and not again.added and again.queued == 2
         assert sorted(await quotas.members(unique, 10)) == ["j1", "j2"]
         await quotas.release([(unique, "j1"), (f"{unique}-other", "j2")])  # the other tenant's j2 is not ours
         assert await quotas.members(unique, 10) == ["j2"]
-        assert (await quotas.admit(unique, limit, "j3", 0.2)).added
-        assert (await quotas.admit(unique, limit, "j4", 60)).verdict == QUOTA_EXCEEDED
+        assert (await quotas.decide(unique, limit, "j3", 0.2)).added
+        assert (await quotas.decide(unique, limit, "j4", 60)).verdict == QUOTA_EXCEEDED
 
         async def hold_ended() -> bool:  # j3's hold of 0.2 s ends: the admission script trims it
-            return (await quotas.admit(unique, limit, "j4", 60)).admitted
+            return (await quotas.decide(unique, limit, "j4", 60)).admitted
 
         await eventually(hold_ended, what="a place whose hold ended is free again")
         assert sorted(await quotas.members(unique, 10)) == ["j2", "j4"]
@@ -109,11 +110,11 @@ async def test_the_quota_counts_job_ids_and_frees_them(request: Any, kind: str, 
 async def test_a_refusal_by_one_limit_consumes_neither(request: Any, kind: str, unique: str) -> None:
     async with quota_store(request, kind) as (quotas, _):
         limit = TenantLimit(rate=SLOW, burst=2, max_queued=1)
-        assert (await quotas.admit(unique, limit, "a", 60)).remaining == 1
-        assert (await quotas.admit(unique, limit, "b", 60)).verdict == QUOTA_EXCEEDED  # took no rate token
+        assert (await quotas.decide(unique, limit, "a", 60)).remaining == 1
+        assert (await quotas.decide(unique, limit, "b", 60)).verdict == QUOTA_EXCEEDED  # took no rate token
         await quotas.release([(unique, "a")])
-        assert (await quotas.admit(unique, limit, "b", 60)).remaining == 0
-        assert (await quotas.admit(unique, limit, "c", 60)).verdict == RATE_LIMITED
+        assert (await quotas.decide(unique, limit, "b", 60)).remaining == 0
+        assert (await quotas.decide(unique, limit, "c", 60)).verdict == RATE_LIMITED
         assert await quotas.members(unique, 10) == ["b"]  # the refused c took no place
 
 
@@ -124,7 +125,7 @@ async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: 
         first, second, third = (
             JobRecord(job_id=f"{unique}-{n}", model="echo", state=JobState.queued, tenant=unique) for n in range(3)
         )
-        decision, created = await quotas.admit_create(store, unique, limit, 60, first, b"message-0")
+        decision, created = await quotas.decide_and_create(store, unique, limit, 60, first, b"message-0")
         assert (decision.admitted, decision.added, decision.queued, decision.remaining, created) == (
             True,
             True,
@@ -137,15 +138,15 @@ async def test_admit_create_creates_only_the_jobs_it_admits(request: Any, kind: 
         claimed = dict(await store.claim_unpublished(0.0, 10_000))  # marked unpublished, as store.create does
         assert claimed.get(first.job_id) == b"message-0"
 
-        decision, created = await quotas.admit_create(store, unique, limit, 60, second, b"message-1")
+        decision, created = await quotas.decide_and_create(store, unique, limit, 60, second, b"message-1")
         assert decision.verdict == QUOTA_EXCEEDED and not created
         assert await store.get(second.job_id) is None, "a refused submit must leave no record"
 
-        decision, created = await quotas.admit_create(store, unique, limit, 60, first, b"message-0")
+        decision, created = await quotas.decide_and_create(store, unique, limit, 60, first, b"message-0")
         assert decision.admitted and not decision.added and not created  # a resubmit: its place is held already
 
         rate_only = TenantLimit(rate=SLOW, burst=2)  # the burst went to the first submit and the resubmit
-        decision, created = await quotas.admit_create(store, unique, rate_only, 0, third, b"message-2")
+        decision, created = await quotas.decide_and_create(store, unique, rate_only, 0, third, b"message-2")
         assert decision.verdict == RATE_LIMITED and not created
         assert await store.get(third.job_id) is None
         assert await quotas.members(unique, 10) == [first.job_id]
@@ -177,11 +178,11 @@ async def limited_gateway(
     refs, (model,) = model_refs(unique, "echo")
     settings = settings_for(pair, urls_for(request, pair), models=refs, auth=auth, **limits)
     async with connected_pair(settings) as (broker, store):
-        tenant, headers = c.DEFAULT_TENANT, {}
+        tenant, headers, stores = c.DEFAULT_TENANT, {}, Stores.beside(store)
         if auth == "keys":
-            key, _ = await make_key_store(store).create(unique, "submitter", None)
+            key, _ = await stores.keys.create(unique, "submitter", None)
             tenant, headers = unique, {"Authorization": f"Bearer {key}"}
-        async with asgi_gateway(settings, broker, store) as (app, client):
+        async with asgi_gateway(settings, broker, store, stores=stores) as (app, client):
             yield Limited(app, client, store, model, tenant, headers, settings)
 
 
@@ -217,25 +218,27 @@ async def test_submits_past_the_burst_get_429_with_the_headers(request: Any, pai
         assert f'fleet_rate_limited_total{{reason="rate_limited",tenant="{unique}"}}' in metrics
 
 
+@pytest.mark.services
 async def test_a_tenant_override_and_dag_runs(request: Any, unique: str) -> None:
     other = f"{unique}-big"
     overrides = {other: {"burst": 4}, f"{unique}-free": {"rate": None}}
     limits = {"rate_limit": f"{SLOW}/s burst 2", "tenant_limits": overrides}
     async with limited_gateway(request, "nats+redis", unique, **limits) as gw:
-        key, _ = await make_key_store(gw.store).create(other, "submitter", None)
+        key, _ = await gw.app.state.gateway.stores.keys.create(other, "submitter", None)
         big = {"Authorization": f"Bearer {key}"}
         small_codes = [(await gw.submit(i)).status_code for i in range(3)]
         big_codes = [(await gw.submit(i, big)).status_code for i in range(5)]
         assert small_codes == [202, 202, 429]
         assert big_codes == [202, 202, 202, 202, 429]
-        assert gw.app.state.tenant_limiter.policy.for_tenant(other).rate == SLOW  # inherited from the default
-        free, _ = await make_key_store(gw.store).create(f"{unique}-free", "submitter", None)
+        assert gw.app.state.gateway.tenant_limiter.policy.for_tenant(other).rate == SLOW  # inherited from the default
+        free, _ = await gw.app.state.gateway.stores.keys.create(f"{unique}-free", "submitter", None)
         free_codes = [(await gw.submit(i, {"Authorization": f"Bearer {free}"})).status_code for i in range(4)]
         assert free_codes == [202] * 4  # "rate": null: this tenant has no limit
         run = await gw.client.post("/v1/dags/nodag/runs", json={"input": {}}, headers=gw.headers)
         assert run.status_code == 429 and error_of(run)["type"] == "rate_limited"  # counted before the lookup
 
 
+@pytest.mark.services
 async def test_a_limit_holds_across_two_gateways_on_one_redis(request: Any, unique: str) -> None:
     burst = 6
     async with (
@@ -254,6 +257,7 @@ async def test_a_limit_holds_across_two_gateways_on_one_redis(request: Any, uniq
         assert burst <= admitted <= burst + math.ceil(elapsed * SLOW), (admitted, elapsed)
 
 
+@pytest.mark.services
 async def test_a_redis_outage_under_limits_is_503_and_the_gateway_keeps_serving(unique: str) -> None:
     """The one-script submit (limits and create together) answers a dead Redis as every store call does."""
     refs, (model,) = model_refs(unique, "echo")
@@ -263,7 +267,7 @@ async def test_a_redis_outage_under_limits_is_503_and_the_gateway_keeps_serving(
         async with connected_pair(settings) as (broker, store), asgi_gateway(settings, broker, store) as (_, client):
             first = await client.post("/v1/jobs", json={"model": model, "input": {"n": 1}})
             assert first.status_code == 202 and first.headers["ratelimit-remaining"] == "999"
-            assert await make_quotas(store).members(c.DEFAULT_TENANT, 10) == [first.json()["job_id"]]
+            assert await Stores.beside(store).quotas.members(c.DEFAULT_TENANT, 10) == [first.json()["job_id"]]
             proc.terminate()
             proc.wait(10)
             for n in range(3):
@@ -280,7 +284,8 @@ def body(gw: Limited, n: int) -> dict[str, Any]:
 def echo_worker(gw: Limited) -> Worker:
     """A real echo worker with the gateway's limit settings: it gives quota places back as it settles."""
     settings = gw.settings.model_copy(update={"ack_wait_s": 5.0})
-    return Worker(with_name(EchoHandler, gw.model)(), gw.app.state.gateway.broker, gw.store, settings=settings)
+    state = gw.app.state.gateway
+    return Worker(with_name(EchoHandler, gw.model)(), state.broker, gw.store, settings=settings, stores=state.stores)
 
 
 @pytest.mark.parametrize("auth", ["off", "keys"])  # the default tenant, and a key's tenant read from the records
@@ -289,8 +294,8 @@ async def test_the_quota_refuses_then_frees_places_as_jobs_finish(
     request: Any, pair: str, auth: str, unique: str
 ) -> None:
     async with limited_gateway(request, pair, unique, auth=auth, tenant_max_queued=2) as gw:
-        await gw.app.state.tenant_limiter.quotas.release(
-            [(gw.tenant, i) for i in await gw.app.state.tenant_limiter.quotas.members(gw.tenant, 100)]
+        await gw.app.state.gateway.tenant_limiter.quotas.release(
+            [(gw.tenant, i) for i in await gw.app.state.gateway.tenant_limiter.quotas.members(gw.tenant, 100)]
         )  # what an earlier run against this Redis may have left
         first = [await gw.submit(i) for i in range(2)]
         assert [a.status_code for a in first] == [202, 202]
@@ -302,7 +307,7 @@ async def test_the_quota_refuses_then_frees_places_as_jobs_finish(
         assert error["details"] == {"tenant": gw.tenant, "max_queued": 2, "queued": 2, "retry_after_s": 1}
         again = await gw.submit(0, job_id=first[0].json()["job_id"])  # a resubmit creates nothing: not refused
         assert again.status_code == 202
-        quotas = gw.app.state.tenant_limiter.quotas
+        quotas = gw.app.state.gateway.tenant_limiter.quotas
         worker = echo_worker(gw)
         await worker.start()
         try:

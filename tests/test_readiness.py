@@ -144,6 +144,7 @@ def test_a_worker_is_ready_only_once_its_model_is_warm(nats_url: str, redis_url:
 
 
 @pytest.mark.slow
+@pytest.mark.services
 def test_the_first_embed_job_after_fleet_up_says_ready_runs_at_normal_latency(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "up.log"

@@ -24,7 +24,8 @@ from pydantic import ValidationError
 
 from fleet import constants as c
 from fleet.errors import ConfigError, LinkRefused
-from fleet.links import redact, redis_options, tls_context, url_has_secret
+from fleet.links import redis_options, tls_context
+from fleet.redaction import redact, url_has_secret
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from tests.gateway_helpers import ObservedWorker, asgi_gateway, model_refs
@@ -136,6 +137,7 @@ def test_a_secret_file_that_cannot_be_read_is_named_without_its_text(tmp_path: P
     assert PASSWORD not in repr(settings) and PASSWORD not in settings.model_dump_json()
 
 
+@pytest.mark.services
 def test_the_cli_refuses_a_password_in_a_url_flag_without_echoing_it() -> None:
     done = run_fleet("gateway", "--broker", "nats://127.0.0.1:1", "--store", f"redis://:{PASSWORD}@127.0.0.1:1/0")
     assert done.returncode == 2, done.stderr

@@ -57,6 +57,7 @@ def test_bad_cache_settings_are_refused_naming_what_is_wrong(value: str, named: 
     assert named in str(error.value)
 
 
+@pytest.mark.services
 def test_the_gateway_refuses_a_bad_cache_setting_in_one_line() -> None:
     result = run_fleet("gateway", "--port", "0", env={"FLEET_CACHE": "embed=l1+l7"}, timeout_s=60)
     assert result.returncode != 0

@@ -177,6 +177,7 @@ def test_json_with_the_same_seed_is_reproducible() -> None:
     assert strip == [{k: v for k, v in row.items() if k != "wall_s"} for row in again]
 
 
+@pytest.mark.services
 def test_the_table_names_the_setup_and_the_analytic_column() -> None:
     result = run_fleet("sim", "--policies", "random", "--loads", "0.7", "--analytic", *SMALL)
     assert result.returncode == 0, result.stderr
@@ -208,6 +209,7 @@ def test_bad_flags_exit_2_with_a_clear_message(args: list[str], expected: str) -
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+@pytest.mark.services
 def test_a_bad_flag_from_the_shell_exits_2_without_a_traceback() -> None:
     result = run_fleet("sim", "--loads", "0.5,1")
     assert result.returncode == 2 and "--loads: 1 is not between 0 and 1" in result.stderr

@@ -158,6 +158,7 @@ DEADLINE_S = 8  # the first attempt pays for importing the client libraries: sec
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["worker", "gateway", "dispatcher"])
+@pytest.mark.services
 def test_the_start_up_deadline_ends_in_one_line_and_a_non_zero_exit(command: str) -> None:
     """Nothing listens on port 1: each retries until the deadline, then says so in one line. The deadline is
     measured against the same command with a zero deadline (one attempt), which pays the same imports."""

@@ -12,8 +12,8 @@ import pytest
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.lag import LagMonitor
-from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
-from fleet.producers.gateway.embedder import BatchingEmbedder
+from fleet.producers.gateway.cache.embedder import BatchingEmbedder
+from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
 from fleet.schemas.jobs import JobState
 from fleet.store.cachestore import MemoryCacheStore, VectorEntry
 from fleet.store.memory import MemoryStore

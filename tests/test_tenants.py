@@ -37,8 +37,7 @@ from fleet.producers.sdk import ws_url
 from fleet.schemas.jobs import JobRecord
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
-from fleet.store.keys import make_key_store
+from fleet.store.bundle import Stores
 from tests.cache_helpers import Gateway, gateway, worker
 from tests.gateway_helpers import WORKER_SETTINGS, error_of, urls_for
 from tests.infra import connected_pair, eventually, request_bytes, settings_for
@@ -122,8 +121,8 @@ def _settings(request: pytest.FixtureRequest, pair: str, unique: str) -> FleetSe
 
 
 @contextlib.asynccontextmanager
-async def _dag_worker(broker: Broker, store: ResultStore, model: str) -> AsyncIterator[None]:
-    runner = DagRunner(broker, store, make_dag_store(store))
+async def _dag_worker(broker: Broker, store: ResultStore, stores: Stores, model: str) -> AsyncIterator[None]:
+    runner = DagRunner(broker, store, stores.dags)
     handler = with_name(EchoHandler, model)()
     settled = [runner.on_settled]
     async with Worker(
@@ -145,7 +144,8 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     settings = _settings(request, pair, unique)
     tenant_a, tenant_b = f"a-{unique}", f"b-{unique}"
     async with connected_pair(settings) as (broker, store):
-        made = make_key_store(store)
+        stores = Stores.beside(store)
+        made = stores.keys
         keys = {
             "a": (await made.create(tenant_a, "submitter", None))[0],
             "b": (await made.create(tenant_b, "submitter", None))[0],
@@ -153,14 +153,14 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
             "token": TOKEN,
         }
         async with contextlib.AsyncExitStack() as stack:
-            gw = await stack.enter_async_context(gateway(settings, broker, store))
+            gw = await stack.enter_async_context(gateway(settings, broker, store, stores=stores))
             clients = {}
             for name, key in keys.items():
                 headers = {"Authorization": f"Bearer {key}"}
                 clients[name] = await stack.enter_async_context(
                     httpx.AsyncClient(base_url=gw.base, headers=headers, timeout=30)
                 )
-            await stack.enter_async_context(_dag_worker(broker, store, f"echo-{unique}"))
+            await stack.enter_async_context(_dag_worker(broker, store, stores, f"echo-{unique}"))
             for model in (f"echotext-{unique}", f"echotext-{unique}s"):
                 await stack.enter_async_context(worker(broker, store, model))
             yield Env(
@@ -407,7 +407,11 @@ async def test_l3_matches_only_entries_of_the_same_tenant(env: Env) -> None:
 
 async def test_a_later_gateway_replays_the_l3_log_into_per_tenant_indexes(env: Env) -> None:
     await env.computed(env.a, env.text, {"text": "Which documents do I need to renew my passport?"})
-    async with gateway(env.settings, env.broker, env.store) as later, contextlib.AsyncExitStack() as stack:
+    stores = env.gw.app.state.gateway.stores  # a later gateway of the same process: the same stores
+    async with (
+        gateway(env.settings, env.broker, env.store, stores=stores) as later,
+        contextlib.AsyncExitStack() as stack,
+    ):
         a_later, b_later = [
             await stack.enter_async_context(
                 httpx.AsyncClient(base_url=later.base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
@@ -450,7 +454,7 @@ def test_visibility_and_the_default_tenant() -> None:
 async def test_l3_sync_routes_each_logged_entry_to_its_tenants_index_only() -> None:
     import numpy as np
 
-    from fleet.producers.gateway.cache_l3 import L3Options, SemanticLevel
+    from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
     from fleet.store.cachestore import MemoryCacheStore, VectorEntry
 
     store, dim = MemoryCacheStore(), 8

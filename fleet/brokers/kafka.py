@@ -60,7 +60,8 @@ from fleet.brokers.kafka_subscription import KafkaSubscription
 from fleet.brokers.recent import RecentKeys
 from fleet.brokers.subjects import check_group, check_subject
 from fleet.errors import BrokerUnavailable, ConfigError, LinkRefused, PayloadTooLarge, PublishFailed
-from fleet.links import kafka_options, link_error, redact
+from fleet.links import kafka_options, link_error
+from fleet.redaction import redact
 from fleet.settings import FleetSettings
 
 log = logging.getLogger(__name__)

@@ -73,7 +73,8 @@ from fleet.brokers.nats_pubacks import PubAcks
 from fleet.brokers.nats_pull import NatsEventStream, NatsSubscription, revive_if_stuck, round_trip
 from fleet.brokers.subjects import INBOX_STREAM, check_group, check_subject, stream_for
 from fleet.errors import BrokerError, BrokerUnavailable, ConfigError, PayloadTooLarge, PublishFailed, QueueFull
-from fleet.links import link_error, nats_options, redact
+from fleet.links import link_error, nats_options
+from fleet.redaction import redact
 from fleet.tasks import cancel_and_wait
 
 if TYPE_CHECKING:

@@ -127,7 +127,7 @@ def _backend_kwargs(name: str, namespace: str | None, template: str | None, log_
 
 def register(app: typer.Typer) -> None:
     """Add ``fleet autoscaler`` to ``app``."""
-    from fleet.cli import Broker, LogLevel, Store, fail, run, settings_from
+    from fleet.cli.common import Broker, LogLevel, Store, fail, run, settings_from
 
     @app.command()
     def autoscaler(

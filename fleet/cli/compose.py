@@ -26,14 +26,14 @@ from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
 from fleet.dags.starter import DagStarter
-from fleet.links import redact
 from fleet.models import resolve_spec
 from fleet.outages import OutageLog, services_of, watch_outages
+from fleet.redaction import redact
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store import make_store
 from fleet.store.base import ResultStore
-from fleet.store.dagstore import make_dag_store
+from fleet.store.bundle import Stores
 from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,15 @@ def build_worker(
     broker: Broker,
     store: ResultStore,
     settings: FleetSettings,
+    stores: Stores | None = None,
     **overrides: object,
 ) -> Worker:
+    """A worker of ``ref`` that continues DAG runs as it settles their steps. ``stores``: the process's stores beside
+    ``store`` (``fleet up`` shares its bundle with the gateway); None builds them (a worker alone in its process)."""
+    stores = stores or Stores.beside(store)
     handler, device = build_handler(ref, settings)
-    worker = Worker(handler, broker, store, settings=settings, device=device, **overrides)  # type: ignore[arg-type]
-    worker.settler.on_settled.append(DagRunner(broker, store, make_dag_store(store)).on_settled)  # DAG continuation
+    worker = Worker(handler, broker, store, settings=settings, device=device, stores=stores, **overrides)  # type: ignore[arg-type]
+    worker.settler.on_settled.append(DagRunner(broker, store, stores.dags).on_settled)  # DAG continuation
     return worker
 
 
@@ -149,9 +153,9 @@ async def run_workers(builds: Sequence[Callable[[], Worker]], stop: asyncio.Even
 
 
 @contextlib.asynccontextmanager
-async def dag_starter(broker: Broker, store: ResultStore, owner: str, deadline: Deadline) -> AsyncIterator[DagStarter]:
+async def dag_starter(broker: Broker, stores: Stores, owner: str, deadline: Deadline) -> AsyncIterator[DagStarter]:
     """This process's consumer of ``fleet.req._dagrun``: runs started by publishing, without the gateway."""
-    starter = DagStarter(DagRunner(broker, store, make_dag_store(store)), owner)
+    starter = DagStarter(DagRunner(broker, stores.results, stores.dags), owner)
     await retry_until(deadline, "subscribe to DAG starts", starter.start)
     try:
         yield starter
@@ -181,18 +185,17 @@ async def run_worker(
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
-        async with (
-            connected(settings, deadline) as (broker, store),
-            dag_starter(broker, store, f"fleet worker {ref}", deadline),
-        ):
-            await ensure_models(broker, [probe.model], deadline)
+        async with connected(settings, deadline) as (broker, store):
+            stores = Stores.beside(store)  # one bundle for the worker and the DAG starter
+            async with dag_starter(broker, stores, f"fleet worker {ref}", deadline):
+                await ensure_models(broker, [probe.model], deadline)
 
-            def build() -> Worker:
-                # An operator's drain request does what SIGTERM does: the same stop event, so the process exits.
-                worker = build_worker(ref, broker, store, settings, on_drain=stop.set, **overrides)
-                return probe.track(worker)  # type: ignore[no-any-return]
+                def build() -> Worker:
+                    # An operator's drain request does what SIGTERM does: the same stop event, so the process exits.
+                    worker = build_worker(ref, broker, store, settings, stores, on_drain=stop.set, **overrides)
+                    return probe.track(worker)  # type: ignore[no-any-return]
 
-            await run_workers([build], stop, deadline)
+                await run_workers([build], stop, deadline)
     finally:
         restore()
         if server is not None:

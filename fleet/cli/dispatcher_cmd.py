@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # the settings module is imported by the command that needs i
 
 
 def register(app: typer.Typer) -> None:
-    from fleet.cli import Broker, LogLevel, Store, fail, run, settings_from
+    from fleet.cli.common import Broker, LogLevel, Store, fail, run, settings_from
 
     @app.command()
     def dispatcher(

@@ -40,8 +40,7 @@ def _fail(message: str, code: int) -> typer.Exit:
 def _with_keys(settings: "FleetSettings", action: Callable[[Any, Any], Awaitable[T]]) -> T:
     """Connect the store of ``settings``, run ``action(key_store, audit_log)``, close; failures end as one line."""
     from fleet.store import make_store
-    from fleet.store.audit import make_audit_log
-    from fleet.store.keys import make_key_store
+    from fleet.store.bundle import Stores
 
     if settings.store_scheme == "memory":
         raise _fail(MEMORY_HINT, 2)
@@ -50,7 +49,8 @@ def _with_keys(settings: "FleetSettings", action: Callable[[Any, Any], Awaitable
         store = make_store(settings)
         try:
             await store.connect()
-            return await action(make_key_store(store), make_audit_log(store))
+            stores = Stores.beside(store)
+            return await action(stores.keys, stores.audit)
         finally:
             await store.close()
 
@@ -74,7 +74,7 @@ async def _audit(log: Any, action: str, target: str, details: dict[str, Any]) ->
 
 def register(app: typer.Typer) -> None:
     """Add ``fleet keys`` to ``app``."""
-    from fleet.cli import Store, settings_from
+    from fleet.cli.common import Store, settings_from
 
     @keys_app.command("create")
     def create(

@@ -36,13 +36,15 @@ from fleet.consumers.worker import Worker
 from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
 from fleet.models import resolve_specs
+from fleet.producers.gateway.access.gate import OperatorGate
 from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
-from fleet.producers.gateway.operator_access import OperatorGate
 from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
+from fleet.store.bundle import Stores
+from fleet.store.keys import KeyStore
 from fleet.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 def _server(
     settings: FleetSettings,
     broker: Broker | None,
-    store: ResultStore | None,
+    stores: Stores | None,
     scaling: ScalingStore | None = None,
     *,
     workers: WorkerTracker | None = None,
@@ -61,7 +63,7 @@ def _server(
     app = create_app(
         settings,
         broker=broker,
-        store=store,
+        stores=stores,
         scaling=scaling,
         workers=workers,
         require_ready_workers=require_ready_workers,
@@ -83,14 +85,14 @@ async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
         raise FleetError(f"the gateway could not start on {server.config.host}:{server.config.port} (see the log)")
 
 
-def up_autoscaler(settings: FleetSettings, broker: Broker, store: ResultStore, scaling: ScalingStore) -> Autoscaler:
+def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scaling: ScalingStore) -> Autoscaler:
     """The autoscaler of ``fleet up``: workers in this process on the embedded broker or store (``inprocess``),
     ``fleet worker`` processes on real infrastructure (``process``); from ``autoscale_min_replicas`` (1 by default,
     so every model is served at once) up to ``autoscale_max_replicas`` per model."""
     refs = {name: ref for ref, name in zip(settings.models, resolve_specs(settings.models), strict=True)}
 
     async def start_worker(model: str) -> Worker:
-        worker = build_worker(refs[model], broker, store, settings)
+        worker = build_worker(refs[model], broker, stores.results, settings, stores)
         await worker.start()
         return worker
 
@@ -173,30 +175,44 @@ async def run_up(settings: FleetSettings, sock: socket.socket | None = None) -> 
     restore = stop_on_signals(stop)
     deadline = startup_deadline(settings)
     try:
-        async with connected(settings, deadline) as (broker, store), dag_starter(broker, store, "fleet up", deadline):
-            if auth == "keys" and store.scheme == "memory":
-                await bootstrap_admin_key(store)
-            scaling = make_scaling_store(settings)
-            await retry_until(deadline, "connect to the scaling store", scaling.connect)
-            dispatchers = up_dispatchers(settings, broker, store)
-            try:
-                await ensure_models(broker, [d.model for d in dispatchers], deadline)
-                await asyncio.gather(*(d.start() for d in dispatchers))
-                async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker:
-                    await _serve_up(settings, broker, store, scaling, tracker, stop, deadline, sock)
-            finally:
-                await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
-                await scaling.close()
+        async with connected(settings, deadline) as (broker, store):
+            stores = Stores.beside(store)  # one bundle for the gateway, the workers and the DAG starter
+            async with dag_starter(broker, stores, "fleet up", deadline):
+                await _up(settings, auth, broker, stores, stop, deadline, sock)
     finally:
         restore()
 
 
-async def bootstrap_admin_key(store: ResultStore) -> None:
+async def _up(
+    settings: FleetSettings,
+    auth: str,
+    broker: Broker,
+    stores: Stores,
+    stop: asyncio.Event,
+    deadline: Deadline,
+    sock: socket.socket | None,
+) -> None:
+    """``fleet up`` once its broker, stores and DAG starter are there: the scaling store, the dispatchers, the
+    heartbeat tracker, then the gateway with the workers or the autoscaler."""
+    if auth == "keys" and stores.results.scheme == "memory":
+        await bootstrap_admin_key(stores.keys)
+    scaling = make_scaling_store(settings)
+    await retry_until(deadline, "connect to the scaling store", scaling.connect)
+    dispatchers = up_dispatchers(settings, broker, stores.results)
+    try:
+        await ensure_models(broker, [d.model for d in dispatchers], deadline)
+        await asyncio.gather(*(d.start() for d in dispatchers))
+        async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker:
+            await _serve_up(settings, broker, stores, scaling, tracker, stop, deadline, sock)
+    finally:
+        await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)
+        await scaling.close()
+
+
+async def bootstrap_admin_key(keys: KeyStore) -> None:
     """``fleet up`` with API keys on the embedded store: no ``fleet keys`` can reach its keys, so it makes one admin
     key and prints it once on standard error (never logged); more come from ``POST /v1/keys`` with it."""
-    from fleet.store.keys import make_key_store
-
-    key, info = await make_key_store(store).create("admin", "admin", None)
+    key, info = await keys.create("admin", "admin", None)
     print(
         f"fleet up: FLEET_AUTH=keys on the embedded store; admin key {info.key_id} (shown once): {key}", file=sys.stderr
     )
@@ -205,7 +221,7 @@ async def bootstrap_admin_key(store: ResultStore) -> None:
 async def _serve_up(
     settings: FleetSettings,
     broker: Broker,
-    store: ResultStore,
+    stores: Stores,
     scaling: ScalingStore,
     tracker: WorkerTracker,
     stop: asyncio.Event,
@@ -213,17 +229,19 @@ async def _serve_up(
     sock: socket.socket | None = None,
 ) -> None:
     if settings.autoscale:
-        task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, store, scaling), stop))
+        task = asyncio.create_task(run_autoscaled(up_autoscaler(settings, broker, stores, scaling), stop))
     else:
         for ref in settings.models:
             build_handler(ref, settings)  # a bad model or device fails before the gateway starts
-        builds = [functools.partial(build_worker, ref, broker, store, settings) for ref in settings.models]
+        builds = [
+            functools.partial(build_worker, ref, broker, stores.results, settings, stores) for ref in settings.models
+        ]
         task = asyncio.create_task(run_workers(builds, stop, deadline))
     task.add_done_callback(lambda _: stop.set())  # workers or autoscaler that fail stop the gateway
     server = _server(
         settings,
         broker,
-        store,
+        stores,
         scaling,
         workers=tracker,
         require_ready_workers=requires_ready_workers(settings),
@@ -250,7 +268,7 @@ async def run_gateway(settings: FleetSettings, sock: socket.socket | None = None
             scaling = make_scaling_store(settings)
             await retry_until(deadline, "connect to the scaling store", scaling.connect)
             try:
-                await serve_gateway(_server(settings, broker, store, scaling, sock=sock), stop)
+                await serve_gateway(_server(settings, broker, Stores.beside(store), scaling, sock=sock), stop)
             finally:
                 await scaling.close()
     finally:

@@ -142,7 +142,7 @@ def _title(base: "SimConfig") -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from fleet.cli import fail
+    from fleet.cli.common import fail
 
     @app.command(help=SIM_HELP)
     def sim(

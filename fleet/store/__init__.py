@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleet.errors import ConfigError
-from fleet.links import redact
+from fleet.redaction import redact
 from fleet.store.base import ResultStore
 
 if TYPE_CHECKING:

@@ -8,12 +8,14 @@ In Redis a capped stream (``AUDIT_STREAM_KEY``, about ``AUDIT_MAX_ENTRIES`` of t
 from __future__ import annotations
 
 import collections
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fleet import constants as c
 from fleet.schemas.keys import AuditEntry
-from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors
+
+if TYPE_CHECKING:
+    from fleet.store.redis import RedisStore
 
 
 class AuditLog(Protocol):
@@ -39,7 +41,7 @@ class MemoryAuditLog:
 class RedisAuditLog:
     """The audit stream in the Redis of ``store`` (a ``RedisStore``: its client)."""
 
-    def __init__(self, store: Any, max_entries: int = c.AUDIT_MAX_ENTRIES) -> None:
+    def __init__(self, store: RedisStore, max_entries: int = c.AUDIT_MAX_ENTRIES) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
         self.max_entries = max_entries
@@ -59,15 +61,3 @@ class RedisAuditLog:
             if raw is not None:
                 out.append(AuditEntry.model_validate_json(raw))
         return out
-
-
-def make_audit_log(store: ResultStore) -> AuditLog:
-    """The audit log beside ``store``: in its Redis, or in memory (one per memory store) for ``memory://``."""
-    if store.scheme == "memory":
-        existing = getattr(store, "audit_log", None)
-        if existing is None:
-            existing = MemoryAuditLog()
-            store.audit_log = existing  # type: ignore[attr-defined]  # shared in-process, like the DAG store
-        result: AuditLog = existing
-        return result
-    return RedisAuditLog(store)

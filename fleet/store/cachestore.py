@@ -1,7 +1,7 @@
 """The shared levels of the result caches: L2 entries (exact, with a TTL) and the L3 vector log.
 
 ``CacheStore`` is the seam, with an in-memory implementation (``fleet up``'s embedded default, one process) and a
-Redis one beside the result store (``make_cache_store``), as for the DAG and dead-letter stores.
+Redis one beside the result store (``fleet.store.bundle.Stores``), as for the DAG and dead-letter stores.
 
 * ``get(key)`` / ``put(key, value, ttl_s)``: one L2 entry under ``fleet.constants.cache_entry_key``.
 * ``append_vector(log, entry, max_entries, ttl_s)`` adds an L3 entry to a model version's vector log (a Redis
@@ -25,7 +25,7 @@ from cachetools import TTLCache
 from fleet.store.redis_errors import RedisErrors, text
 
 if TYPE_CHECKING:
-    from fleet.store.base import ResultStore
+    pass
 
 MEMORY_L2_MAX_ENTRIES = 1_000_000  # bound of the embedded store's L2 (entries also leave at their TTL)
 
@@ -138,16 +138,3 @@ class RedisCacheStore:
                 )
                 out.append((text(position), entry))
         return out
-
-
-def make_cache_store(store: ResultStore) -> CacheStore:
-    """The cache store beside ``store``: in its Redis, or in memory for a memory store (one per store)."""
-    if store.scheme == "memory":
-        existing = getattr(store, "cache_store", None)
-        if existing is None:
-            existing = MemoryCacheStore()
-            store.cache_store = existing  # type: ignore[attr-defined]  # shared by everything on this store
-        result: CacheStore = existing
-        return result
-    redis: Any = getattr(store, "redis", None)
-    return RedisCacheStore(redis, getattr(store, "display_url", "redis"))

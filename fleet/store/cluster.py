@@ -22,7 +22,7 @@ What changes on a cluster (``fleet.store.redis`` reads ``cluster_mode``):
 * The unpublished marks (``create(record, message)``) live in one slot: ``fleet:{pending}`` and
   ``fleet:{pending}:<id>`` (``PENDING_KEY_CLUSTER``). They are short-lived (cleared once the broker acknowledged).
   The mark is written first and the record second: a gateway that dies between the two leaves a mark without a
-  record, which the reconcile sweep clears (``producers/gateway/reconcile.py``); the client never had an answer.
+  record, which the reconcile sweep clears (``producers/gateway/jobs/reconcile.py``); the client never had an answer.
 """
 
 from __future__ import annotations

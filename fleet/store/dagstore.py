@@ -21,12 +21,14 @@ import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors, text
+
+if TYPE_CHECKING:
+    from fleet.store.redis import RedisStore
 
 RunDoc = dict[str, Any]
 """``{"run": RunState.to_dict(), "version": int, "key"?: str, "tenant"?: str, "created_at": float,
@@ -162,7 +164,7 @@ class MemoryDagStore:
 class RedisDagStore:
     """The DAG store in the Redis of ``store`` (a ``RedisStore``): its client, TTL and pub/sub connection."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisStore) -> None:
         self._store = store
         self.redis = store.redis
         self.job_ttl_s: int = store.job_ttl_s
@@ -324,15 +326,3 @@ redis.call('HSET', KEYS[1], tostring(version), ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
 return version
 """
-
-
-def make_dag_store(store: ResultStore) -> DagStore:
-    """The DAG store beside ``store``: in its Redis, or in memory for a memory store."""
-    if store.scheme == "memory":
-        existing = getattr(store, "dag_store", None)
-        if existing is None:
-            existing = MemoryDagStore(job_ttl_s=getattr(store, "job_ttl_s", c.DEFAULT_JOB_TTL_S))
-            store.dag_store = existing  # type: ignore[attr-defined]  # one per memory store, shared in-process
-        result: DagStore = existing
-        return result
-    return RedisDagStore(store)

@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import constants as c
 from fleet.schemas.wire import DeadLetter
-from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors, text
+
+if TYPE_CHECKING:
+    from fleet.store.redis import RedisStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,7 @@ class MemoryDeadLetterStore:
 class RedisDeadLetterStore:
     """The dead letters in the Redis of ``store`` (a ``RedisStore``: its client)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisStore) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
 
@@ -164,15 +166,3 @@ class RedisDeadLetterStore:
 
     def _errors(self, action: str) -> Any:
         return RedisErrors("dead-letter store", self.display_url, action)
-
-
-def make_dead_letter_store(store: ResultStore) -> DeadLetterStore:
-    """The dead-letter store beside ``store``: in its Redis, or in memory (one per memory store) for ``memory://``."""
-    if store.scheme == "memory":
-        existing = getattr(store, "dead_letters", None)
-        if existing is None:
-            existing = MemoryDeadLetterStore()
-            store.dead_letters = existing  # type: ignore[attr-defined]  # shared in-process, like the DAG store
-        result: DeadLetterStore = existing
-        return result
-    return RedisDeadLetterStore(store)

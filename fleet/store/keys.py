@@ -24,13 +24,15 @@ import re
 import secrets
 import time
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import ConfigError
 from fleet.schemas.keys import KeyInfo, Role
-from fleet.store.base import ResultStore
 from fleet.store.redis_errors import RedisErrors, text
+
+if TYPE_CHECKING:
+    from fleet.store.redis import RedisStore
 
 KEY_RE = re.compile(rf"^{c.API_KEY_PREFIX}_([0-9a-f]{{{2 * c.API_KEY_ID_BYTES}}})_([A-Za-z0-9_-]{{20,100}})$")
 DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])$")
@@ -164,7 +166,7 @@ class MemoryKeyStore:
 class RedisKeyStore:
     """The keys in the Redis of ``store`` (a ``RedisStore``: its client)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisStore) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
 
@@ -210,15 +212,3 @@ class RedisKeyStore:
 
     def _errors(self, action: str) -> Any:
         return RedisErrors("key store", self.display_url, action)
-
-
-def make_key_store(store: ResultStore) -> KeyStore:
-    """The key store beside ``store``: in its Redis, or in memory (one per memory store) for ``memory://``."""
-    if store.scheme == "memory":
-        existing = getattr(store, "api_keys", None)
-        if existing is None:
-            existing = MemoryKeyStore()
-            store.api_keys = existing  # type: ignore[attr-defined]  # shared in-process, like the DAG store
-        result: KeyStore = existing
-        return result
-    return RedisKeyStore(store)

@@ -1,8 +1,8 @@
 """Per-tenant rate limits and queued-job quotas, decided atomically in Redis (or in memory for ``fleet up``).
 
-Policy (``LimitPolicy``, from ``FLEET_RATE_LIMIT``, ``FLEET_TENANT_MAX_QUEUED`` and ``FLEET_TENANT_LIMITS``):
-every tenant gets the default ``TenantLimit`` unless ``FLEET_TENANT_LIMITS`` names it; an override's fields win
-over the default's, the ones it leaves out are inherited.
+Policy (``fleet.limit_policy.LimitPolicy``, from ``FLEET_RATE_LIMIT``, ``FLEET_TENANT_MAX_QUEUED`` and
+``FLEET_TENANT_LIMITS``): every tenant gets the default ``TenantLimit`` unless ``FLEET_TENANT_LIMITS`` names it;
+an override's fields win over the default's, the ones it leaves out are inherited.
 
 Rate: GCRA (the generic cell rate algorithm, a token bucket kept as one number). A tenant's key
 ``rate_key(tenant)`` holds its *theoretical arrival time* (TAT) in microseconds of Redis's own clock
@@ -32,28 +32,23 @@ two calls, and a failed create gives its place back.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
-import re
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleet import constants as c
 from fleet.errors import StoreError
+from fleet.limit_policy import TenantLimit
 from fleet.schemas.jobs import JobRecord
 from fleet.store.base import ResultStore
-from fleet.store.redis import CREATE_PENDING_LUA
+from fleet.store.redis import CREATE_PENDING_LUA, RedisStore
 from fleet.store.redis_errors import RedisErrors, text
 
 log = logging.getLogger(__name__)
 
-RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*(?:burst\s+(\d+))?\s*$")
-PER_S = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # as fleet.store.keys.check_tenant
-LIMIT_FIELDS = ("rate", "burst", "max_queued")
 
 ADMITTED, RATE_LIMITED, QUOTA_EXCEEDED = 1, 0, 2
 
@@ -118,52 +113,8 @@ return d
 
 
 @dataclass(frozen=True, slots=True)
-class TenantLimit:
-    """One tenant's limits: ``rate`` admits per second (None: no rate limit) with bursts of ``burst``, and at most
-    ``max_queued`` jobs queued or running at once (0: no bound)."""
-
-    rate: float | None = None
-    burst: int = 1
-    max_queued: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.rate is not None or self.max_queued > 0
-
-    @property
-    def interval_us(self) -> int:
-        """Microseconds between two admits at the steady rate (0: no rate limit)."""
-        return 0 if self.rate is None else max(1, round(1_000_000 / self.rate))
-
-    @property
-    def window_s(self) -> int:
-        """Seconds a whole burst takes to come back: the window of ``RateLimit-Policy``."""
-        return 0 if self.rate is None else max(1, math.ceil(self.burst / self.rate))
-
-
-@dataclass(frozen=True, slots=True)
-class LimitPolicy:
-    """The default limit and the tenants that have their own."""
-
-    default: TenantLimit = field(default_factory=TenantLimit)
-    tenants: Mapping[str, TenantLimit] = field(default_factory=dict)
-
-    @property
-    def enabled(self) -> bool:
-        return self.default.enabled or any(limit.enabled for limit in self.tenants.values())
-
-    @property
-    def bounds_queued(self) -> bool:
-        """Whether any tenant has a quota (a worker then releases its jobs as it settles them)."""
-        return self.default.max_queued > 0 or any(limit.max_queued > 0 for limit in self.tenants.values())
-
-    def for_tenant(self, tenant: str) -> TenantLimit:
-        return self.tenants.get(tenant, self.default)
-
-
-@dataclass(frozen=True, slots=True)
 class Decision:
-    """What ``admit`` decided, with what the ``RateLimit-*`` headers say. ``remaining`` is -1 without a rate."""
+    """What ``decide`` decided, with what the ``RateLimit-*`` headers say. ``remaining`` is -1 without a rate."""
 
     verdict: int
     limit: TenantLimit
@@ -176,90 +127,6 @@ class Decision:
     @property
     def admitted(self) -> bool:
         return self.verdict == ADMITTED
-
-
-# -- parsing the settings -------------------------------------------------------------------------------------
-def parse_rate(value: str) -> tuple[float, int]:
-    """``'20/s burst 40'``, ``'20/s'`` (burst: one second's worth), ``'600/m burst 50'``, ``'3600/h'`` as
-    (admits per second, burst). Raises ValueError saying what to write."""
-    found = RATE_RE.match(value.lower())
-    if not found:
-        raise ValueError(
-            f"rate {value!r}: write COUNT/UNIT or COUNT/UNIT burst N, e.g. '20/s burst 40', '600/m' or '3600/h'"
-        )
-    count, unit, burst = float(found.group(1)), found.group(2), found.group(3)
-    rate = count / PER_S[unit]
-    if rate <= 0:
-        raise ValueError(f"rate {value!r}: the count must be above 0 (leave the setting unset for no limit)")
-    size = int(burst) if burst is not None else max(1, math.ceil(rate))
-    if size < 1:
-        raise ValueError(f"rate {value!r}: the burst must be at least 1")
-    return rate, size
-
-
-def default_limit(rate_limit: str | None, max_queued: int) -> TenantLimit:
-    """The limit of a tenant with no override, from ``FLEET_RATE_LIMIT`` and ``FLEET_TENANT_MAX_QUEUED``."""
-    if rate_limit is None or not rate_limit.strip():
-        return TenantLimit(max_queued=max_queued)
-    rate, burst = parse_rate(rate_limit)
-    return TenantLimit(rate=rate, burst=burst, max_queued=max_queued)
-
-
-def _override(tenant: str, fields: Any, base: TenantLimit) -> TenantLimit:
-    where = f"tenant_limits[{tenant!r}]"
-    if not isinstance(fields, dict):
-        raise ValueError(f'{where}: expected an object like {{"rate": 100, "burst": 200, "max_queued": 5000}}')
-    unknown = sorted(set(fields) - set(LIMIT_FIELDS))
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(LIMIT_FIELDS)}")
-    limit = base
-    if "rate" in fields:
-        rate = fields["rate"]
-        if isinstance(rate, str):
-            parsed, burst = parse_rate(rate)
-            limit = replace(limit, rate=parsed, burst=fields.get("burst", burst))
-        elif rate is None or (isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0):
-            limit = replace(limit, rate=None if rate is None else float(rate))
-            if "burst" not in fields and rate is not None:
-                limit = replace(limit, burst=max(1, math.ceil(rate)))
-        else:
-            raise ValueError(f"{where}.rate: a number of requests per second above 0, '20/s burst 40', or null")
-    if "burst" in fields:
-        burst = fields["burst"]
-        if not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
-            raise ValueError(f"{where}.burst: a whole number of at least 1, got {burst!r}")
-        limit = replace(limit, burst=burst)
-    if "max_queued" in fields:
-        bound = fields["max_queued"]
-        if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
-            raise ValueError(f"{where}.max_queued: a whole number, 0 for no bound, got {bound!r}")
-        limit = replace(limit, max_queued=bound)
-    return limit
-
-
-def parse_tenant_limits(value: object) -> dict[str, dict[str, Any]]:
-    """``FLEET_TENANT_LIMITS``: a JSON object ``{"teamA": {"rate": 100, "burst": 200, "max_queued": 5000}}``.
-    Checked field by field (``build_policy``); raises ValueError naming the tenant and the field."""
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"tenant_limits is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError('tenant_limits: expected a JSON object {"TENANT": {"rate": ..., "burst": ..., ...}}')
-    for tenant, fields in value.items():
-        if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
-            raise ValueError(f"tenant_limits: tenant {tenant!r}: use 1-64 letters, digits, '_', '.' or '-'")
-        _override(tenant, fields, TenantLimit())
-    return value
-
-
-def build_policy(rate_limit: str | None, max_queued: int, overrides: Mapping[str, Any]) -> LimitPolicy:
-    """The policy of the settings (raises ValueError as ``parse_rate`` and ``parse_tenant_limits`` do)."""
-    base = default_limit(rate_limit, max_queued)
-    return LimitPolicy(base, {tenant: _override(tenant, fields, base) for tenant, fields in overrides.items()})
 
 
 def hold_s(expires_at: float | None, now: float, job_ttl_s: float) -> float:
@@ -283,16 +150,16 @@ def group_by_tenant(items: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
 
 # -- stores ---------------------------------------------------------------------------------------------------
 class Quotas(Protocol):
-    """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``admit`` decides and, when it admits,
-    takes a place for ``job_id`` (None: the rate alone); ``admit_create`` decides for ``job`` (a place in its quota
+    """Contract (``tests/test_quotas.py`` runs it on Redis and in memory): ``decide`` decides and, when it admits,
+    takes a place for ``job_id`` (None: the rate alone); ``decide_and_create`` decides for ``job`` (a place in its quota
     when ``limit`` has one, held ``hold_s``) and, only when it admits, creates it in ``store`` as
     ``store.create(job, message)`` does, returning (the decision, whether the record was created); ``release``
     frees the places of (tenant, job id) pairs in one call; ``members`` lists a tenant's oldest queued ids;
     ``forget`` removes some of them."""
 
-    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
+    async def decide(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision: ...
 
-    async def admit_create(
+    async def decide_and_create(
         self,
         store: ResultStore,
         tenant: str,
@@ -310,10 +177,10 @@ class Quotas(Protocol):
 
 
 class TwoCalls:
-    """``admit_create`` as two calls: the decision, then ``store.create`` when it admitted (the in-memory limits,
+    """``decide_and_create`` as two calls: the decision, then ``store.create`` when it admitted (the in-memory limits,
     and Redis limits beside a store they cannot share a script with)."""
 
-    async def admit_create(
+    async def decide_and_create(
         self: Quotas,
         store: ResultStore,
         tenant: str,
@@ -322,7 +189,7 @@ class TwoCalls:
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        decision = await self.admit(tenant, limit, job.job_id if limit.max_queued > 0 else None, hold_s)
+        decision = await self.decide(tenant, limit, job.job_id if limit.max_queued > 0 else None, hold_s)
         if not decision.admitted:
             return decision, False
         try:
@@ -334,28 +201,28 @@ class TwoCalls:
 
 
 class RedisQuotas(TwoCalls):
-    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per admit, and
+    """The limits in the Redis of ``store`` (a ``RedisStore``: its client): one ``ADMIT_LUA`` call per decision, and
     on one Redis one ``ADMIT_CREATE_LUA`` call per submit (a cluster has the job and the tenant in different slots:
     two calls there)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisStore) -> None:
         self.redis = store.redis
         self.display_url = store.display_url
-        self._admit = self.redis.register_script(ADMIT_LUA)
-        self._admit_create = None if store.cluster_mode else self.redis.register_script(ADMIT_CREATE_LUA)
+        self._decide = self.redis.register_script(ADMIT_LUA)
+        self._decide_and_create = None if store.cluster_mode else self.redis.register_script(ADMIT_CREATE_LUA)
         from redis.exceptions import RedisError
 
         self._failures = (RedisError, OSError, TimeoutError)
 
-    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
+    async def decide(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
         args = [limit.interval_us, limit.burst, limit.max_queued, job_id or "", f"{hold_s:.3f}"]
         try:  # on every submit: a plain try, not RedisErrors (whose exit imports and checks on each call)
-            reply = await self._admit(keys=[c.rate_key(tenant), c.queued_key(tenant)], args=args)
+            reply = await self._decide(keys=[c.rate_key(tenant), c.queued_key(tenant)], args=args)
         except self._failures as exc:
             raise StoreError(f"rate limiter at {self.display_url} could not check a tenant's limits: {exc}") from exc
         return decision_of(reply, limit)
 
-    async def admit_create(
+    async def decide_and_create(
         self,
         store: ResultStore,
         tenant: str,
@@ -364,14 +231,15 @@ class RedisQuotas(TwoCalls):
         job: JobRecord,
         message: bytes,
     ) -> tuple[Decision, bool]:
-        if self._admit_create is None or getattr(store, "redis", None) is not self.redis:  # not one script's reach
-            return await super().admit_create(store, tenant, limit, hold_s, job, message)
+        # one script reaches the job's key and the tenant's only on one Redis, the one of these limits
+        if self._decide_and_create is None or not isinstance(store, RedisStore) or store.redis is not self.redis:
+            return await super().decide_and_create(store, tenant, limit, hold_s, job, message)
         job_id = job.job_id
-        keys, args = store.pending_create(job, message)  # type: ignore[attr-defined]  # a RedisStore: its client
+        keys, args = store.pending_create(job, message)
         keys += [c.rate_key(tenant), c.queued_key(tenant)]
         args += [limit.interval_us, limit.burst, limit.max_queued, job_id if limit.max_queued else "", f"{hold_s:.3f}"]
         try:
-            reply = await self._admit_create(keys=keys, args=args)
+            reply = await self._decide_and_create(keys=keys, args=args)
         except self._failures as exc:
             raise StoreError(f"result store at {self.display_url} could not create job {job_id!r}: {exc}") from exc
         return decision_of(reply[:6], limit), reply[6] == 1
@@ -404,7 +272,7 @@ class MemoryQuotas(TwoCalls):
         self._tat: dict[str, float] = {}
         self._queued: dict[str, dict[str, float]] = {}  # tenant -> job id -> hold end
 
-    async def admit(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
+    async def decide(self, tenant: str, limit: TenantLimit, job_id: str | None, hold_s: float) -> Decision:
         now = self.clock()
         interval = limit.interval_us / 1_000_000
         remaining, reset, tat = -1, 0.0, max(now, self._tat.get(tenant, now))
@@ -456,15 +324,3 @@ async def release_quietly(quotas: Quotas, items: list[tuple[str, str]]) -> None:
             await quotas.release(items)
     except Exception as exc:
         log.warning("could not release %d queued-job places (%s); a sweep or their holds free them", len(items), exc)
-
-
-def make_quotas(store: ResultStore) -> Quotas:
-    """The limits beside ``store``: in its Redis, or in memory (one per memory store) for ``memory://``."""
-    if store.scheme == "memory":
-        existing = getattr(store, "quotas", None)
-        if existing is None:
-            existing = MemoryQuotas()
-            store.quotas = existing  # type: ignore[attr-defined]  # shared in-process, like the key store
-        result: Quotas = existing
-        return result
-    return RedisQuotas(store)

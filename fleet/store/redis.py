@@ -37,7 +37,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from fleet.links import link_error, redact
+from fleet.links import link_error
+from fleet.redaction import redact
 from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 from fleet.store import cluster as cl
 from fleet.store import transitions

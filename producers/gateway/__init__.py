@@ -1,6 +1,16 @@
-"""The REST + WebSocket gateway: submit, poll and push job results over HTTP, or run a job in one request
-(``/v1/infer``); result caches (``cache``, ``cache_l3``, ``semantic_index``, ``embedder``); DAG runs; the operator
-dashboard (``/dashboard``) and operator API (live feed, scaling controls, drain, dead letters).
+"""The REST + WebSocket gateway, a thin core around one folder per feature:
+
+* ``jobs``: submit, poll and push job results over HTTP (long-poll, WebSocket, server-sent events), or run a job in
+  one request (``/v1/infer``);
+* ``access``: API keys, roles, the operator gate, per-tenant rate limits and quotas, the audit log;
+* ``cache``: the result caches (L1, L2, L3 semantic);
+* ``operator``: the operator dashboard's feed and the operator API (scaling controls, drain, dead letters);
+* ``dags``: DAG runs.
+
+The core: the app and its lifespan (``app``), the state the handlers share (``state``), errors, limits, metrics,
+calls into the broker and store (``calls``), push framing (``push``), the ops routes (``ops``), the API docs
+(``docs``, ``openapi_doc``) and the dashboard's page (``dashboard``). A feature imports the core and its own
+modules, and another feature only through that feature's package (checked by ``tests/test_imports.py``).
 
 ``create_app(settings)`` builds the FastAPI application; see ``fleet.producers.gateway.app``.
 """

@@ -19,50 +19,44 @@ from fleet.brokers.base import Broker
 from fleet.dags.runner import DagRunner
 from fleet.errors import ConfigError
 from fleet.models import resolve_specs
-from fleet.producers.gateway import (
-    dag_events,
-    dashboard,
-    routes_dags,
-    routes_deadletters,
-    routes_infer,
-    routes_jobs,
-    routes_keys,
-    routes_operator,
-    routes_ops,
-    routes_scaling,
-    routes_workers,
-    sse,
-    ws,
+from fleet.producers.gateway import dashboard, ops
+from fleet.producers.gateway.access import (
+    Authenticator,
+    OperatorGate,
+    RateLimitHeaders,
+    build_limiter,
+    is_loopback,
+    log_access,
 )
-from fleet.producers.gateway.auth import Authenticator
-from fleet.producers.gateway.backlog import Backlog
-from fleet.producers.gateway.cache import ResultCache, build_cache
-from fleet.producers.gateway.deadletter_recorder import DeadLetterRecorder
+from fleet.producers.gateway.access import keys as access_keys
+from fleet.producers.gateway.cache import ResultCache, TextModel, build_cache
+from fleet.producers.gateway.dags import events as dag_events
+from fleet.producers.gateway.dags import routes as dag_routes
 from fleet.producers.gateway.docs import install_docs
-from fleet.producers.gateway.embedder import TextModel
 from fleet.producers.gateway.errors import install_error_handlers
+from fleet.producers.gateway.jobs import infer, sse, ws
+from fleet.producers.gateway.jobs import routes as job_routes
+from fleet.producers.gateway.jobs.backlog import Backlog
+from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.producers.gateway.metrics import MetricsMiddleware
 from fleet.producers.gateway.openapi_doc import install_openapi
-from fleet.producers.gateway.operator_access import OperatorGate, is_loopback, log_access
-from fleet.producers.gateway.operator_beats import BeatListener, Beats
-from fleet.producers.gateway.operator_feed import OperatorFeed
-from fleet.producers.gateway.operator_jobs import RecentJobIds
-from fleet.producers.gateway.ratelimit import RateLimitHeaders, build_limiter
-from fleet.producers.gateway.reconcile import Reconciler
+from fleet.producers.gateway.operator import deadletters
+from fleet.producers.gateway.operator import routes as operator_routes
+from fleet.producers.gateway.operator import scaling as scaling_routes
+from fleet.producers.gateway.operator import workers as worker_routes
+from fleet.producers.gateway.operator.beats import BeatListener, Beats
+from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecorder
+from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.state import GatewayState
 from fleet.readiness import WorkerTracker
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.schemas.models import ModelSpec
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
-from fleet.store.audit import make_audit_log
 from fleet.store.base import ResultStore
-from fleet.store.cachestore import CacheStore, make_cache_store
-from fleet.store.dagstore import DagStore, make_dag_store
-from fleet.store.deadletters import make_dead_letter_store
-from fleet.store.keys import make_key_store
-from fleet.store.quotas import make_quotas
+from fleet.store.bundle import Stores
+from fleet.store.cachestore import CacheStore
 
 logger = logging.getLogger(__name__)
 
@@ -147,36 +141,31 @@ async def _open_tracker(
 
 
 async def _open_operator(
-    app: FastAPI,
     stack: AsyncExitStack,
     settings: FleetSettings,
     broker: Broker,
-    store: ResultStore,
-    dag_store: DagStore,
+    stores: Stores,
+    scaling: ScalingStore,
+    workers: WorkerTracker,
     models: list[str],
-) -> None:
-    """The operator surface's parts: beats heard, the dead-letter recorder and its store, and the one feed of
-    this process."""
+) -> tuple[Beats, OperatorFeed]:
+    """The operator surface's parts: beats heard, the dead-letter recorder, and the one feed of this process."""
     beats = Beats(settings.heartbeat_interval_s)
-    app.state.recent_jobs = RecentJobIds()
-    await stack.enter_async_context(BeatListener(broker, beats, app.state.workers))
-    app.state.beats = beats
-    app.state.dead_letters = make_dead_letter_store(store)
-    app.state.dead_letter_recorder = await stack.enter_async_context(
-        DeadLetterRecorder(broker, app.state.dead_letters, models)
-    )
-    app.state.operator_feed = await stack.enter_async_context(
+    await stack.enter_async_context(BeatListener(broker, beats, workers))
+    await stack.enter_async_context(DeadLetterRecorder(broker, stores.dead_letters, models))
+    feed = await stack.enter_async_context(
         OperatorFeed(
             settings=settings,
             models=models,
             broker=broker,
-            scaling=app.state.scaling,
+            scaling=scaling,
             beats=beats,
-            dead_letters=app.state.dead_letters,
-            dag_store=dag_store,
+            dead_letters=stores.dead_letters,
+            dag_store=stores.dags,
             interval_s=settings.operator_interval_s,
         )
     )
+    return beats, feed
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,47 +177,67 @@ class CacheParts:
 
 
 async def _open_cache(
-    stack: AsyncExitStack, settings: FleetSettings, specs: dict[str, ModelSpec], store: ResultStore, parts: CacheParts
+    stack: AsyncExitStack, settings: FleetSettings, specs: dict[str, ModelSpec], stores: Stores, parts: CacheParts
 ) -> ResultCache | None:
     """The result caches, when a model opted in: started now (L3 replays its logs), stopped at shutdown."""
-    cache = build_cache(settings, specs, parts.store or make_cache_store(store), parts.load_text_model)
+    cache = build_cache(settings, specs, parts.store or stores.cache, parts.load_text_model)
     if cache is not None:
         await cache.start()
         stack.push_async_callback(cache.stop)
     return cache
 
 
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """What ``create_app`` was handed: clients to adopt (None: built, connected and closed by the lifespan)."""
+
+    broker: Broker | None
+    stores: Stores | None
+    store: ResultStore | None
+    scaling: ScalingStore | None
+    workers: WorkerTracker | None
+    cache_parts: CacheParts
+    require_ready_workers: bool
+
+
 def _lifespan(
-    settings: FleetSettings,
-    broker: Broker | None,
-    store: ResultStore | None,
-    limits: GatewayLimits,
-    scaling: ScalingStore | None,
-    workers: WorkerTracker | None,
-    cache_parts: CacheParts,
+    settings: FleetSettings, limits: GatewayLimits, gate: OperatorGate, auth_mode: str, given: _Given
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = resolve_specs(settings.models)
-        log_access(app.state.operator_gate)
+        log_access(gate)
         deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
-            b, s = await _open_clients(stack, settings, broker, store, deadline)
-            app.state.scaling = await _open_scaling(stack, settings, scaling, deadline)
+            results = given.stores.results if given.stores is not None else given.store
+            b, s = await _open_clients(stack, settings, given.broker, results, deadline)
+            stores = given.stores or Stores.beside(s)
+            scaling = await _open_scaling(stack, settings, given.scaling, deadline)
             for name in specs:
                 await retry_until(deadline, f"create the subjects of {name!r}", functools.partial(b.ensure_model, name))
-            app.state.workers = await _open_tracker(stack, settings, b, workers)
+            workers = await _open_tracker(stack, settings, b, given.workers)
             bounds = {name: settings.max_queued_for(name) for name in specs}
             backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
             await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
-            dag_store = make_dag_store(s)
-            runner = DagRunner(b, s, dag_store, specs)
-            cache = await _open_cache(stack, settings, specs, s, cache_parts)
-            app.state.gateway = GatewayState(settings, b, s, specs, backlog, limits, runner, cache)
-            app.state.key_store = app.state.authenticator.keys = make_key_store(s)
-            app.state.audit_log = make_audit_log(s)
-            app.state.tenant_limiter = build_limiter(settings.limit_policy(), make_quotas(s), s, settings.job_ttl_s)
-            await _open_operator(app, stack, settings, b, s, dag_store, list(specs))
+            cache = await _open_cache(stack, settings, specs, stores, given.cache_parts)
+            beats, feed = await _open_operator(stack, settings, b, stores, scaling, workers, list(specs))
+            app.state.gateway = GatewayState(
+                settings=settings,
+                broker=b,
+                stores=stores,
+                specs=specs,
+                backlog=backlog,
+                authenticator=Authenticator(auth_mode, gate, stores.keys),
+                scaling=scaling,
+                workers=workers,
+                beats=beats,
+                operator_feed=feed,
+                limits=limits,
+                tenant_limiter=build_limiter(settings.limit_policy(), stores.quotas, s, settings.job_ttl_s),
+                dag_runner=DagRunner(b, s, stores.dags, specs),
+                cache=cache,
+                require_ready_workers=given.require_ready_workers,
+            )
             logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")
@@ -257,8 +266,9 @@ def check_auth(settings: FleetSettings) -> str:
 def close_operator_streams(app: object) -> None:
     """End the open operator streams of ``app`` (a gateway app), so that a server shutting down is not held up by
     them (call it before telling uvicorn to exit; a no-op before start-up or for another app)."""
-    feed = getattr(getattr(app, "state", None), "operator_feed", None)
-    if isinstance(feed, OperatorFeed):
+    state = getattr(getattr(app, "state", None), "gateway", None)
+    if isinstance(state, GatewayState):
+        feed = state.operator_feed
         feed.close_streams()
 
 
@@ -267,6 +277,7 @@ def create_app(
     *,
     broker: Broker | None = None,
     store: ResultStore | None = None,
+    stores: Stores | None = None,
     limits: GatewayLimits | None = None,
     scaling: ScalingStore | None = None,
     workers: WorkerTracker | None = None,
@@ -280,6 +291,10 @@ def create_app(
         broker: a connected broker to use (``fleet up`` shares its embedded one); the app does not close it.
             When None, the lifespan builds one from ``settings.broker_url``, connects it and closes it at shutdown.
         store: the same for the result store.
+        stores: the result store and the stores beside it (``fleet.store.bundle.Stores``: keys, audit log, limits,
+            DAG store, dead letters, cache entries), when the process shares them with other parts (``fleet up``'s
+            workers, a test that writes keys); its result store is adopted as ``store`` is. When None, the
+            lifespan builds them beside the result store.
         limits: timeouts and WebSocket limits; the defaults suit production.
         scaling: the autoscaler's state (``fleet up`` shares its embedded one); when None, one is built next to
             the result store (``fleet.scaling.make_scaling_store``), connected and closed at shutdown.
@@ -306,35 +321,35 @@ def create_app(
             f"reconcile_after_s ({settings.reconcile_after_s:g}s) must be longer than the publish timeout "
             f"({limits.publish_timeout_s:g}s)"
         )
+    if stores is not None and store is not None and store is not stores.results:
+        raise ConfigError("create_app: store and stores.results must be the same store (give one of them)")
+    given = _Given(broker, stores, store, scaling, workers, cache_parts or CacheParts(), require_ready_workers)
     app = FastAPI(
         title="Fleet gateway",
         version="1",
         summary="Submit ML inference jobs to the fleet and receive their results.",
         openapi_tags=OPENAPI_TAGS,
-        lifespan=_lifespan(settings, broker, store, limits, scaling, workers, cache_parts or CacheParts()),
+        lifespan=_lifespan(settings, limits, OperatorGate.from_settings(settings), auth_mode, given),
         docs_url=None,  # served from installed assets instead of a CDN: fleet.producers.gateway.docs
         redoc_url=None,
     )
     install_docs(app)
     app.include_router(dashboard.router)  # the page and its assets, next to /docs (neither is in the schema)
     app.mount(dashboard.ASSETS_PATH, dashboard.static_files(), name="dashboard-assets")
-    app.state.require_ready_workers = require_ready_workers
-    app.state.operator_gate = OperatorGate.from_settings(settings)
-    app.state.authenticator = Authenticator(auth_mode, app.state.operator_gate)
     install_error_handlers(app)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(MetricsMiddleware)
-    app.include_router(routes_jobs.router)
-    app.include_router(routes_infer.router)
+    app.include_router(job_routes.router)
+    app.include_router(infer.router)
     app.include_router(ws.router)
     app.include_router(sse.router)
-    app.include_router(routes_ops.router)
-    app.include_router(routes_scaling.router)
-    app.include_router(routes_dags.router)
+    app.include_router(ops.router)
+    app.include_router(scaling_routes.router)
+    app.include_router(dag_routes.router)
     app.include_router(dag_events.router)
-    app.include_router(routes_operator.router)
-    app.include_router(routes_deadletters.router)
-    app.include_router(routes_workers.router)
-    app.include_router(routes_keys.router)
+    app.include_router(operator_routes.router)
+    app.include_router(deadletters.router)
+    app.include_router(worker_routes.router)
+    app.include_router(access_keys.router)
     install_openapi(app, settings.max_long_poll_s)
     return app

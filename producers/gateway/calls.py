@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from fleet import constants as c
@@ -46,6 +47,19 @@ async def store_call(store: ResultStore, call: Awaitable[T], timeout_s: float) -
         raise StoreError(f"the result store ({store.scheme}) did not answer within {timeout_s:g}s") from exc
     except OSError as exc:
         raise StoreError(f"the result store ({store.scheme}) cannot be reached: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """The result store with each call bounded by ``timeout_s``: ``await bounded(store.get(job_id))`` is
+    ``store_call(store, store.get(job_id), timeout_s)``. A call that itself waits (``store.wait(id, s)``) passes the
+    time it waits as ``waits_s``, added to the bound. ``GatewayState.bounded`` is the request handlers' one."""
+
+    store: ResultStore
+    timeout_s: float
+
+    async def __call__(self, call: Awaitable[T], waits_s: float = 0.0) -> T:
+        return await store_call(self.store, call, self.timeout_s + waits_s)
 
 
 async def read_job(

@@ -155,8 +155,8 @@ def _header(description: str, kind: str = "integer") -> dict[str, Any]:
 
 
 RETRY_AFTER_HEADER = {"Retry-After": _header("seconds to wait before trying again")}
-# The IETF draft RateLimit headers of a route that tenants' limits count (fleet.producers.gateway.ratelimit): on every
-# answer while a rate limit applies to the caller's tenant.
+# The IETF draft RateLimit headers of a route that tenants' limits count (fleet.producers.gateway.access.ratelimit):
+# on every answer while a rate limit applies to the caller's tenant.
 RATE_LIMIT_HEADERS = {
     "RateLimit-Limit": _header("the tenant's burst: requests it may make at once"),
     "RateLimit-Remaining": _header("requests left in the burst now"),

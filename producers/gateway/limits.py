@@ -1,4 +1,4 @@
-"""Limits and timeouts of the gateway, and the size-limited body reader.
+"""Limits and timeouts of the gateway, the size-limited body reader and the check of a ``?wait`` query.
 
 The body size limit itself is ``FleetSettings.max_body_bytes``; the values here guard the gateway against slow
 dependencies and greedy WebSocket clients and are rarely worth changing, so they are not environment settings.
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from fleet.errors import PayloadTooLarge
+from fleet.producers.gateway.errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +59,14 @@ async def read_limited_body(request: Request, limit_bytes: int) -> bytes:
             raise PayloadTooLarge(size, limit_bytes, what="request body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def check_wait(wait_s: float, max_s: float) -> None:
+    """A 422 unless ``0 < wait_s <= max_s`` (a long-poll of a job or a DAG run)."""
+    if not 0 < wait_s <= max_s:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"invalid request: query.wait: must be more than 0 and at most {max_s:g} seconds, got {wait_s:g}",
+            [{"loc": "query.wait", "msg": f"must be in (0, {max_s:g}]", "type": "out_of_range"}],
+        )

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from fleet.producers.gateway.operator_access import OperatorGate, operator_gate
+from fleet.producers.gateway.access import OperatorGate, operator_gate
 
 STATIC_DIR = Path(__file__).parent / "static"
 DASHBOARD_PATH = "/dashboard"

@@ -1,0 +1,198 @@
+"""Every benchmark, listed once: the result file it writes, how ``make bench`` runs it, what it measures and what it
+needs. ``benchmarks.run_all`` runs this list; ``benchmarks.report`` renders one section per entry, measured or not.
+
+Standard library only: the docs build imports it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+GPU = "gpu"
+VALGRIND = "valgrind"
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    name: str  # the result file: benchmarks/results/<name>.json
+    module: str  # run as python -m <module>
+    args: tuple[str, ...]  # the arguments make bench gives it
+    measures: str  # one sentence for the benchmarks page
+    needs: str | None = None  # GPU or VALGRIND: skipped, with the reason, where missing
+
+    @property
+    def command(self) -> str:
+        return " ".join(["python -m", self.module, *self.args])
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark(
+        "pipeline",
+        "benchmarks.bench_pipeline",
+        (),
+        "Echo throughput through the fleet against the broker's raw client doing the same delivery work, on NATS "
+        "and on Kafka, and end-to-end p50/p99 latency at about 70 % of the fleet's saturation throughput.",
+    ),
+    Benchmark(
+        "embed",
+        "benchmarks.bench_embed",
+        ("--infra", "nats"),
+        "`embed` through the fleet with micro-batching against a maximum batch of 1, and fleet `embed` throughput "
+        "against a bare transformers loop at the same batch size.",
+    ),
+    Benchmark(
+        "embed-fleet",
+        "benchmarks.bench_embed_fleet",
+        (),
+        "`embed` served by N `fleet worker` processes sharing one device over NATS + Redis, against the bare loop.",
+    ),
+    Benchmark(
+        "model",
+        "benchmarks.bench_model",
+        (),
+        "The bare-model baseline: plain transformers embedding texts with no fleet around it, and the `embed` "
+        "handler on the same texts.",
+    ),
+    Benchmark(
+        "bench_dispatch",
+        "benchmarks.bench_dispatch",
+        (),
+        "Load balancing on a fleet of `sleep` workers (some slow), every dispatch policy side by side under "
+        "open-loop load: p99 and p99/p50 against load.",
+    ),
+    Benchmark(
+        "autoscaler",
+        "benchmarks.bench_autoscaler",
+        (),
+        "The autoscaler driving real `fleet worker` processes under a step load and a sawtooth load of `sleep` "
+        "jobs: time to scale out, jobs waiting, and replicas against the load.",
+    ),
+    Benchmark(
+        "bench_cache",
+        "benchmarks.bench_cache",
+        (),
+        "The result caches (exact, shared and semantic) on a generated `embed` workload over NATS + Redis: hit "
+        "rates and latency against the same requests bypassing the cache.",
+    ),
+    Benchmark(
+        "dag",
+        "benchmarks.bench_dag",
+        (),
+        "DAG runs against the same jobs driven step by step by a client, over NATS JetStream + Redis.",
+    ),
+    Benchmark(
+        "bench_adaptive",
+        "benchmarks.bench_adaptive",
+        (),
+        "Micro-batches sized from a p99 target against fixed batch settings, under stepped load.",
+    ),
+    Benchmark(
+        "priority",
+        "benchmarks.bench_priority",
+        (),
+        "Priorities under overload: latency of high, normal and low jobs on one worker offered more than it can do.",
+    ),
+    Benchmark(
+        "peers",
+        "benchmarks.bench_peers",
+        (),
+        "Fleet's `echo` worker against a minimal FastStream NATS subscriber, side by side on the same servers.",
+    ),
+    Benchmark(
+        "bench_auth",
+        "benchmarks.bench_auth",
+        (),
+        "What API keys and per-tenant rate limits cost the gateway: submit throughput with them on and off.",
+    ),
+    Benchmark(
+        "bench_dashboard",
+        "benchmarks.bench_dashboard",
+        (),
+        "What open operator streams cost the gateway: job throughput with 0 and with 50 dashboard readers.",
+    ),
+    Benchmark(
+        "cluster",
+        "benchmarks.bench_cluster",
+        (),
+        "Writes of finished records on a 3-primary Redis Cluster against one Redis.",
+    ),
+    Benchmark(
+        "compact",
+        "benchmarks.bench_compact",
+        (),
+        "Compact results: a zero-cost `embed` worker over NATS + Redis, float against base64 outputs.",
+    ),
+    Benchmark(
+        "instructions",
+        "benchmarks.bench_instructions",
+        (),
+        "Instructions per job of a zero-cost `embed` worker and Redis's instructions per result, counted by "
+        "callgrind, so the figure does not move with the machine's load.",
+        VALGRIND,
+    ),
+    Benchmark(
+        "gateway_attacks-current",
+        "benchmarks.gateway_attacks",
+        (),
+        "Small hostile requests (deep JSON, huge numbers, costly DAG expressions) sent to a real gateway and worker, "
+        "with the gateway's `/healthz` latency while each is in flight.",
+    ),
+    Benchmark(
+        "chaos",
+        "benchmarks.chaos",
+        (),
+        "Fault runs: jobs lost, settled twice, computed twice or failed while parts of Fleet are killed.",
+    ),
+    Benchmark(
+        "gpu_parity",
+        "benchmarks.gpu_parity",
+        ("--device", "cuda"),
+        "`embed`'s vectors on the GPU (fp16) against those on the CPU (fp32): the lowest cosine similarity.",
+        GPU,
+    ),
+    Benchmark(
+        "embed-gpu",
+        "benchmarks.bench_embed",
+        tuple(
+            "--device cuda --infra memory --random-weights auto --jobs 20000 --single-jobs 3000 --batch 256 "
+            "--words 16 --name embed-gpu".split()
+        ),
+        "`embed` on a GPU: micro-batching against batch 1, and the fleet against bare transformers.",
+        GPU,
+    ),
+    Benchmark(
+        "embed-gpu-fleet",
+        "benchmarks.bench_embed_fleet",
+        tuple(
+            "--device cuda --random-weights auto --workers 1,2,4,8 --jobs 100000 --batch 256 --words 16 "
+            "--name embed-gpu-fleet".split()
+        ),
+        "1, 2, 4 and 8 `fleet worker` processes sharing one GPU over NATS + Redis, against the bare loop.",
+        GPU,
+    ),
+)
+
+
+def by_name() -> dict[str, Benchmark]:
+    return {b.name: b for b in BENCHMARKS}
+
+
+def missing(needs: str | None) -> str | None:
+    """Why a benchmark needing ``needs`` cannot run on this machine, or None when it can."""
+    if needs == VALGRIND and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
+        return "needs valgrind and callgrind_control (Debian: apt-get install valgrind)"
+    if needs == GPU and not has_gpu():
+        return "needs a CUDA GPU (nvidia-smi lists none); scripts/bench_gpu.sh runs these where one is"
+    return None
+
+
+def has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout

@@ -1,0 +1,129 @@
+"""Liveness, readiness, Prometheus metrics and the list of served models."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS
+from fleet.producers.gateway.errors import error_response
+from fleet.producers.gateway.metrics import REGISTRY
+from fleet.producers.gateway.state import GatewayState, gateway_state
+from fleet.schemas.api import ErrorResponse
+
+router = APIRouter()
+
+
+class Health(BaseModel):
+    status: str = Field(description="'ok'")
+
+
+class ModelReadiness(BaseModel):
+    ready_workers: int = Field(
+        description="workers of this model whose fresh heartbeat (within 3 heartbeat intervals) says 'ready'"
+    )
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="'ready'")
+    broker: str = Field(description="'ok' or why the broker does not answer")
+    store: str = Field(description="'ok' or why the store does not answer")
+    models: dict[str, ModelReadiness] = Field(
+        description="per served model, how many workers can take its jobs now; 0 does not make the gateway unready "
+        "(submissions queue until a worker comes), except under `fleet up`, which is ready once each has one"
+    )
+
+
+class ModelInfo(BaseModel):
+    """One served model and the JSON Schemas of its input and output."""
+
+    name: str
+    description: str
+    max_batch: int
+    max_wait_ms: float
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+@router.get("/healthz", tags=["ops"], summary="Liveness", response_model=Health)
+async def healthz() -> Health:
+    """Always 200 while the process serves requests."""
+    return Health(status="ok")
+
+
+async def _probe(call: Awaitable[None], timeout_s: float) -> str:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await call
+    except TimeoutError:
+        return f"no answer within {timeout_s:g}s"
+    except Exception as exc:
+        return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return "ok"
+
+
+@router.get(
+    "/readyz",
+    tags=["ops"],
+    summary="Readiness",
+    response_model=Readiness,
+    responses={503: {"model": ErrorResponse}},
+)
+async def readyz(request: Request, state: GatewayState = Depends(gateway_state)) -> Response:
+    """200 when the broker and the store both answer a ping (submissions are accepted and queue); 503 naming the
+    one(s) that do not. The body lists each model's ready workers; under ``fleet up`` a model without one is also
+    a 503 (``fleet up`` is ready only once every model has a warm worker)."""
+    timeout_s = state.limits.ping_timeout_s
+    broker, store = await asyncio.gather(_probe(state.broker.ping(), timeout_s), _probe(state.store.ping(), timeout_s))
+    checks = {"broker": broker, "store": store}
+    schemes = {"broker": state.broker.scheme, "store": state.store.scheme}
+    failing = [f"{name} ({schemes[name]}): {why}" for name, why in checks.items() if why != "ok"]
+    counts = state.workers.ready.counts(state.specs)
+    models = {name: {"ready_workers": n} for name, n in counts.items()}
+    if state.require_ready_workers:
+        failing += [f"model {name!r} has no ready worker yet" for name, n in counts.items() if n == 0]
+    if failing:
+        return error_response(503, "not_ready", "not ready: " + "; ".join(failing), {**checks, "models": models})
+    return JSONResponse(Readiness(status="ready", models=models, **checks).model_dump())
+
+
+@router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=Response)
+async def metrics() -> Response:
+    """Every metric of this process in the Prometheus text format (gateway and, under ``fleet up``, workers)."""
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(
+    "/v1/models",
+    tags=["models"],
+    summary="List the served models",
+    response_model=ModelList,
+    dependencies=SUBMITTER_DEPS,
+    responses=AUTH_RESPONSES,
+)
+async def list_models(state: GatewayState = Depends(gateway_state)) -> ModelList:
+    """The models this gateway accepts jobs for, with the JSON Schemas of their input and output."""
+    infos = []
+    for spec in state.specs.values():
+        schemas = spec.json_schemas()
+        infos.append(
+            ModelInfo(
+                name=spec.name,
+                description=spec.description,
+                max_batch=spec.max_batch,
+                max_wait_ms=spec.max_wait_ms,
+                input_schema=schemas["input"],
+                output_schema=schemas["output"],
+            )
+        )
+    return ModelList(models=infos)
