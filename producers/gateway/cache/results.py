@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import logging
 import time
@@ -307,6 +308,20 @@ class ResultCache:
             CACHE_L3_ENTRIES.labels(spec.name).set(self.semantic.entries(spec.name, spec.version))
 
 
+def require_l3_extras(models: list[str]) -> None:
+    """Raise a ConfigError naming the extras to install when L3's FAISS or its embedding model is not installed.
+
+    Raises:
+        ConfigError: ``faiss`` (the ``cache`` extra) or ``torch``/``transformers`` (the ``models`` extra) is absent.
+    """
+    absent = [name for name in ("faiss", "torch", "transformers") if importlib.util.find_spec(name) is None]
+    if absent:
+        raise ConfigError(
+            f"cache: {', '.join(models)} use the l3 cache, which needs {', '.join(absent)} (not installed): "
+            "pip install 'fleet-inference[cache,models]', or give those models l1+l2 in FLEET_CACHE"
+        )
+
+
 def build_cache(
     settings: FleetSettings,
     specs: dict[str, ModelSpec],
@@ -324,6 +339,7 @@ def build_cache(
     levels = resolve_levels(settings, specs)
     semantic = None
     if any("l3" in lv for lv in levels.values()):
+        require_l3_extras([model for model, lv in levels.items() if "l3" in lv])
         loader = load_text_model or functools.partial(load_embed_handler, settings.device)
         gpu = index_device(settings.device)
         logger.info("L3 cache: FAISS searches on %s", "the CPU" if gpu is None else f"GPU {gpu}")

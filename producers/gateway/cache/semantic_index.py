@@ -28,12 +28,14 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import faiss
 import numpy as np
 
 from fleet.errors import ConfigError
+
+if TYPE_CHECKING:  # FAISS is imported where an index is made: a gateway without an L3 cache never loads it
+    import faiss
 
 SEARCH_K = 4  # neighbours read per query, so that forgotten entries and guard failures can be skipped
 EVICT_TO = 0.95  # a batch eviction leaves this share of max_entries
@@ -41,7 +43,7 @@ NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "nowhe
 ORDER_CHECK_WORDS = 256  # longer texts skip the word-order check (its cost grows with the square of the length)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
-Mirror = Callable[[faiss.Index], faiss.Index]  # a copy of the CPU index to search on (a GPU's)
+Mirror = Callable[["faiss.Index"], "faiss.Index"]  # a copy of the CPU index to search on (a GPU's)
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
@@ -95,6 +97,8 @@ def texts_agree(a: str, b: str) -> bool:
 
 def faiss_gpus() -> int:
     """GPUs this FAISS build can use (always 0 with ``faiss-cpu``)."""
+    import faiss
+
     count = getattr(faiss, "get_num_gpus", None)
     return int(count()) if count is not None else 0
 
@@ -132,6 +136,8 @@ def index_device(pref: str) -> int | None:
 
 def gpu_mirror(gpu: int) -> Mirror:
     """Copies of an index on GPU ``gpu`` (FAISS's ``StandardGpuResources``, shared by the copies)."""
+    import faiss
+
     resources = faiss.StandardGpuResources()  # type: ignore[attr-defined]  # in the faiss-gpu build only
 
     def mirror(index: faiss.Index) -> faiss.Index:
@@ -164,6 +170,8 @@ class SemanticIndex:
         self.nlist = default_nlist(max_entries)
         self.nprobe = nprobe
         self.train_at = train_at if train_at is not None else min(max_entries, self.nlist * 16)
+        import faiss
+
         self._index: faiss.Index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         self._entries: OrderedDict[int, tuple[str, str]] = OrderedDict()  # id -> (key, text), oldest first
         self._ids: dict[str, int] = {}
@@ -244,6 +252,8 @@ class SemanticIndex:
 
     def _train(self) -> None:
         """Move the flat index's vectors into a trained IVF index."""
+        import faiss
+
         flat: Any = self._index  # IndexIDMap2 over IndexFlatIP (the stubs know only Index)
         ids = faiss.vector_to_array(flat.id_map).astype(np.int64)
         vectors = flat.index.reconstruct_n(0, flat.ntotal)
