@@ -26,11 +26,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import services, show, stop_processes, write_results
+from benchmarks.common import services, show, stop_processes, write_result
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,14 +136,12 @@ def main(args: argparse.Namespace) -> None:
             for name, r in results.items()
         ],
     )
-    record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "load_average": os.getloadavg(),
+    figures = {
         "runs": runs,
         "baseline": str(Path(args.baseline).resolve()) if args.baseline else None,
         "results": results,
     }
-    print(f"wrote {write_results('startup', record)}")
+    print(f"wrote {write_result('startup', figures)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -29,6 +29,14 @@ class Benchmark:
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
+        "startup",
+        "benchmarks.bench_startup",
+        (),
+        "Whole `fleet` processes from their start to the moment they are of use: `fleet --help` to its exit, "
+        "`fleet worker --model echo` to its `/readyz` 200, and `fleet up` with `embed` to its `/readyz` 200; the "
+        "median of several runs each.",
+    ),
+    Benchmark(
         "pipeline",
         "benchmarks.bench_pipeline",
         (),
