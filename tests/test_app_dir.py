@@ -15,6 +15,8 @@ import pytest
 from tests.processes import ROOT, fleet_env, wait_http_ready
 from tests.services import free_port
 
+pytestmark = pytest.mark.services  # every test runs a `fleet` process
+
 FLEET = str(Path(sys.executable).parent / "fleet")  # the console script a user runs (python -m would add the cwd)
 
 README = (ROOT / "README.md").read_text()
