@@ -29,6 +29,7 @@ from fleet.dags.starter import DagStarter
 from fleet.models import resolve_spec
 from fleet.outages import OutageLog, services_of, watch_outages
 from fleet.redaction import redact
+from fleet.repository.layout import Repository
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store import make_store
@@ -120,7 +121,7 @@ def build_worker(
 def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, Any], str]:
     """The (not yet loaded) handler and its device; raises ``UnknownModel``/``ConfigError`` for a bad reference,
     option or device, so the CLI calls it once before connecting anything."""
-    handler_cls = resolve_handler(ref)
+    handler_cls = resolve_handler(ref, Repository.from_settings(settings))
     device = "cpu" if issubclass(handler_cls, DEVICELESS_HANDLERS) else resolve_device(settings.device)
     return handler_cls(device=device, slowness=settings.slowness), device
 
@@ -180,7 +181,7 @@ async def run_worker(
     ``/readyz`` on that port from the start (``/readyz`` 503 until the model is warm)."""
     deadline = startup_deadline(settings)
     build_handler(ref, settings)  # a bad model, option or device fails before anything connects
-    probe = WorkerProbe(resolve_spec(ref).name)
+    probe = WorkerProbe(resolve_spec(ref, Repository.from_settings(settings)).name)
     server = serve_probes(probe, metrics_port) if metrics_port is not None else None  # /healthz from the start
     stop = asyncio.Event()
     restore = stop_on_signals(stop)

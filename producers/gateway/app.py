@@ -50,6 +50,7 @@ from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecor
 from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.state import GatewayState
 from fleet.readiness import WorkerTracker
+from fleet.repository.layout import Repository
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.schemas.models import ModelSpec
 from fleet.settings import FleetSettings
@@ -205,7 +206,7 @@ def _lifespan(
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        specs = resolve_specs(settings.models)
+        specs = resolve_specs(settings.models, Repository.from_settings(settings))
         log_access(gate)
         deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
