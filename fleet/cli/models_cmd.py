@@ -39,7 +39,9 @@ RUNTIME_HELP = "embeddings, classification, token-classification or rerank (defa
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    from rich.markup import escape  # a message may hold brackets: ORG/NAME[@revision], a path
+
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 

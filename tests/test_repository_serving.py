@@ -1,0 +1,61 @@
+"""A repository entry served end to end: the gateway and a real worker resolve ``name@version`` from the settings'
+repository (in memory, and on NATS + Redis), the job's ``model`` may pin the served version and is refused 404 for
+another, and a worker refuses to load a tampered version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.cli.compose import build_worker
+from fleet.errors import ConfigError
+from tests.gateway_helpers import asgi_gateway, error_of, urls_for
+from tests.infra import connected_pair, settings_for
+from tests.repository_fixtures import handler_entry
+
+SERVED_PAIRS = ["memory", "nats+redis"]
+
+
+@pytest.mark.parametrize("pair", SERVED_PAIRS)
+async def test_name_at_version_routes_to_the_served_version_and_another_version_is_404(
+    request: pytest.FixtureRequest, pair: str, unique: str, tmp_path: Path
+) -> None:
+    name = f"rw-{unique}"
+    handler_entry(tmp_path, name, "1", payload=b"one" * 10)
+    handler_entry(tmp_path, name, "2", payload=b"two" * 20)
+    settings = settings_for(pair, urls_for(request, pair), models=[f"{name}@1"], model_repository=tmp_path)
+    async with connected_pair(settings) as (broker, store), asgi_gateway(settings, broker, store) as (app, client):
+        assert app.state.gateway.specs[name].version == "1"
+        worker = build_worker(f"{name}@1", broker, store, settings)
+        await worker.start()
+        try:
+            pinned = await client.post("/v1/infer", json={"model": f"{name}@1", "input": {"text": "hi"}})
+            assert pinned.status_code == 200, pinned.text
+            assert pinned.json()["model"] == name
+            assert pinned.json()["output"] == {"text": "HI", "weights_bytes": 30}
+            plain = await client.post("/v1/infer", json={"model": name, "input": {"text": "yo"}})
+            assert plain.json()["output"] == {"text": "YO", "weights_bytes": 30}
+        finally:
+            await worker.stop()
+        other = await client.post("/v1/jobs", json={"model": f"{name}@2", "input": {"text": "hi"}})
+        assert other.status_code == 404
+        error = error_of(other)
+        assert error["type"] == "unknown_model"
+        assert error["message"] == f"model '{name}' is served at version '1' here, not '2'"
+        assert error["details"] == {"model": name, "version": "2", "served_version": "1", "known": [name]}
+        unknown = await client.post("/v1/jobs", json={"model": "nope@1", "input": {"text": "hi"}})
+        assert unknown.status_code == 404 and error_of(unknown)["details"]["known"] == [name]
+        invalid = await client.post("/v1/jobs", json={"model": f"{name}@1", "input": {"txt": "hi"}})
+        assert invalid.status_code == 422 and error_of(invalid)["type"] == "invalid_input"
+
+
+async def test_a_worker_refuses_to_load_a_tampered_version_naming_the_file(unique: str, tmp_path: Path) -> None:
+    name = f"rw-{unique}"
+    folder = handler_entry(tmp_path, name, "1")
+    (folder / "weights.safetensors").write_bytes(b"swapped")
+    settings = settings_for("memory", {}, models=[name], model_repository=tmp_path)
+    async with connected_pair(settings) as (broker, store):
+        worker = build_worker(name, broker, store, settings)
+        with pytest.raises(ConfigError, match=rf"^model {name}@1: weight file weights.safetensors does not match"):
+            await worker.start()
