@@ -50,8 +50,12 @@ def test_add_list_show_and_verify_a_folder(tiny_classifier: Path, tmp_path: Path
     assert added.exit_code == 0, added.output
     assert added.stdout.strip() == "sentiment@1"
     assert "runtime classification (from classifier/config.json)" in added.stderr
-    assert fleet("add", str(tiny_classifier), "--name", "sentiment", "--repository", repo).stdout.strip() == "sentiment@2"
-    pinned = fleet("add", str(tiny_classifier), "--name", "ranker", "--runtime", "rerank", "--version", "7", "--repository", repo)
+    assert (
+        fleet("add", str(tiny_classifier), "--name", "sentiment", "--repository", repo).stdout.strip() == "sentiment@2"
+    )
+    pinned = fleet(
+        "add", str(tiny_classifier), "--name", "ranker", "--runtime", "rerank", "--version", "7", "--repository", repo
+    )
     assert pinned.stdout.strip() == "ranker@7"
 
     listed = fleet("list", "--repository", repo)
@@ -62,6 +66,16 @@ def test_add_list_show_and_verify_a_folder(tiny_classifier: Path, tmp_path: Path
         ["sentiment", "1,", "2", "classification", "2"],
     ]
 
+    broken = tmp_path / "models" / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "model.yaml").write_text("runtime: [\n")
+    listed = fleet("list", "--repository", repo)
+    assert listed.exit_code == 1 and ["broken", "1", "(invalid)", "1"] in [
+        r.split() for r in listed.stdout.splitlines()
+    ]
+    assert "broken/1/model.yaml: line 2, column 1" in one_error_line(listed)
+    shutil.rmtree(broken.parent)
+
     shown = fleet("show", "sentiment@1", "--repository", repo)
     assert shown.exit_code == 0, shown.output
     head, _, rest = shown.stdout.partition("\n")
@@ -69,11 +83,17 @@ def test_add_list_show_and_verify_a_folder(tiny_classifier: Path, tmp_path: Path
     manifest = yaml.safe_load(rest.partition("file ")[0])
     assert manifest["runtime"] == "classification" and manifest["task"] == "sentiment"
     size = (tiny_classifier / "model.safetensors").stat().st_size
-    assert any(line.split()[:3] == ["model.safetensors", f"{size / 1024:.1f}", "KB"] for line in shown.stdout.splitlines())
+    assert any(
+        line.split()[:3] == ["model.safetensors", f"{size / 1024:.1f}", "KB"] for line in shown.stdout.splitlines()
+    )
 
     verified = fleet("verify", "--repository", repo)
     assert verified.exit_code == 0, verified.output
-    assert verified.stdout.split("\n")[:3] == ["ranker@7: ok (5 files)", "sentiment@1: ok (5 files)", "sentiment@2: ok (5 files)"]
+    assert verified.stdout.split("\n")[:3] == [
+        "ranker@7: ok (5 files)",
+        "sentiment@1: ok (5 files)",
+        "sentiment@2: ok (5 files)",
+    ]
     with (tmp_path / "models" / "sentiment" / "1" / "tokenizer.json").open("a") as f:
         f.write(" ")
     line = one_error_line(fleet("verify", "sentiment", "--repository", repo))
@@ -120,7 +140,10 @@ def test_keygen_sign_and_verify_with_the_public_key(tiny_classifier: Path, tmp_p
     with_key = {"FLEET_MODEL_PUBLIC_KEY": f"{key}.pub"}
     assert fleet("verify", "sentiment@1", "--repository", repo, **with_key).exit_code == 0
     line = one_error_line(fleet("verify", "sentiment@2", "--repository", repo, **with_key))
-    assert "sentiment/2/model.yaml: no model.yaml.sig, and FLEET_MODEL_PUBLIC_KEY requires every model to be signed" in line
+    assert (
+        "sentiment/2/model.yaml: no model.yaml.sig, and FLEET_MODEL_PUBLIC_KEY requires every model to be signed"
+        in line
+    )
     manifest = tmp_path / "models" / "sentiment" / "1" / "model.yaml"
     manifest.write_text(manifest.read_text().replace("runtime: classification", "runtime: rerank"))
     line = one_error_line(fleet("verify", "sentiment@1", "--repository", repo, **with_key))
@@ -156,7 +179,9 @@ def test_pull_from_a_file_snapshot_records_its_digests_and_source(tiny_classifie
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}])
 def test_pull_from_an_unreachable_hub_fails_in_one_line(tmp_path: Path, env: dict[str, str]) -> None:
     repo = tmp_path / "models"
-    done = run_fleet("models", "pull", "sentence-transformers/all-MiniLM-L6-v2@main", "--repository", str(repo), env=env)
+    done = run_fleet(
+        "models", "pull", "sentence-transformers/all-MiniLM-L6-v2@main", "--repository", str(repo), env=env
+    )
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == (
         "error: cannot reach the Hugging Face Hub to pull sentence-transformers/all-MiniLM-L6-v2 (no network, or "
@@ -166,7 +191,9 @@ def test_pull_from_an_unreachable_hub_fails_in_one_line(tmp_path: Path, env: dic
     assert list(repo.iterdir()) == []  # the download's folder is gone
     bad = run_fleet("models", "pull", "../../etc", "--repository", str(repo))
     assert bad.returncode == 1
-    assert bad.stderr.strip() == "error: '../../etc' is not a Hub model id: write ORG/NAME[@revision], or file:///folder"
+    assert (
+        bad.stderr.strip() == "error: '../../etc' is not a Hub model id: write ORG/NAME[@revision], or file:///folder"
+    )
 
 
 def test_each_command_explains_itself() -> None:

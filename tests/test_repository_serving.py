@@ -1,18 +1,22 @@
 """A repository entry served end to end: the gateway and a real worker resolve ``name@version`` from the settings'
-repository (in memory, and on NATS + Redis), the job's ``model`` may pin the served version and is refused 404 for
-another, and a worker refuses to load a tampered version."""
+repository (in memory, and on NATS + Redis; and ``fleet up`` with the repository relative to its app folder), the
+job's ``model`` may pin the served version and is refused 404 for another, and a worker refuses to load a tampered
+version."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fleet.cli.compose import build_worker
 from fleet.errors import ConfigError
 from tests.gateway_helpers import asgi_gateway, error_of, urls_for
 from tests.infra import connected_pair, settings_for
+from tests.processes import fleet_process, stop, wait_http_ready
 from tests.repository_fixtures import handler_entry
+from tests.services import free_port
 
 SERVED_PAIRS = ["memory", "nats+redis"]
 
@@ -59,3 +63,23 @@ async def test_a_worker_refuses_to_load_a_tampered_version_naming_the_file(uniqu
         worker = build_worker(name, broker, store, settings)
         with pytest.raises(ConfigError, match=rf"^model {name}@1: weight file weights.safetensors does not match"):
             await worker.start()
+
+
+def test_fleet_up_serves_a_repository_model_from_the_app_folder(unique: str, tmp_path: Path) -> None:
+    """``FLEET_MODEL_REPOSITORY`` relative to ``--app-dir``: the gateway and the worker ``fleet up`` starts read the
+    same folder, and the job names the version it wants."""
+    name = f"rw-{unique}"
+    handler_entry(tmp_path / "models", name, "1", payload=b"x" * 7)
+    handler_entry(tmp_path / "models", name, "2", payload=b"x" * 9)
+    port = free_port()
+    env = {"FLEET_MODEL_REPOSITORY": "models", "FLEET_APP_DIR": str(tmp_path)}
+    log = tmp_path / "up.log"
+    with fleet_process("up", "--port", str(port), "--models", f"echo,{name}", env=env, log=log) as proc:
+        base = f"http://127.0.0.1:{port}"
+        wait_http_ready(f"{base}/readyz", proc, log)
+        answer = httpx.post(f"{base}/v1/infer", json={"model": f"{name}@2", "input": {"text": "up"}}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["output"] == {"text": "UP", "weights_bytes": 9}
+        refused = httpx.post(f"{base}/v1/jobs", json={"model": f"{name}@1", "input": {"text": "up"}}, timeout=30)
+        assert refused.status_code == 404 and error_of(refused)["details"]["served_version"] == "2"
+        stop(proc)

@@ -139,20 +139,28 @@ def register(app: typer.Typer) -> None:
 
     @models_app.command("list")
     def list_(repository: RepositoryOption = None) -> None:
-        """List the models: name, versions, the default version's runtime, the default version (the highest)."""
+        """List the models: name, versions, the default version's runtime, the default version (the highest).
+        Exit 1, after the table, when a default version's model.yaml is refused."""
         repo = _repository(repository)
+        rows = [("name", "versions", "runtime", "default")]
+        problems: list[str] = []
         try:
-            rows = [("name", "versions", "runtime", "default")]
             for name in repo.names():
                 versions = repo.versions(name)
-                entry = repo.get(name)
-                rows.append((name, ", ".join(versions), entry.manifest.runtime, entry.version))
+                try:
+                    runtime = repo.get(name).manifest.runtime
+                except FleetError as exc:  # one broken manifest does not hide the other models
+                    runtime = "(invalid)"
+                    problems.append(exc.message)
+                rows.append((name, ", ".join(versions), runtime, versions[-1]))
         except FleetError as exc:
             raise _fail(exc.message) from None
         if len(rows) == 1:
             _note(f"no models in {repo.root} (add one: fleet models add FOLDER --name NAME)")
             return
         _table(rows)
+        if problems:
+            raise _fail("; ".join(problems))
 
     @models_app.command("show")
     def show(
