@@ -75,7 +75,7 @@ def repository_entry(ref: str, repository: Repository | None = None) -> Reposito
     """
     repo = repository or _repository
     name = ref.partition("@")[0]
-    if not c.MODEL_NAME_RE.match(name) or name not in repo:
+    if not c.MODEL_NAME_RE.fullmatch(name) or name not in repo:
         raise UnknownModel(ref, [*BUILTIN_SPECS, *repo.names()])
     return repo.get(*split_ref(ref))
 

@@ -49,7 +49,7 @@ def test_add_list_show_and_verify_a_folder(tiny_classifier: Path, tmp_path: Path
     added = fleet("add", str(tiny_classifier), "--name", "sentiment", "--repository", repo, "--task", "sentiment")
     assert added.exit_code == 0, added.output
     assert added.stdout.strip() == "sentiment@1"
-    assert "runtime classification (from classifier/config.json)" in added.stderr
+    assert "runtime classification (from config.json)" in added.stderr
     assert (
         fleet("add", str(tiny_classifier), "--name", "sentiment", "--repository", repo).stdout.strip() == "sentiment@2"
     )

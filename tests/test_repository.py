@@ -168,6 +168,8 @@ def test_an_oversized_or_binary_manifest_is_refused_before_it_is_parsed(tmp_path
         ("m@1/../../x", "model version '1/../../x' is not allowed"),
         ("M", "model name 'M' is not allowed"),
         ("m@", "model version '' is not allowed"),
+        ("m\n", "model name 'm\\n' is not allowed"),
+        ("m@1\n", "model version '1\\n' is not allowed"),
     ],
 )
 def test_references_cannot_reach_outside_the_repository(tmp_path: Path, ref: str, problem: str) -> None:
@@ -370,3 +372,13 @@ def stand_in_runtime_handler(entry):  # type: ignore[no-untyped-def]
     from fleet.repository.entry import spec_for
 
     return type("StandIn", (EchoHandler,), {"spec": spec_for(entry), "entry": entry})
+
+
+def test_the_workers_fleet_up_starts_get_the_pinned_reference(tmp_path: Path) -> None:
+    """The process backend starts ``fleet worker --model m@1`` for the model ``m`` configured as ``m@1``."""
+    from fleet.autoscaler.backends.process import _refs_from
+
+    handler_entry(tmp_path, "m", "1")
+    handler_entry(tmp_path, "m", "2")
+    refs = _refs_from(["m@1", "echo", "tests.gateway_helpers:echo_x"], Repository(tmp_path))
+    assert refs == {"m": "m@1", "echo-x": "tests.gateway_helpers:echo_x"}

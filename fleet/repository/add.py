@@ -135,9 +135,9 @@ def next_version(repo: Repository, name: str) -> str:
 
 
 def manifest_text(manifest: ModelManifest, header: str) -> str:
+    """The manifest as YAML: ``runtime`` first, then what differs from the defaults."""
     data = manifest.model_dump(mode="json", exclude_defaults=True)
-    data["runtime"] = manifest.runtime  # always written, first
-    ordered = {"runtime": data.pop("runtime"), **data}
+    ordered = {"runtime": manifest.runtime, **{k: v for k, v in data.items() if k != "runtime"}}
     return f"# {header}\n" + yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True, width=120)
 
 
@@ -168,7 +168,7 @@ def add_folder(
     names = weight_files(source, source_files(source), notes)
     if runtime is None:
         runtime = infer_runtime(source, notes)
-        notes.append(f"runtime {runtime} (from {source.name}/config.json); --runtime chooses another")
+        notes.append(f"runtime {runtime} (from config.json); --runtime chooses another")
     parent = repo.root / name
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +181,7 @@ def add_folder(
         if mode == "link":
             weights["path"] = str(source)
         manifest = _manifest(name, version, runtime, task, description, labels or {}, weights)
-        header = f"{name}@{version}, written by fleet models add from {source.name}"
+        header = f"{name}@{version}, written by fleet models: the sha256 of every file that is read"
         (staging / MANIFEST_FILE).write_text(manifest_text(manifest, header))
         staging.chmod(0o755)
         os.rename(staging, parent / version)  # fails when the version appeared meanwhile: never written over

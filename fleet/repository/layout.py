@@ -49,7 +49,7 @@ def version_key(version: str) -> tuple[int, int, str]:
 
 
 def check_version(version: str) -> str:
-    if not VERSION_RE.match(version):
+    if not VERSION_RE.fullmatch(version):
         raise ConfigError(
             f"model version {version!r} is not allowed: use 1-32 lower-case letters, digits or '_', "
             "starting with a letter or digit (e.g. 1, 2, 2024_06)"
@@ -59,7 +59,7 @@ def check_version(version: str) -> str:
 
 def check_model_name(name: str) -> str:
     """``name`` when it is a model name (a subject token and a Redis key), else ``ConfigError``."""
-    if not c.MODEL_NAME_RE.match(name):
+    if not c.MODEL_NAME_RE.fullmatch(name):
         raise ConfigError(
             f"model name {name!r} is not allowed: use 1-63 lower-case letters, digits, '-' or '_', "
             "starting with a letter or digit"
@@ -101,7 +101,7 @@ class Repository:
         """The models that have at least one version, sorted."""
         if not self.root.is_dir():
             return []
-        found = (p.name for p in self.root.iterdir() if c.MODEL_NAME_RE.match(p.name) and p.is_dir())
+        found = (p.name for p in self.root.iterdir() if c.MODEL_NAME_RE.fullmatch(p.name) and p.is_dir())
         return sorted(name for name in found if self.versions(name))
 
     def versions(self, name: str) -> list[str]:
@@ -109,11 +109,11 @@ class Repository:
         folder = self.root / check_model_name(name)
         if not folder.is_dir():
             return []
-        found = [p.name for p in folder.iterdir() if VERSION_RE.match(p.name) and (p / MANIFEST_FILE).is_file()]
+        found = [p.name for p in folder.iterdir() if VERSION_RE.fullmatch(p.name) and (p / MANIFEST_FILE).is_file()]
         return sorted(found, key=version_key)
 
     def __contains__(self, name: str) -> bool:
-        return bool(c.MODEL_NAME_RE.match(name)) and bool(self.versions(name))
+        return bool(c.MODEL_NAME_RE.fullmatch(name)) and bool(self.versions(name))
 
     def get(self, name: str, version: str | None = None) -> RepositoryEntry:
         """``name`` at ``version`` (default: its highest), read and checked; nothing is loaded.
@@ -236,7 +236,7 @@ def weights_dir(folder: Path, manifest: ModelManifest) -> Path:
 
 def package_path(package: str, where: str) -> Path:
     """An installed package's model folder: its ``get_model_path()``, else the package's own folder."""
-    if not PACKAGE_RE.match(package):
+    if not PACKAGE_RE.fullmatch(package):
         raise ConfigError(f"{where}: {package!r} is not a package name")
     try:
         module = importlib.import_module(package)

@@ -34,9 +34,9 @@ def parse_source(source: str) -> tuple[str, str | None, Path | None]:
         folder = Path(unquote(parts.path))
         return folder.name, None, folder
     repo_id, sep, revision = source.partition("@")
-    if not HUB_ID_RE.match(repo_id) or ".." in repo_id:
+    if not HUB_ID_RE.fullmatch(repo_id) or ".." in repo_id:
         raise ConfigError(f"{source!r} is not a Hub model id: write ORG/NAME[@revision], or file:///folder")
-    if sep and not REVISION_RE.match(revision):
+    if sep and not REVISION_RE.fullmatch(revision):
         raise ConfigError(f"{source!r}: {revision!r} is not a revision (a branch, tag or commit)")
     return repo_id, revision or None, None
 
