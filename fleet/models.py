@@ -5,7 +5,8 @@ tried in that order.
 Only the spec is read: nothing is loaded onto a device here, so the gateway can validate inputs of models that
 run elsewhere. A repository entry is served under its plain ``name``; ``@version`` pins the version served (the
 spec's ``version``; default: the highest). The repository is the one passed in, else this process's default,
-which the CLI sets from the settings (``use_repository``; ``FLEET_MODEL_REPOSITORY``, default ``./models``).
+which the CLI sets from the settings (``use_repository``; ``FLEET_MODEL_REPOSITORY``, default ``./models``). A
+gateway without the repository folder reads the manifests its workers published (``resolve_served``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleet import constants as c
 from fleet.errors import ConfigError, UnknownModel, UnservedVersion
@@ -21,11 +23,15 @@ from fleet.repository.entry import RepositoryEntry, spec_for
 from fleet.repository.layout import Repository, check_model_name, split_ref
 from fleet.schemas.models import BUILTIN_SPECS, ModelSpec
 
+if TYPE_CHECKING:
+    from fleet.store.manifests import ManifestStore
+
 __all__ = [
     "check_model_name",
     "default_repository",
     "import_object",
     "repository_entry",
+    "resolve_served",
     "resolve_spec",
     "resolve_specs",
     "served_spec",
@@ -133,8 +139,43 @@ def served_spec(specs: Mapping[str, ModelSpec], ref: str) -> ModelSpec:
 def resolve_specs(refs: list[str], repository: Repository | None = None) -> dict[str, ModelSpec]:
     specs: dict[str, ModelSpec] = {}
     for ref in refs:
-        spec = resolve_spec(ref, repository)
-        if spec.name in specs:
-            raise ConfigError(f"model {spec.name!r} is configured twice")
-        specs[spec.name] = spec
+        _add(specs, resolve_spec(ref, repository))
+    return specs
+
+
+def _add(specs: dict[str, ModelSpec], spec: ModelSpec) -> None:
+    if spec.name in specs:
+        raise ConfigError(f"model {spec.name!r} is configured twice")
+    specs[spec.name] = spec
+
+
+async def resolve_served(
+    refs: list[str], repository: Repository | None, manifests: ManifestStore
+) -> dict[str, ModelSpec]:
+    """``resolve_specs``, where a repository model that is not in this process's repository is read from the
+    manifest its workers published (``fleet.store.manifests``): a gateway needs no repository folder.
+
+    Raises:
+        UnknownModel: a model neither in the repository nor published.
+        ConfigError: as ``resolve_specs``, or ``name@version`` where another version was published.
+    """
+    repo = repository or _repository
+    specs: dict[str, ModelSpec] = {}
+    for ref in refs:
+        try:
+            spec = resolve_spec(ref, repo)
+        except UnknownModel:
+            if not c.MODEL_NAME_RE.fullmatch(ref.partition("@")[0]):
+                raise
+            name, version = split_ref(ref)
+            published = await manifests.read(name)
+            if published is None:
+                raise
+            if version is not None and published[0] != version:
+                raise ConfigError(
+                    f"model {name!r}: version {version!r} is not in {repo.root}, and its workers published version "
+                    f"{published[0]!r}"
+                ) from None
+            spec = entry_spec(RepositoryEntry(name, published[0], Path(), Path(), published[1]))  # no files here
+        _add(specs, spec)
     return specs

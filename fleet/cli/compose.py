@@ -29,6 +29,7 @@ from fleet.dags.starter import DagStarter
 from fleet.models import resolve_spec
 from fleet.outages import OutageLog, services_of, watch_outages
 from fleet.redaction import redact
+from fleet.repository.entry import RepositoryEntry
 from fleet.repository.layout import Repository
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
@@ -126,6 +127,15 @@ def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, 
     return handler_cls(device=device, slowness=settings.slowness), device
 
 
+async def publish_manifest(stores: Stores, handler: ModelHandler[Any, Any], deadline: Deadline) -> None:
+    """Publish the manifest of the repository entry ``handler`` serves (none for other handlers), so that a gateway
+    without the repository folder validates its inputs (``fleet.store.manifests``)."""
+    entry = getattr(handler, "entry", None)
+    if isinstance(entry, RepositoryEntry):
+        publish = functools.partial(stores.manifests.publish, entry.name, entry.version, entry.manifest)
+        await retry_until(deadline, f"publish the manifest of {entry.ref}", publish)
+
+
 async def start_worker(build: Callable[[], Worker], deadline: Deadline) -> Worker:
     """Build and start a worker; a start that fails on the broker or store is retried with a fresh worker (a
     failed start leaves nothing running) until the start-up deadline."""
@@ -180,7 +190,7 @@ async def run_worker(
     """One worker on its own broker and store connections; with ``metrics_port``, ``/metrics``, ``/healthz`` and
     ``/readyz`` on that port from the start (``/readyz`` 503 until the model is warm)."""
     deadline = startup_deadline(settings)
-    build_handler(ref, settings)  # a bad model, option or device fails before anything connects
+    handler, _ = build_handler(ref, settings)  # a bad model, option or device fails before anything connects
     probe = WorkerProbe(resolve_spec(ref, Repository.from_settings(settings)).name)
     server = serve_probes(probe, metrics_port) if metrics_port is not None else None  # /healthz from the start
     stop = asyncio.Event()
@@ -188,6 +198,7 @@ async def run_worker(
     try:
         async with connected(settings, deadline) as (broker, store):
             stores = Stores.beside(store)  # one bundle for the worker and the DAG starter
+            await publish_manifest(stores, handler, deadline)
             async with dag_starter(broker, stores, f"fleet worker {ref}", deadline):
                 await ensure_models(broker, [probe.model], deadline)
 

@@ -35,7 +35,7 @@ from fleet.cli.httpserver import QuietServer
 from fleet.consumers.worker import Worker
 from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
-from fleet.models import resolve_specs
+from fleet.models import resolve_served, resolve_specs
 from fleet.producers.gateway.access.gate import OperatorGate
 from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
 from fleet.readiness import WorkerTracker
@@ -270,9 +270,8 @@ async def run_gateway(settings: FleetSettings, sock: socket.socket | None = None
     deadline = startup_deadline(settings)
     try:
         async with connected(settings, deadline) as (broker, store):
-            await ensure_models(
-                broker, list(resolve_specs(settings.models, Repository.from_settings(settings))), deadline
-            )
+            repository, manifests = Repository.from_settings(settings), Stores.beside(store).manifests
+            await ensure_models(broker, list(await resolve_served(settings.models, repository, manifests)), deadline)
             scaling = make_scaling_store(settings)
             await retry_until(deadline, "connect to the scaling store", scaling.connect)
             try:
