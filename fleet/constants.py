@@ -209,6 +209,9 @@ API_KEY_ID_BYTES = 6  # 12 hex digits
 API_KEY_SECRET_BYTES = 32  # 256 random bits from ``secrets``, URL-safe base64
 API_KEYS_KEY = f"{KEY_PREFIX}:apikeys"  # set of every key id, for ``fleet keys list``
 AUDIT_STREAM_KEY = f"{KEY_PREFIX}:audit"  # the audit log of operator actions: a capped stream
+# The manifests of the repository models workers serve: a hash, model name -> {"version", "manifest"} (JSON), so a
+# gateway without the repository folder validates their inputs (fleet.store.manifests).
+MODEL_MANIFESTS_KEY = f"{KEY_PREFIX}:models:manifest"
 AUDIT_MAX_ENTRIES = 10_000  # the audit stream keeps about this many of the newest entries
 ROLES = ("submitter", "operator", "admin")  # each role holds the ones before it
 DEFAULT_TENANT = "default"  # the tenant of every request when FLEET_AUTH=off

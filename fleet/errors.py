@@ -3,6 +3,7 @@
 FleetError
  +-- ConfigError                 bad settings or flags; raised at start-up
  +-- UnknownModel(model, known)  a model name or import path that resolves to nothing
+ |    +-- UnservedVersion(model, version, served)  name@version where another version of the model is served
  +-- InvalidInput(errors)        input that does not match a model's schema
  +-- DagInvalid(problems)        a DAG spec refused at registration: each problem names its step and path
  +-- PayloadTooLarge(size, limit)
@@ -45,6 +46,17 @@ class UnknownModel(FleetError):
         super().__init__(f"unknown model {model!r}{hint}")
         self.model = model
         self.known = known or []
+
+
+class UnservedVersion(UnknownModel):
+    """``name@version`` names a version of a served model other than the one served (the gateway's 404)."""
+
+    def __init__(self, model: str, version: str, served: str) -> None:
+        super().__init__(model, [model])
+        self.message = f"model {model!r} is served at version {served!r} here, not {version!r}"
+        self.args = (self.message,)
+        self.version = version
+        self.served = served
 
 
 class InvalidInput(FleetError):

@@ -90,7 +90,18 @@ class FleetSettings(BaseSettings):
     )
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["echo", "sleep", "embed"],
-        description="models to serve: built-in names or import paths 'package.module:Handler' (comma-separated)",
+        description="models to serve: built-in names, model repository entries 'name' or 'name@version', or import "
+        "paths 'package.module:Handler' (comma-separated)",
+    )
+    model_repository: Path = Field(
+        Path("models"),
+        description="the model repository folder (models/<name>/<version>/model.yaml); a relative path is taken "
+        "from the app folder (--app-dir, FLEET_APP_DIR; default: the current folder)",
+    )
+    model_public_key: Path | None = Field(
+        None,
+        description="a PEM file of an ed25519 public key: when set, every repository model must carry a valid "
+        "model.yaml.sig (fleet models sign)",
     )
 
     # worker

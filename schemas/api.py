@@ -19,7 +19,10 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="model name, e.g. embed, echo, sleep")
+    model: str = Field(
+        description="model name, e.g. embed, echo, sleep; 'name@version' is accepted when that version is the one "
+        "served (else 404 unknown_model naming the served version)"
+    )
     input: dict[str, Any] = Field(description="model input, validated against the model's input schema")
     job_id: str | None = Field(
         None,

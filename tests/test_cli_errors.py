@@ -99,6 +99,21 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("keys-unreachable", ("keys", "list", "--store", "redis://127.0.0.1:1/0"), "127.0.0.1:1"),
     ("keys-revoke-missing-id", ("keys", "revoke"), "Missing argument"),
     ("keys-unknown-subcommand", ("keys", "rotate"), "No such command 'rotate'"),
+    # models
+    (
+        "models-add-missing-folder",
+        ("models", "add", "/nonexistent", "--name", "m", "--repository", "{tmp}"),
+        "no such folder",
+    ),
+    ("models-add-missing-name", ("models", "add", "/tmp"), "Missing option '--name'"),
+    ("models-add-bad-name", ("models", "add", "/tmp", "--name", "../m", "--repository", "{tmp}"), "is not allowed"),
+    ("models-show-unknown", ("models", "show", "nope", "--repository", "{tmp}"), "unknown model 'nope'"),
+    ("models-verify-bad-version", ("models", "verify", "m@../1", "--repository", "{tmp}"), "version '../1'"),
+    ("models-sign-missing-key", ("models", "sign", "m"), "Missing option '--private-key'"),
+    ("models-keygen-unwritable", ("models", "keygen", "/proc/nope/key.pem"), "/proc/nope/key.pem"),
+    ("models-pull-bad-id", ("models", "pull", "not an id", "--repository", "{tmp}"), "is not a Hub model id"),
+    ("models-unknown-subcommand", ("models", "push"), "No such command 'push'"),
+    ("up-unknown-repository-version", ("up", "--models", "echo@3"), "unknown model 'echo@3'"),
     # gateway on an open address without FLEET_AUTH
     (
         "gateway-open-bind-without-auth",

@@ -9,6 +9,7 @@ A runnable example is a fenced block with an HTML comment on the line before it 
     <!-- check: shell-gateway -->          the same against a real `fleet up` (FLEET_URL set, the URL replaced)
     <!-- check: dag -->                    load the YAML/JSON as a DAG spec and validate it on the built-in models
     <!-- check: json [module.Model] -->    parse strictly, then validate with that pydantic model when named
+    <!-- check: manifest -->               read it as a model repository's model.yaml (fleet.repository.layout)
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ import pytest
 from fleet import strict_json
 from fleet.dags.spec import load_spec
 from fleet.dags.validate import validate
+from fleet.repository.layout import parse_manifest
 from fleet.schemas.models import BUILTIN_SPECS
 from tests.processes import ROOT, fleet_env, fleet_process, wait_http_ready
 
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 MARKER = re.compile(r"^<!-- check: ([\w-]+)(?: ([\w.]+))? -->$")
 FENCE = re.compile(r"^```(\w*)")
-KINDS = {"python", "python-gateway", "shell", "shell-gateway", "dag", "json"}
+KINDS = {"python", "python-gateway", "shell", "shell-gateway", "dag", "json", "manifest"}
 DOC_URL = "http://127.0.0.1:8000"
 
 
@@ -168,6 +170,11 @@ def test_json_example(example: Example) -> None:
     if example.arg:
         module, _, name = example.arg.rpartition(".")
         getattr(importlib.import_module(module), name).model_validate(value)
+
+
+@pytest.mark.parametrize("example", examples_of("manifest"))
+def test_manifest_example(example: Example) -> None:
+    parse_manifest(example.code.encode(), example.where)
 
 
 @pytest.mark.parametrize("example", examples_of("dag"))

@@ -24,6 +24,7 @@ from typing import IO
 from fleet.autoscaler.backends.base import check_replicas
 from fleet.errors import ConfigError, ScalerError
 from fleet.models import resolve_spec
+from fleet.repository.layout import Repository
 from fleet.settings import FleetSettings
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class ProcessBackend:
         env: extra environment variables for every worker (on top of this process's environment and ``settings``).
         python: the interpreter that runs ``-m fleet.cli``.
         refs: the ``--model`` reference per model name where it is not the name itself (an import path such as
-            ``mypkg.models:Ranker``); by default taken from ``settings.models``.
+            ``mypkg.models:Ranker``, a pinned repository entry ``sentiment@2``); by default taken from
+            ``settings.models``.
         log_dir: write each worker's output to ``log_dir/<model>-<n>.log`` instead of this process's stdout/stderr.
         stop_timeout_s: how long a SIGTERMed worker may take to exit before it is killed; default the drain
             timeout plus ``EXIT_GRACE_S``.
@@ -116,7 +118,7 @@ class ProcessBackend:
         self._worker_args = {model: list(args) for model, args in (worker_args or {}).items()}
         self._env = {**os.environ, **settings_env(settings), **(env or {})}
         self._python = python
-        self._refs = dict(refs) if refs is not None else _refs_from(settings.models)
+        self._refs = dict(refs) if refs is not None else _refs_from(settings.models, Repository.from_settings(settings))
         self.log_dir = log_dir
         self._stop_timeout_s = settings.drain_timeout_s + EXIT_GRACE_S if stop_timeout_s is None else stop_timeout_s
         self._workers: dict[str, list[WorkerProcess]] = {}
@@ -239,10 +241,11 @@ def _output(path: Path | None) -> Iterator[IO[bytes] | None]:
         yield out
 
 
-def _refs_from(models: Sequence[str]) -> dict[str, str]:
-    """Model name -> ``--model`` reference, for the references in the settings that are import paths."""
+def _refs_from(models: Sequence[str], repository: Repository) -> dict[str, str]:
+    """Model name -> ``--model`` reference, for the references in the settings that are not the name itself (import
+    paths, repository entries pinned as ``name@version``)."""
     refs: dict[str, str] = {}
     for ref in models:
-        if ":" in ref or "." in ref:
-            refs[resolve_spec(ref).name] = ref
+        if ":" in ref or "." in ref or "@" in ref:
+            refs[resolve_spec(ref, repository).name] = ref
     return refs

@@ -1,6 +1,10 @@
-"""Model handlers: the built-in ``echo``, ``sleep`` and ``embed``, and ``resolve_handler`` for user models.
+"""Model handlers: the built-in ``echo``, ``sleep`` and ``embed``, and ``resolve_handler`` for repository entries
+and user models.
 
-See ``fleet.consumers.handlers.base.ModelHandler`` for the interface a user model implements.
+See ``fleet.consumers.handlers.base.ModelHandler`` for the interface a user model implements. A repository entry
+(``name`` or ``name@version``, ``fleet.repository``) is served by its runtime's handler (``RUNTIME_HANDLER``, imported
+only then: resolving ``echo`` imports no torch), or by the handler class its manifest names, whose ``load`` first
+checks the entry's files (``verify_entry``).
 """
 
 from __future__ import annotations
@@ -9,8 +13,11 @@ import dataclasses
 from typing import Any
 
 from fleet.consumers.handlers.base import ModelHandler
-from fleet.errors import ConfigError, UnknownModel
-from fleet.models import check_model_name, import_object
+from fleet.errors import ConfigError
+from fleet.models import check_model_name, import_object, is_import_path, repository_entry
+from fleet.repository.entry import RepositoryEntry
+from fleet.repository.layout import Repository
+from fleet.repository.verify import verify_entry
 from fleet.schemas.models import ModelSpec
 
 # Import paths, not classes: resolving ``echo`` must not import torch.
@@ -20,30 +27,51 @@ BUILTIN_HANDLERS: dict[str, str] = {
     "embed": "fleet.consumers.handlers.embed:EmbedHandler",
 }
 
+# ``runtime_handler(entry) -> type[ModelHandler]``: the class that serves a runtime entry (torch stays unimported
+# until it is called).
+RUNTIME_HANDLER = "fleet.consumers.runtimes:runtime_handler"
+
 HandlerClass = type[ModelHandler[Any, Any]]
 
 
-def resolve_handler(ref: str) -> HandlerClass:
+def resolve_handler(ref: str, repository: Repository | None = None) -> HandlerClass:
     """Find the handler class for a model reference.
 
     Args:
-        ref: a built-in name (``echo``, ``sleep``, ``embed``) or an import path ``package.module:Handler``
-            (``package.module.Handler`` works too).
+        ref: a built-in name (``echo``, ``sleep``, ``embed``), a repository entry ``name`` or ``name@version``, or
+            an import path ``package.module:Handler`` (``package.module.Handler`` works too).
+        repository: the model repository (default: this process's, ``fleet.models.use_repository``).
 
     Returns:
         The handler class (not an instance; nothing is loaded).
 
     Raises:
-        UnknownModel: ``ref`` is neither a built-in name nor an import path.
-        ConfigError: the import path does not resolve, or what it names is not a ``ModelHandler`` subclass with a
-            ``spec`` whose name is a valid model name.
+        UnknownModel: ``ref`` is neither a built-in name, a repository entry nor an import path.
+        ConfigError: the import path or entry does not resolve, or what it names is not a ``ModelHandler`` subclass
+            with a ``spec`` whose name is a valid model name.
     """
     ref = ref.strip()
     if ref in BUILTIN_HANDLERS:
         return _checked(BUILTIN_HANDLERS[ref], import_object(BUILTIN_HANDLERS[ref]))
-    if ":" not in ref and "." not in ref:
-        raise UnknownModel(ref, list(BUILTIN_HANDLERS))
+    if not is_import_path(ref):
+        return entry_handler(repository_entry(ref, repository))
     return _checked(ref, import_object(ref))
+
+
+def entry_handler(entry: RepositoryEntry) -> HandlerClass:
+    """The class serving a repository entry: its runtime's, or the manifest's ``handler`` bound to the entry (served
+    under the entry's name and version, its files verified before its own ``load``)."""
+    if entry.manifest.handler is None:
+        return _checked(entry.ref, import_object(RUNTIME_HANDLER)(entry))
+    base = _checked(entry.manifest.handler, import_object(entry.manifest.handler))
+    spec = dataclasses.replace(base.spec, name=entry.name, version=entry.version)
+
+    def load(self: ModelHandler[Any, Any]) -> None:
+        verify_entry(entry)
+        base.load(self)
+
+    attrs = {"spec": spec, "entry": entry, "load": load, "__doc__": f"{base.__name__} serving {entry.ref}"}
+    return type(f"{base.__name__}_{entry.name.replace('-', '_')}_{entry.version}", (base,), attrs)
 
 
 def _checked(ref: str, obj: object) -> HandlerClass:

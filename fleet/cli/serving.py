@@ -35,10 +35,11 @@ from fleet.cli.httpserver import QuietServer
 from fleet.consumers.worker import Worker
 from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
-from fleet.models import resolve_specs
+from fleet.models import resolve_served, resolve_specs
 from fleet.producers.gateway.access.gate import OperatorGate
 from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
 from fleet.readiness import WorkerTracker
+from fleet.repository.layout import Repository
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
@@ -89,7 +90,12 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scali
     """The autoscaler of ``fleet up``: workers in this process on the embedded broker or store (``inprocess``),
     ``fleet worker`` processes on real infrastructure (``process``); from ``autoscale_min_replicas`` (1 by default,
     so every model is served at once) up to ``autoscale_max_replicas`` per model."""
-    refs = {name: ref for ref, name in zip(settings.models, resolve_specs(settings.models), strict=True)}
+    refs = {
+        name: ref
+        for ref, name in zip(
+            settings.models, resolve_specs(settings.models, Repository.from_settings(settings)), strict=True
+        )
+    }
 
     async def start_worker(model: str) -> Worker:
         worker = build_worker(refs[model], broker, stores.results, settings, stores)
@@ -119,7 +125,7 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scali
 
 def up_dispatchers(settings: FleetSettings, broker: Broker, store: ResultStore) -> list[Dispatcher]:
     """One dispatcher per model in ``dispatch`` routing (``FLEET_ROUTING``): its workers read their inboxes."""
-    names = list(resolve_specs(settings.models))
+    names = list(resolve_specs(settings.models, Repository.from_settings(settings)))
     return [
         Dispatcher(broker, store, model=name, settings=settings)
         for name in names
@@ -143,7 +149,7 @@ async def announce_ready(
 ) -> None:
     """Log (and print, for the console) when the gateway listens and every model has a warm worker: the moment
     /readyz turns 200."""
-    models = list(resolve_specs(settings.models))
+    models = list(resolve_specs(settings.models, Repository.from_settings(settings)))
     if requires_ready_workers(settings) and not await tracker.wait_ready(models, stop):
         return
     if not await first_of(server.up, stop):
@@ -264,7 +270,8 @@ async def run_gateway(settings: FleetSettings, sock: socket.socket | None = None
     deadline = startup_deadline(settings)
     try:
         async with connected(settings, deadline) as (broker, store):
-            await ensure_models(broker, list(resolve_specs(settings.models)), deadline)
+            repository, manifests = Repository.from_settings(settings), Stores.beside(store).manifests
+            await ensure_models(broker, list(await resolve_served(settings.models, repository, manifests)), deadline)
             scaling = make_scaling_store(settings)
             await retry_until(deadline, "connect to the scaling store", scaling.connect)
             try:

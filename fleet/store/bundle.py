@@ -2,10 +2,11 @@
 
 A gateway, a worker and ``fleet up`` (which runs both, with the DAG starter, in one process) each build one
 ``Stores`` from the result store they connected (``Stores.beside``) and hand it to every part that needs a store:
-the key store and the audit log of ``FLEET_AUTH=keys``, the per-tenant limits (``quotas``), the DAG store, the
-dead letters and the result caches' entries. With Redis each is a view on the result store's own client (one
-connection); with ``memory://`` each is a fresh in-memory store, shared by everything in the process because they
-all hold this one bundle. Nothing is attached to the result store at run time, and no part reaches through it.
+the key store and the audit log of ``FLEET_AUTH=keys``, the per-tenant limits (``quotas``), the DAG store, the dead
+letters, the result caches' entries and the published manifests of repository models. With Redis each is a view on
+the result store's own client (one connection); with ``memory://`` each is a fresh in-memory store, shared by
+everything in the process because they all hold this one bundle. Nothing is attached to the result store at run
+time, and no part reaches through it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fleet.store.cachestore import CacheStore, MemoryCacheStore, RedisCacheStore
 from fleet.store.dagstore import DagStore, MemoryDagStore, RedisDagStore
 from fleet.store.deadletters import DeadLetterStore, MemoryDeadLetterStore, RedisDeadLetterStore
 from fleet.store.keys import KeyStore, MemoryKeyStore, RedisKeyStore
+from fleet.store.manifests import ManifestStore, MemoryManifestStore, RedisManifestStore
 from fleet.store.memory import MemoryStore
 from fleet.store.quotas import MemoryQuotas, Quotas, RedisQuotas
 from fleet.store.redis import RedisStore
@@ -36,6 +38,7 @@ class Stores:
     dags: DagStore
     dead_letters: DeadLetterStore
     cache: CacheStore
+    manifests: ManifestStore
 
     @classmethod
     def beside(cls, results: ResultStore) -> Stores:
@@ -53,6 +56,7 @@ class Stores:
                 dags=RedisDagStore(results),
                 dead_letters=RedisDeadLetterStore(results),
                 cache=RedisCacheStore(results.redis, results.display_url),
+                manifests=RedisManifestStore(results),
             )
         if isinstance(results, MemoryStore):
             # one bundle per memory store, as a Redis holds one set of feature stores: every gateway or worker built
@@ -66,6 +70,7 @@ class Stores:
                     dags=MemoryDagStore(job_ttl_s=results.job_ttl_s),
                     dead_letters=MemoryDeadLetterStore(),
                     cache=MemoryCacheStore(),
+                    manifests=MemoryManifestStore(),
                 )
             return _MEMORY_BUNDLES[results]
         raise ConfigError(f"no feature stores beside a {type(results).__name__} ({results.scheme}://)")

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fleet.brokers.base import Broker
 from fleet.dags.runner import DagRunner
 from fleet.errors import ConfigError
-from fleet.models import resolve_specs
+from fleet.models import resolve_served
 from fleet.producers.gateway import dashboard, ops
 from fleet.producers.gateway.access import (
     Authenticator,
@@ -50,6 +50,7 @@ from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecor
 from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.state import GatewayState
 from fleet.readiness import WorkerTracker
+from fleet.repository.layout import Repository
 from fleet.scaling import ScalingStore, make_scaling_store
 from fleet.schemas.models import ModelSpec
 from fleet.settings import FleetSettings
@@ -205,13 +206,14 @@ def _lifespan(
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        specs = resolve_specs(settings.models)
         log_access(gate)
         deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
             results = given.stores.results if given.stores is not None else given.store
             b, s = await _open_clients(stack, settings, given.broker, results, deadline)
             stores = given.stores or Stores.beside(s)
+            # the repository's models, or the manifests their workers published when this gateway has no folder
+            specs = await resolve_served(settings.models, Repository.from_settings(settings), stores.manifests)
             scaling = await _open_scaling(stack, settings, given.scaling, deadline)
             for name in specs:
                 await retry_until(deadline, f"create the subjects of {name!r}", functools.partial(b.ensure_model, name))

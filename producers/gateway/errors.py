@@ -14,7 +14,8 @@ invalid_input          422     ``input`` does not match the model's input schema
 dag_invalid            422     a DAG spec refused (details: ``[{step, path, message}, ...]``)
 malformed_spec         400     a DAG spec that is not YAML or JSON, or not a mapping (details: as dag_invalid)
 run_terminal           409     cancel of a DAG run that already ended (details: the run)
-unknown_model          404     the model is not served here (details: known models)
+unknown_model          404     the model is not served here (details: known models), or ``name@version`` names another
+                               version than the one served (details: model, version, served_version)
 job_not_found          404     no record for the job id
 dag_not_found          404     no DAG (or no such version of it) is registered (details: name)
 run_not_found          404     no DAG run with that id (details: run_id)
@@ -70,6 +71,7 @@ from fleet.errors import (
     UnknownDag,
     UnknownModel,
     UnknownRun,
+    UnservedVersion,
 )
 from fleet.schemas.api import ErrorBody, ErrorResponse
 
@@ -105,6 +107,9 @@ def error_response(
 
 def describe_fleet_error(exc: FleetError) -> tuple[int, str, Any]:
     """(status, type, details) of a ``fleet.errors`` exception."""
+    if isinstance(exc, UnservedVersion):
+        details = {"model": exc.model, "version": exc.version, "served_version": exc.served, "known": [exc.model]}
+        return 404, "unknown_model", details
     if isinstance(exc, UnknownModel):
         return 404, "unknown_model", {"model": exc.model, "known": sorted(exc.known)}
     if isinstance(exc, InvalidInput):

@@ -48,7 +48,8 @@ from pydantic import ValidationError
 from fleet import constants as c
 from fleet import tenancy
 from fleet.encoding import no_vectors_message
-from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError, UnknownModel
+from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError
+from fleet.models import served_spec
 from fleet.producers.gateway import access
 from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS, Principal, require_submitter
 from fleet.producers.gateway.cache import Hit, Lookup
@@ -305,9 +306,8 @@ async def _submit(request: Request, state: GatewayState, principal: Principal) -
     body = parse_submit(await read_limited_body(request, settings.max_body_bytes))
     if bypass:
         body.cache = False
-    spec = state.specs.get(body.model)
-    if spec is None:
-        raise UnknownModel(body.model, list(state.specs))
+    spec = served_spec(state.specs, body.model)
+    body.model = spec.name  # name@version routes to the model's subjects and records under its plain name
     validate_input(spec, body.input)
     check_encoding(spec, body.encoding_format)
     record, data = new_job(body, time.time(), principal.tenant)
