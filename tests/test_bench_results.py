@@ -149,7 +149,7 @@ def test_the_run_summary_says_what_ran_what_was_skipped_and_where_results_are() 
 
 
 def test_an_unknown_benchmark_name_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(SystemExit, match="unknown benchmark\\(s\\): nope; known: pipeline"):
+    with pytest.raises(SystemExit, match="unknown benchmark\\(s\\): nope; known: startup, pipeline"):
         select("pipeline,nope")
 
 
