@@ -22,6 +22,12 @@ from fleet.schemas.models import ECHO, EMBED_DIM, ModelSpec
 from fleet.settings import FleetSettings
 from fleet.store.cachestore import CacheStore, MemoryCacheStore, RedisCacheStore
 from fleet.store.redis import RedisStore
+from tests.processes import run_fleet
+
+# ``fleet gateway`` resolves this by import path: a text model whose L3 embedder no gateway can load
+EXTRACT_TYPO = dataclasses.replace(
+    ECHO, name="extract-typo", cache_text="text", cache_threshold=0.93, cache_embedder="minilm-typo"
+)
 
 
 class WordsModel:
@@ -164,3 +170,17 @@ def test_the_manifest_names_the_embedder_and_spec_for_passes_it_through(tmp_path
     settings = FleetSettings(cache="extract")
     with pytest.raises(ConfigError, match="embedder 'mini'"):
         build_cache(settings, {"extract": other}, MemoryCacheStore())
+
+
+@pytest.mark.services
+def test_a_gateway_process_refuses_the_unknown_embedder_at_start_up(nats_url: str, redis_url: str) -> None:
+    env = {
+        "FLEET_BROKER_URL": nats_url,
+        "FLEET_STORE_URL": redis_url,
+        "FLEET_MODELS": "tests.test_cache_embedders:EXTRACT_TYPO",
+        "FLEET_CACHE": "extract-typo",
+    }
+    result = run_fleet("gateway", "--port", "0", env=env, timeout_s=90)
+    assert result.returncode != 0 and "the gateway could not start" in result.stderr, result.stderr
+    named = "ConfigError: cache: model 'extract-typo' keys its l3 cache with the embedder 'minilm-typo'"
+    assert named in " ".join(result.stdout.split()), result.stdout[-3000:]  # the log says why
