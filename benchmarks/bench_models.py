@@ -8,9 +8,10 @@ seeded random weights, its WordPiece tokenizer) with the runtime's head is writt
 (``model.yaml`` with every file's sha256) in a temporary folder, and:
 
 * Fleet: the entry served by ``fleet.consumers.runtimes.runtime_handler(entry)`` in a ``Worker`` with
-  ``max_batch`` ``--batch``; every job (one text; for ``rerank`` one query and ``--passages`` passages) is
-  published before the worker starts, and the clock runs from the worker's readiness to the last ack: its
-  saturation throughput from a backlog, model plus fetch, store and ack;
+  ``max_batch`` ``--batch`` (for ``rerank`` ``--batch`` / ``--passages`` jobs: the same pairs a batch); every job
+  (one text; for ``rerank`` one query and ``--passages`` passages) is published before the worker starts, and the
+  clock runs from the worker's readiness to the last ack: its saturation throughput from a backlog, model plus
+  fetch, store and ack;
 * bare: a loop of ``tokenizer(batch, padding=True, truncation=True)``, the model's forward pass in
   ``torch.inference_mode`` and the task's minimum after it (mean pooling and normalisation, a softmax, a per-token
   argmax, a sigmoid) over the same texts, ``--batch`` texts (or query-passage pairs) a pass.
@@ -219,12 +220,13 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     with infra_settings(args.infra, max_wait_ms=5.0, device=args.device) as settings:
         for runtime in args.runtimes:
             task = TASKS[runtime]
-            entry = build_entry(task, root, args.batch)
             jobs = [task.job(texts, i, args.passages) for i in range(len(texts))]
-            items = len(jobs) * (args.passages if runtime == "rerank" else 1)
+            per_job = args.passages if runtime == "rerank" else 1
+            items, job_batch = len(jobs) * per_job, max(1, args.batch // per_job)  # batch items a pass, both sides
+            entry = build_entry(task, root, job_batch)
             fleet_runs, bare_runs = [], []
             for _ in range(args.repeats):  # interleaved: the machine's noise hits both sides alike
-                fleet_runs.append(await fleet_throughput(settings, entry, jobs, args.batch, args.device, items))
+                fleet_runs.append(await fleet_throughput(settings, entry, jobs, job_batch, args.device, items))
                 bare_runs.append(bare_throughput(entry, task, jobs, args.batch, args.device))
             fleet, bare = best_of(fleet_runs), best_of(bare_runs)
             out[runtime] = {
