@@ -5,7 +5,8 @@ minimal handler of its own. At the merge, ``bench_cache --model extract`` serves
 ``TempExtractHandler`` loads the synthesised ``extract`` folder (``fleet models synth deberta-v2-base --task
 token-classification --name extract``; the version folder from ``FLEET_BENCH_EXTRACT_DIR``), checks its files
 against ``model.yaml``, and tags each text with AutoModelForTokenClassification. A batch is tokenized once, sorted
-by length and cut into forward passes of at most 8,192 padded tokens, as ``embed`` does (its helpers are reused);
+by length and cut into forward passes of at most 8,192 padded tokens, as ``embed`` does (self-contained here, so
+that nothing else depends on this module);
 consecutive tokens tagged other than ``O`` make one entity with character offsets. The spec is what the
 repository entry's would be: the token-classification schemas, L3 keyed by ``embed``'s vectors of ``text``.
 """
@@ -20,7 +21,6 @@ import yaml
 
 from fleet.consumers.device import resolve_device, torch_dtype_for
 from fleet.consumers.handlers.base import ModelHandler
-from fleet.consumers.handlers.embed import CPU_TOKENS_PER_FORWARD, forward_chunks, pad_batch
 from fleet.errors import ConfigError
 from fleet.repository.entry import RepositoryEntry
 from fleet.repository.verify import verify_entry
@@ -30,6 +30,7 @@ from fleet.schemas.runtimes import Entity, TokenClassificationInput, TokenClassi
 
 EXTRACT_DIR_ENV = "FLEET_BENCH_EXTRACT_DIR"
 MAX_SEQ_TOKENS = 512
+TOKENS_PER_FORWARD = 8192  # padded tokens a forward pass, as embed's on a CPU
 
 SPEC = ModelSpec(
     "extract",
@@ -48,6 +49,26 @@ def read_entry(folder: Path) -> RepositoryEntry:
     """The repository entry of a version folder (``models/extract/1``)."""
     manifest = ModelManifest.model_validate(yaml.safe_load((folder / MANIFEST_FILE).read_text()))
     return RepositoryEntry(folder.parent.name, folder.name, folder, folder, manifest)
+
+
+def passes(lengths: list[int], order: list[int]) -> list[list[int]]:
+    """``order`` (rows sorted longest first, ``lengths`` theirs) cut into passes of at most TOKENS_PER_FORWARD."""
+    out, start = [], 0
+    while start < len(order):
+        rows = max(1, TOKENS_PER_FORWARD // max(lengths[start], 1))
+        out.append(order[start : start + rows])
+        start += rows
+    return out
+
+
+def pad(ids: list[list[int]], pad_id: int, device: str) -> tuple[Any, Any]:
+    """Right-pad token ids to the longest row: ``(input_ids, attention_mask)``."""
+    import torch
+
+    longest = max(len(row) for row in ids)
+    input_ids = torch.tensor([row + [pad_id] * (longest - len(row)) for row in ids], dtype=torch.long)
+    mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in ids], dtype=torch.long)
+    return input_ids.to(device), mask.to(device)
 
 
 class TempExtractHandler(ModelHandler[TokenClassificationInput, TokenClassificationOutput]):
@@ -101,9 +122,8 @@ class TempExtractHandler(ModelHandler[TokenClassificationInput, TokenClassificat
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
         out: list[tuple[list[Entity], int]] = [([], 0)] * len(ids)
         with torch.inference_mode():
-            for chunk in forward_chunks([len(ids[i]) for i in order], CPU_TOKENS_PER_FORWARD):
-                rows = order[chunk]
-                input_ids, mask = pad_batch([ids[i] for i in rows], self._tokenizer.pad_token_id or 0, self.device)
+            for rows in passes([len(ids[i]) for i in order], order):
+                input_ids, mask = pad([ids[i] for i in rows], self._tokenizer.pad_token_id or 0, self.device)
                 probs = self._model(input_ids=input_ids, attention_mask=mask).logits.float().softmax(-1).cpu()
                 scores, labels = probs.max(-1)
                 for row, i in enumerate(rows):
