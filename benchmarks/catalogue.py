@@ -14,7 +14,7 @@ from pathlib import Path
 GPU = "gpu"
 VALGRIND = "valgrind"
 EXTRACT = "extract"  # the cost stand-in in ./models (fleet models synth), about 440 MB: built, not committed
-EXTRACT_MANIFEST = "models/extract/1/model.yaml"
+EXTRACT_MANIFEST = "models/extract/1/model.yaml"  # under the checkout, where make bench runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +218,7 @@ def missing(needs: str | None) -> str | None:
     """Why a benchmark needing ``needs`` cannot run on this machine, or None when it can."""
     if needs == VALGRIND and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
         return "needs valgrind and callgrind_control (Debian: apt-get install valgrind)"
-    if needs == EXTRACT and not Path(EXTRACT_MANIFEST).is_file():
+    if needs == EXTRACT and not (Path(__file__).resolve().parent.parent / EXTRACT_MANIFEST).is_file():
         return (
             f"needs the extract cost stand-in ({EXTRACT_MANIFEST}): "
             "fleet models synth deberta-v2-base --task token-classification --name extract"
