@@ -1,12 +1,23 @@
-"""The result caches on a generated ``embed`` workload, over NATS JetStream + Redis, one run.
+"""The result caches on a generated workload, over NATS JetStream + Redis, one run: on ``embed``, or on
+``extract``, the seeds' costly model, at the seeds' hit mix.
 
     python -m benchmarks.bench_cache [--requests 20000] [--concurrency 32] [--rounds 10]
+    python -m benchmarks.bench_cache --model extract --mix seeds --extract-dir models/extract/1
 
-A ``fleet gateway`` (``FLEET_CACHE=embed``: L1 + L2 + L3) and a ``fleet worker --model embed`` process, as a user
-runs them. The workload (``benchmarks.cache_workload``): ``--requests`` ``embed`` requests drawn Zipf-like from
-2,000 base texts and light paraphrases of them (case, punctuation, word order, a synonym). The gateway's L1 holds
-``--l1-entries`` entries (default 300, FLEET_CACHE_L1_MAX_ENTRIES), small on purpose so that the tail of the
-distribution falls through to L2, as it does behind several gateways.
+A ``fleet gateway`` (``FLEET_CACHE=<model>``: L1 + L2 + L3) and a ``fleet worker --model <model>`` process, as a
+user runs them. The workload (``benchmarks.cache_workload``): ``--requests`` requests of one ``text`` each, drawn
+Zipf-like from 2,000 base texts (the first ``--pool`` of them) and light paraphrases of them (case, punctuation,
+word order, a synonym). The gateway's L1 holds ``--l1-entries`` entries (default 300,
+FLEET_CACHE_L1_MAX_ENTRIES), small on purpose so that the tail of the distribution falls through to L2, as it does
+behind several gateways.
+
+``--model extract`` serves the cost stand-in of the seeds' RexUniNLU service (``fleet models synth
+deberta-v2-base --task token-classification --name extract``), whose L3 is keyed by ``embed``'s vectors
+(``cache_embedder``): a lookup costs a tenth of a computation, not a whole one. Until the token-classification
+runtime is merged it runs through ``benchmarks.temp_extract_handler`` (TEMPORARY; ``--extract-dir`` names the
+version folder); after it, ``--model-ref extract --repository models`` serves the repository entry.
+``--mix seeds`` sets the workload that lands near the seeds' mix (L1 35 %, L2 28 %, L3 12 %, miss 25 %:
+``cache_workload.SEEDS_WORKLOAD``); the run prints the mix it planned and the one it got.
 
 What is measured:
 
@@ -39,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cache_workload import labelled_pairs, requests
+from benchmarks.cache_workload import SEEDS_MIX, SEEDS_WORKLOAD, expected_levels, labelled_pairs, requests
 from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_result
+from benchmarks.temp_extract_handler import EXTRACT_DIR_ENV
 from fleet.producers.gateway.cache.embedder import load_embed_handler
 from fleet.producers.gateway.cache.semantic_index import SemanticIndex, texts_agree
 from fleet.producers.sdk_http import AiohttpHttp, GatewayUnreachable, Http
@@ -49,25 +61,39 @@ from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
 BYPASS = {"X-Cache-Control": "bypass"}
+# TEMPORARY: extract served by the benchmark's own handler until the token-classification runtime is merged
+TEMP_EXTRACT_REF = "benchmarks.temp_extract_handler:TempExtractHandler"
+STAND_IN_COST = RESULTS_DIR / "stand_in_cost.json"  # benchmarks.stand_in_cost: extract / embed per text
 
 
 class CacheFleet:
-    """A ``fleet gateway`` with the caches on and a ``fleet worker --model embed``."""
+    """A ``fleet gateway`` with the caches on and a ``fleet worker`` serving the model."""
 
-    def __init__(self, urls: dict[str, str], l1_entries: int, log_dir: Path, levels: str = "l1+l2+l3") -> None:
+    def __init__(
+        self,
+        urls: dict[str, str],
+        l1_entries: int,
+        log_dir: Path,
+        levels: str = "l1+l2+l3",
+        model: str = "embed",
+        ref: str = "embed",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.l3 = "l3" in levels
+        self.model, self.ref = model, ref
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {"FLEET_BROKER_URL": urls["nats"], "FLEET_STORE_URL": urls["redis"], "FLEET_MODELS": "embed"}
-        env |= {"FLEET_CACHE": f"embed={levels}", "FLEET_CACHE_L1_MAX_ENTRIES": str(l1_entries), "FLEET_DEVICE": "cpu"}
-        self.env, self.log_dir = fleet_env(**env), log_dir
+        env = {"FLEET_BROKER_URL": urls["nats"], "FLEET_STORE_URL": urls["redis"], "FLEET_MODELS": ref}
+        env |= {"FLEET_CACHE": f"{model}={levels}", "FLEET_CACHE_L1_MAX_ENTRIES": str(l1_entries)}
+        env["FLEET_DEVICE"] = "cpu"
+        self.env, self.log_dir = fleet_env(**env, **(extra_env or {})), log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> CacheFleet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for name, argv in (
             ("gateway", ["gateway", "--port", str(self.port)]),
-            ("worker", ["worker", "--model", "embed"]),
+            ("worker", ["worker", "--model", self.ref]),
         ):
             with (self.log_dir / f"{name}.log").open("wb") as out:
                 self.procs.append(
@@ -94,7 +120,7 @@ class CacheFleet:
             try:
                 status, metrics = await http.request("GET", "/metrics", timeout_s=2)
                 if status == 200 and (b"fleet_cache_l3_ready 1.0" in metrics or not self.l3):
-                    await infer(http, "warm-up text", BYPASS)
+                    await infer(http, self.model, "warm-up text", BYPASS)
                     return
             except GatewayUnreachable:
                 pass
@@ -102,10 +128,10 @@ class CacheFleet:
         raise RuntimeError(f"the fleet was not ready within {timeout_s:g}s; see {self.log_dir}")
 
 
-async def infer(http: Http, text: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+async def infer(http: Http, model: str, text: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """One ``POST /v1/infer`` (the output in one request, as a client that wants answers calls it); the answer,
     with its latency. Retried on a dropped connection (idempotent: it carries its job id)."""
-    body = {"model": "embed", "input": {"text": text}, "job_id": uuid.uuid4().hex}
+    body = {"model": model, "input": {"text": text}, "job_id": uuid.uuid4().hex}
     for attempt in range(3):
         started = time.perf_counter()
         try:
@@ -121,9 +147,9 @@ async def infer(http: Http, text: str, headers: dict[str, str] | None = None) ->
     raise AssertionError("unreachable")
 
 
-async def submit_latency(http: Http, text: str) -> tuple[float, dict[str, Any]]:
+async def submit_latency(http: Http, model: str, text: str) -> tuple[float, dict[str, Any]]:
     """One ``POST /v1/jobs``: its latency and answer (an L1 hit answers ``succeeded`` at once)."""
-    body = {"model": "embed", "input": {"text": text}}
+    body = {"model": model, "input": {"text": text}}
     started = time.perf_counter()
     status, raw = await http.request("POST", "/v1/jobs", json=body, timeout_s=30)
     elapsed = time.perf_counter() - started
@@ -133,28 +159,46 @@ async def submit_latency(http: Http, text: str) -> tuple[float, dict[str, Any]]:
 
 
 async def run_chunk(
-    http: Http, chunk: list[tuple[int, str]], concurrency: int, headers: dict[str, str] | None
+    http: Http, model: str, chunk: list[tuple[int, str]], concurrency: int, headers: dict[str, str] | None
 ) -> tuple[float, list[tuple[int, str, dict[str, Any]]]]:
     results: list[tuple[int, str, dict[str, Any]]] = []
     pending = iter(chunk)
 
     async def client() -> None:
         for family, text in pending:
-            results.append((family, text, await infer(http, text, headers)))
+            results.append((family, text, await infer(http, model, text, headers)))
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     return time.perf_counter() - started, results
 
 
-def fingerprint(output: dict[str, Any]) -> tuple[float, ...]:
-    return tuple(round(x, 5) for x in output["embedding"][:8])
+def fingerprint(output: dict[str, Any]) -> str:
+    """What tells one text's output from another's: ``embed``'s first values, else the whole output."""
+    if "embedding" in output:
+        return json.dumps([round(x, 5) for x in output["embedding"][:8]])
+    return json.dumps(output, sort_keys=True)
+
+
+def workload_of(args: argparse.Namespace) -> list[tuple[int, str]]:
+    return requests(args.requests, zipf_s=args.zipf_s, paraphrase_share=args.paraphrase_share, pool=args.pool)
+
+
+def fleet_of(urls: dict[str, str], args: argparse.Namespace) -> CacheFleet:
+    extra = {}
+    if args.extract_dir:
+        extra[EXTRACT_DIR_ENV] = str(Path(args.extract_dir).resolve())
+    if args.repository:
+        extra["FLEET_MODEL_REPOSITORY"] = str(Path(args.repository).resolve())
+    log_dir = RESULTS_DIR / f"cache-logs-{args.model}"
+    return CacheFleet(urls, args.l1_entries, log_dir, args.levels, args.model, args.model_ref, extra)
 
 
 async def measure_fleet(urls: dict[str, str], args: argparse.Namespace, l3: asyncio.Task[Any]) -> dict[str, Any]:
-    workload = requests(args.requests, zipf_s=args.zipf_s, paraphrase_share=args.paraphrase_share)
+    workload = workload_of(args)
     size = -(-len(workload) // args.rounds)
-    with CacheFleet(urls, args.l1_entries, RESULTS_DIR / "cache-logs", args.levels) as fleet:
+    model = args.model
+    with fleet_of(urls, args) as fleet:
         http = AiohttpHttp(fleet.url)  # the SDK's HTTP client: a cheap client, so the client is not the bound
         try:
             await fleet.ready(http)
@@ -166,7 +210,7 @@ async def measure_fleet(urls: dict[str, str], args: argparse.Namespace, l3: asyn
             wrong = 0
             for r in range(args.rounds):
                 chunk = workload[r * size : (r + 1) * size]
-                seconds, results = await run_chunk(http, chunk, args.concurrency, None)
+                seconds, results = await run_chunk(http, model, chunk, args.concurrency, None)
                 cached_s += seconds
                 for family, _, record in results:
                     level = record["cache"] or "miss"
@@ -176,21 +220,23 @@ async def measure_fleet(urls: dict[str, str], args: argparse.Namespace, l3: asyn
                     elif level == "l3" and families.get(fingerprint(record["output"]), family) != family:
                         wrong += 1
                 base = chunk[:: max(1, round(1 / args.baseline_share))]
-                seconds, _ = await run_chunk(http, base, args.concurrency, BYPASS)
+                seconds, _ = await run_chunk(http, model, base, args.concurrency, BYPASS)
                 bypass_s, bypass_n = bypass_s + seconds, bypass_n + len(base)
                 ratio = (sum(levels.values()) / cached_s) / (bypass_n / bypass_s)
                 print(f"round {r + 1}/{args.rounds}: {dict(levels)}, wrong L3 {wrong}, ratio {ratio:.2f}x", flush=True)
             hot = [text for _, text in workload[:50]]
             l1_latencies = []
             for text in hot * 6:
-                elapsed, answer = await submit_latency(http, text)
+                elapsed, answer = await submit_latency(http, model, text)
                 if answer.get("cache") == "l1":
                     l1_latencies.append(elapsed)
         finally:
             await http.aclose()
     total = sum(levels.values())
     return {
+        "model": model,
         "requests": total,
+        "planned_hit_rates": expected_levels(workload, args.l1_entries),
         "hit_rates": {level: levels[level] / total for level in ("l1", "l2", "l3", "miss")},
         "l3_wrong_answers": wrong,
         "cached_rps": total / cached_s,
@@ -282,33 +328,51 @@ def measure_l3(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-SEEDS_MIX = {"l1": 0.35, "l2": 0.28, "l3": 0.12, "miss": 0.25}  # the RexUniNLU service's hit rates
 SEEDS_MIX_NO_L3 = {"l1": 0.35, "l2": 0.28, "l3": 0.0, "miss": 0.37}  # the same without its semantic level
 
 
-def ceiling(rates: dict[str, float], with_l3: bool) -> float:
-    """The throughput ratio caches / no caches if nothing but embedding cost anything.
+def ceiling(rates: dict[str, float], with_l3: bool, lookup_cost: float = 1.0) -> float:
+    """The throughput ratio caches / no caches if nothing but the models cost anything.
 
-    Without caches each request is one embedding (the worker's). With them a miss is still one, and an L3 lookup
-    (every request that L1 and L2 missed) embeds the query in the gateway: for ``embed`` that is the model itself,
-    so an L3 lookup costs what computing the answer does. The bound is 1 / (l3 + miss + miss) with L3 on
-    (1 / miss without): whatever the machine, since both sides run the same model.
+    Without caches each request is one computation (the worker's). With them a miss is still one, and an L3
+    lookup (every request that L1 and L2 missed) embeds the query in the gateway at ``lookup_cost`` of a
+    computation: 1 for ``embed``, whose L3 embedder is the model itself; embed / extract for ``extract``
+    (``benchmarks.stand_in_cost``). The bound is 1 / (lookup_cost x (l3 + miss) + miss) with L3 on (1 / miss
+    without).
     """
-    lookups = rates["l3"] + rates["miss"] if with_l3 else 0.0
+    lookups = lookup_cost * (rates["l3"] + rates["miss"]) if with_l3 else 0.0
     return 1.0 / max(1e-9, lookups + rates["miss"])
+
+
+def lookup_cost_of(model: str) -> float | None:
+    """An L3 lookup's cost in computations of ``model``: 1 for embed, else from ``stand_in_cost``'s last result."""
+    if model == "embed":
+        return 1.0
+    if not STAND_IN_COST.exists():
+        return None
+    return 1.0 / float(json.loads(STAND_IN_COST.read_text())["figures"]["ratio"])
+
+
+def percents(rates: dict[str, float]) -> str:
+    return " / ".join(f"{100 * rates[k]:.1f}%" for k in ("l1", "l2", "l3", "miss"))
 
 
 def rows(fleet: dict[str, Any], l3: dict[str, Any], with_l3: bool = True) -> list[tuple[str, str, str]]:
     rates, l1, search = fleet["hit_rates"], fleet["l1_hit_submit"], l3["search_per_query"]
-    mix = " / ".join(f"{100 * rates[k]:.1f}%" for k in ("l1", "l2", "l3", "miss"))
+    mix = percents(rates)
+    cost = lookup_cost_of(fleet.get("model", "embed"))
+    bound = "-" if cost is None else f"{ceiling(rates, with_l3, cost):.2f}x"
+    seeds = SEEDS_MIX if with_l3 else SEEDS_MIX_NO_L3
+    seeds_bound = "-" if cost is None else f"{ceiling(seeds, with_l3, cost):.2f}x"
     ratio = f"{fleet['throughput_ratio']:.2f}x ({fleet['cached_rps']:.0f} vs {fleet['bypass_rps']:.0f} req/s)"
     wrong = f"{100 * l3['wrong_share']:.2f}% ({l3['wrong_hits']}/{l3['l3_hits']})"
     return [
         ("hit rate L1 / L2 / L3 / miss", mix, "seeds: 35 / 28 / 12 / 25"),
+        ("  planned by the workload (one gateway, one at a time)", percents(fleet["planned_hit_rates"]), "-"),
         ("L3 hits answered with another text's output", str(fleet["l3_wrong_answers"]), "0"),
         ("throughput with caches / without", ratio, ">= 3x"),
-        ("  ceiling of that ratio at this mix", f"{ceiling(rates, with_l3):.2f}x", "-"),
-        ("  ceiling at the seeds' mix", f"{ceiling(SEEDS_MIX if with_l3 else SEEDS_MIX_NO_L3, with_l3):.2f}x", "-"),
+        ("  ceiling of that ratio at this mix", bound, "-"),
+        ("  ceiling at the seeds' mix", seeds_bound, "-"),
         ("gateway p50 of an L1 hit", f"{l1['p50_ms']:.2f} ms (p99 {l1['p99_ms']:.2f})", "< 2 ms"),
         (f"L3 search per query, {l3['entries']:,} entries", f"p50 {search['p50_ms']:.3f} ms", "< 1 ms"),
         ("L3 embedding per text (batched, apart)", f"{l3['embed_per_text_ms_batched']:.2f} ms", "-"),
@@ -329,25 +393,45 @@ async def main(args: argparse.Namespace) -> None:
     with services(nats=True, redis=True) as urls:
         fleet = await measure_fleet(urls, args, l3_task)
     l3 = l3_task.result()
-    path = write_result("bench_cache", {"args": vars(args), "fleet": fleet, "l3": l3})
-    title = f"Result caches: {fleet['requests']:,} embed requests, fleet gateway + worker, NATS + Redis"
+    name = "bench_cache" if args.model == "embed" else f"bench_cache_{args.model}"
+    title = f"Result caches: {fleet['requests']:,} {args.model} requests, fleet gateway + worker, NATS + Redis"
     show(title, rows(fleet, l3, "l3" in args.levels))
+    path = write_result(name, {"args": vars(args), "fleet": fleet, "l3": l3})
     print(f"results: {path}")
 
 
-def parse_args() -> argparse.Namespace:
+MODEL_REFS = {"embed": "embed", "extract": TEMP_EXTRACT_REF}
+SEEDS_PRESET = {**SEEDS_WORKLOAD, "concurrency": 16, "baseline_share": 0.2}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(MODEL_REFS), default="embed")
+    parser.add_argument(
+        "--model-ref",
+        help="what FLEET_MODELS and the worker's --model get; default: embed, or for extract the TEMPORARY "
+        "benchmarks.temp_extract_handler (after the runtimes' merge: extract, with --repository)",
+    )
+    parser.add_argument("--extract-dir", help="the extract version folder, for the temporary handler")
+    parser.add_argument("--repository", help="the model repository (FLEET_MODEL_REPOSITORY) of the fleet")
+    parser.add_argument("--mix", choices=["default", "seeds"], default="default", help="seeds: SEEDS_WORKLOAD")
     parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--pool", type=int, default=None, help="draw from the first N base texts (default all)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--baseline-share", type=float, default=0.1, help="share of each chunk also run bypassed")
     parser.add_argument("--zipf-s", type=float, default=0.9)
     parser.add_argument("--paraphrase-share", type=float, default=0.25)
     parser.add_argument("--l1-entries", type=int, default=300)
-    parser.add_argument("--levels", default="l1+l2+l3", help="the cache levels on (FLEET_CACHE=embed=<levels>)")
+    parser.add_argument("--levels", default="l1+l2+l3", help="the cache levels on (FLEET_CACHE=<model>=<levels>)")
     parser.add_argument("--l3-entries", type=int, default=100_000)
     parser.add_argument("--l3-only", action="store_true", help="measure the L3 index and labelled pairs only")
-    return parser.parse_args()
+    known, _ = parser.parse_known_args(argv)
+    if known.mix == "seeds":  # the preset's values, under whatever the command line gives explicitly
+        parser.set_defaults(**SEEDS_PRESET)
+    args = parser.parse_args(argv)
+    args.model_ref = args.model_ref or MODEL_REFS[args.model]
+    return args
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 GPU = "gpu"
 VALGRIND = "valgrind"
+EXTRACT = "extract"  # the cost stand-in in ./models (fleet models synth), about 440 MB: built, not committed
+EXTRACT_MANIFEST = "models/extract/1/model.yaml"  # under the checkout, where make bench runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +23,7 @@ class Benchmark:
     module: str  # run as python -m <module>
     args: tuple[str, ...]  # the arguments make bench gives it
     measures: str  # one sentence for the benchmarks page
-    needs: str | None = None  # GPU or VALGRIND: skipped, with the reason, where missing
+    needs: str | None = None  # GPU, VALGRIND or EXTRACT: skipped, with the reason, where missing
 
     @property
     def command(self) -> str:
@@ -83,6 +86,30 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         (),
         "The result caches (exact, shared and semantic) on a generated `embed` workload over NATS + Redis: hit "
         "rates and latency against the same requests bypassing the cache.",
+    ),
+    Benchmark(
+        "bench_cache_extract",
+        "benchmarks.bench_cache",
+        tuple("--model extract --mix seeds --extract-dir models/extract/1".split()),
+        "The result caches on `extract`, the seeds' costly model (a DeBERTa-v2-base-sized cost stand-in built by "
+        "`fleet models synth`), whose L3 is keyed by `embed`: throughput with caches against without at the seeds' "
+        "hit mix, and the L3 wrong-hit share on labelled pairs.",
+        EXTRACT,
+    ),
+    Benchmark(
+        "stand_in_cost",
+        "benchmarks.stand_in_cost",
+        tuple("--extract models/extract/1".split()),
+        "What `extract` (DeBERTa-v2-base-sized) costs per text against `embed` (MiniLM-L6), its L3 embedder, on the "
+        "same token ids: batch 16, 44 tokens.",
+        EXTRACT,
+    ),
+    Benchmark(
+        "models",
+        "benchmarks.bench_models",
+        (),
+        "Each task runtime (embeddings, classification, token-classification, rerank) serving a MiniLM-sized model "
+        "through Fleet against a bare transformers loop over the same model, texts and batch.",
     ),
     Benchmark(
         "dag",
@@ -191,6 +218,11 @@ def missing(needs: str | None) -> str | None:
     """Why a benchmark needing ``needs`` cannot run on this machine, or None when it can."""
     if needs == VALGRIND and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
         return "needs valgrind and callgrind_control (Debian: apt-get install valgrind)"
+    if needs == EXTRACT and not (Path(__file__).resolve().parent.parent / EXTRACT_MANIFEST).is_file():
+        return (
+            f"needs the extract cost stand-in ({EXTRACT_MANIFEST}): "
+            "fleet models synth deberta-v2-base --task token-classification --name extract"
+        )
     if needs == GPU and not has_gpu():
         return "needs a CUDA GPU (nvidia-smi lists none); scripts/bench_gpu.sh runs these where one is"
     return None

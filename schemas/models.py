@@ -41,6 +41,9 @@ class ModelSpec:
     """The input field whose text the semantic cache (L3) embeds; None: the model has no L3."""
     cache_threshold: float = 0.95
     """The cosine similarity at or above which an earlier request's output answers this one (L3)."""
+    cache_embedder: str = "embed"
+    """The model whose embedding of ``cache_text`` is the L3 key: a cheaper model than this one (``extract`` keys its
+    L3 with ``embed``). The gateway loads each distinct embedder once (``fleet.producers.gateway.cache.embedder``)."""
     p99_target_ms: float | None = None
     min_batch: int = 1
     max_batch_cost: int | None = None

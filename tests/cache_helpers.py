@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from prometheus_client import REGISTRY
 
 from fleet.brokers.base import Broker
+from fleet.errors import ConfigError
 from fleet.producers.gateway import CacheParts, create_app
 from fleet.producers.gateway.cache.embedder import TextModel, load_embed_handler
 from fleet.schemas.models import ECHO, ModelSpec
@@ -44,8 +45,11 @@ def __getattr__(name: str) -> ModelSpec:
 _LOADING = threading.Lock()
 
 
-def shared_text_model() -> TextModel:
-    """The ``embed`` handler's model, loaded once per test session (every gateway of every test shares it)."""
+def shared_text_model(name: str = "embed") -> TextModel:
+    """The ``embed`` handler's model, loaded once per test session (every gateway of every test shares it): the L3
+    embedder ``embed``; another name is refused as the gateway's own loader refuses it."""
+    if name != "embed":
+        raise ConfigError(f"{name!r} is not an L3 embedder of the tests; known: embed")
     with _LOADING:
         return _load_once()
 
@@ -93,8 +97,8 @@ async def gateway(
     app = create_app(settings, broker=broker, stores=stores, limits=FAST_LIMITS, cache_parts=parts)
     async with served(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
         cache = app.state.gateway.cache
-        if cache is not None and cache.semantic is not None:
-            await cache.semantic.embedder.warm()
+        if cache is not None and cache.embedders is not None:
+            await cache.embedders.warm()
         yield Gateway(app, base, client)
 
 

@@ -103,7 +103,6 @@ async def test_a_redis_outage_is_a_miss_counted_as_an_error() -> None:
 
 
 async def test_an_l3_index_keeps_answering_while_its_log_cannot_be_read() -> None:
-    from fleet.producers.gateway.cache.embedder import BatchingEmbedder
     from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
 
     class Broken(MemoryCacheStore):
@@ -111,7 +110,7 @@ async def test_an_l3_index_keeps_answering_while_its_log_cannot_be_read() -> Non
             raise TimeoutError("down")
 
     vector = np.ones(384, dtype=np.float32) / np.sqrt(384)
-    level = SemanticLevel(Broken(), BatchingEmbedder(lambda: None), L3Options(384, 1000, 8, 0.05, 60, 0.1))  # type: ignore[arg-type, return-value]
+    level = SemanticLevel(Broken(), L3Options(384, 1000, 8, 0.05, 60, 0.1))
     level.serve("m", "1")
     await level.remember("m", "1", VectorEntry("k", "some text", vector.tobytes()), vector)
     await level.sync_once()  # fails, logged, no exception

@@ -12,7 +12,6 @@ import pytest
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.lag import LagMonitor
-from fleet.producers.gateway.cache.embedder import BatchingEmbedder
 from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
 from fleet.schemas.jobs import JobState
 from fleet.store.cachestore import MemoryCacheStore, VectorEntry
@@ -130,7 +129,7 @@ async def test_the_l3_sync_loop_stops_even_when_its_log_read_swallows_the_cancel
     """A gateway with L3 on once waited 30 s to stop: its sync task was back asleep after its cancellation."""
     store = SwallowingCacheStore()
     options = L3Options(dim=4, max_entries=100, nprobe=1, sync_interval_s=0.01, ttl_s=60, timeout_s=1.0)
-    level = SemanticLevel(store, BatchingEmbedder(lambda: None), options)  # type: ignore[arg-type, return-value]
+    level = SemanticLevel(store, options)
     level.serve("embed", "1")
     await level.start()
     while store.reads < 3:  # noqa: ASYNC110 - polled: the loop is in its reads now

@@ -463,7 +463,7 @@ async def test_l3_sync_routes_each_logged_entry_to_its_tenants_index_only() -> N
     for log_model, tenant in (("m", "a"), ("m", None), ("s", None), ("s", "a")):
         entry = VectorEntry(f"{log_model}-{tenant}", "same text", vector.tobytes(), tenant)
         await store.append_vector(c.cache_vectors_key(log_model, "1"), entry, 100, 60)
-    level = SemanticLevel(store, None, options)  # type: ignore[arg-type]  # no embedding here
+    level = SemanticLevel(store, options)
     level.serve("m", "1")
     level.serve("s", "1", shared=True)
     await level.sync_once()

@@ -288,4 +288,7 @@ def register(app: typer.Typer) -> None:
         _note(f"pulled {source} as {added.entry.ref} in {added.entry.folder}")
         typer.echo(added.entry.ref)
 
+    from fleet.cli.models_synth_cmd import register_synth
+
+    register_synth(models_app)
     app.add_typer(models_app, name="models")

@@ -52,5 +52,6 @@ def spec_for(entry: RepositoryEntry) -> ModelSpec:
         version=entry.version,
         cache_text=manifest.cache.text,
         cache_threshold=manifest.cache.threshold,
+        cache_embedder=manifest.cache.embedder,
         vector_fields=runtime.vector_fields,
     )

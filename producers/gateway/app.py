@@ -174,7 +174,7 @@ class CacheParts:
     """What ``create_app`` may be handed for the result caches (tests inject them)."""
 
     store: CacheStore | None = None
-    load_text_model: Callable[[], TextModel] | None = None
+    load_text_model: Callable[[str], TextModel] | None = None  # an L3 embedder by its name (``cache_embedder``)
 
 
 async def _open_cache(
@@ -305,7 +305,7 @@ def create_app(
         require_ready_workers: ``/readyz`` answers 503 until every served model has a ready worker (``fleet
             up``); by default it is 200 whenever the broker and store answer, since submissions queue.
         cache_parts: the result caches' store (default: beside the result store) and the loader of the L3
-            embedding model (default: the ``embed`` handler on ``settings.device``).
+            embedders by name (default: ``cache.embedder.load_embedder`` on ``settings.device``).
 
     Raises:
         ConfigError: the gateway is bound to a non-loopback address with ``settings.auth`` unset (``check_auth``),
@@ -313,7 +313,8 @@ def create_app(
             republish jobs whose first publish is still in progress).
     Raises (at start-up, from the lifespan):
         UnknownModel / ConfigError: a model in ``settings.models`` does not resolve, or ``settings.cache`` names a
-            model that is not served or asks l3 of a model without ``cache_text``.
+            model that is not served, asks l3 of a model without ``cache_text``, or of one whose ``cache_embedder``
+            the gateway cannot load.
         StartupTimeout: a client the app builds itself could not connect within ``settings.startup_timeout_s``.
     """
     limits = limits or GatewayLimits()

@@ -1,10 +1,16 @@
-"""The gateway's text embedder for the L3 cache: concurrent lookups batched into one forward pass, off the loop.
+"""The gateway's text embedders for the L3 cache: concurrent lookups batched into one forward pass, off the loop.
 
-The model is the ``embed`` handler's (all-MiniLM-L6-v2, ``fleet.consumers.handlers.embed``), resolved by import path
-(``fleet.models.import_object``) so that the gateway does not import the worker package, and loaded in a worker
-thread on first use, on the device the worker would choose (``settings.device``). ``BatchingEmbedder.embed``
-queues a text; one drain task takes whatever is queued (up to ``max_batch``), runs the model in a thread, and
-answers every caller of that batch.
+Each model with L3 names its embedder (``ModelSpec.cache_embedder``, ``cache.embedder`` in ``model.yaml``): the
+model whose vector of the request's text is the L3 key, usually a model far cheaper than the one it caches
+(``extract``, a DeBERTa-v2-base-sized model, is keyed by ``embed``'s MiniLM vectors). ``EMBEDDERS`` lists the
+embedders a gateway can load by name; today that is ``embed`` (all-MiniLM-L6-v2, ``fleet.consumers.handlers.embed``),
+resolved by import path (``fleet.models.import_object``) so that the gateway does not import the worker package.
+``check_embedders`` refuses, at start-up, a model whose embedder is not one of them.
+
+The gateway keeps one ``BatchingEmbedder`` per distinct embedder (``Embedders``), however many models use it; each
+loads its model in a worker thread on first use, on the device the worker would choose (``settings.device``).
+``BatchingEmbedder.embed`` queues a text; one drain task takes whatever is queued (up to ``max_batch``), runs the
+model in a thread, and answers every caller of that batch.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from fleet.errors import ConfigError
 from fleet.models import import_object
+from fleet.schemas.models import EMBED_DIM, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +39,55 @@ class TextModel(Protocol):
     def embed_texts(self, texts: list[str]) -> list[list[float]]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedderKind:
+    """An embedder the gateway can load: the handler class with ``embed_texts`` and the size of its vectors."""
+
+    handler: str
+    dim: int
+
+
+EMBEDDERS: dict[str, EmbedderKind] = {"embed": EmbedderKind(EMBED_HANDLER, EMBED_DIM)}
+
+
 def load_embed_handler(device: str, path: str = EMBED_HANDLER) -> TextModel:
     """Build and load the handler at ``path`` on ``device`` (blocking: call it in a thread)."""
     handler = import_object(path)(device=device)
     handler.load()
     model: TextModel = handler
     return model
+
+
+def load_embedder(device: str, name: str) -> TextModel:
+    """Load the embedder ``name`` of ``EMBEDDERS`` on ``device`` (blocking: call it in a thread).
+
+    Raises:
+        ConfigError: ``name`` is not an embedder the gateway knows.
+    """
+    kind = EMBEDDERS.get(name)
+    if kind is None:
+        raise ConfigError(f"{name!r} is not an L3 embedder; known: {', '.join(EMBEDDERS)}")
+    return load_embed_handler(device, kind.handler)
+
+
+def check_embedders(specs: Mapping[str, ModelSpec], known: Mapping[str, EmbedderKind] = EMBEDDERS) -> None:
+    """Refuse, before anything loads, a model whose L3 embedder the gateway cannot load.
+
+    Raises:
+        ConfigError: naming the model and its embedder.
+    """
+    for model, spec in specs.items():
+        if spec.cache_embedder not in known:
+            raise ConfigError(
+                f"cache: model {model!r} keys its l3 cache with the embedder {spec.cache_embedder!r} "
+                f"(cache_embedder), which this gateway cannot load; known embedders: {', '.join(known)}"
+            )
+
+
+def embedder_dim(name: str) -> int:
+    """The size of the vectors of the embedder ``name`` (that of ``embed`` for one loaded by a test's loader)."""
+    kind = EMBEDDERS.get(name)
+    return EMBED_DIM if kind is None else kind.dim
 
 
 class BatchingEmbedder:
@@ -103,3 +155,31 @@ class BatchingEmbedder:
             for (_, future), vector in zip(live, vectors, strict=True):
                 if not future.done():
                     future.set_result(vector)
+
+
+class Embedders:
+    """One ``BatchingEmbedder`` per distinct embedder of the models with L3: ``for_model`` finds a model's."""
+
+    def __init__(self, specs: Mapping[str, ModelSpec], load: Callable[[str], TextModel]) -> None:
+        self._of_model = {model: spec.cache_embedder for model, spec in specs.items()}
+        self.by_name = {name: _bind(load, name) for name in dict.fromkeys(self._of_model.values())}
+
+    def for_model(self, model: str) -> BatchingEmbedder:
+        return self.by_name[self._of_model[model]]
+
+    @property
+    def ready(self) -> bool:
+        return all(embedder.ready for embedder in self.by_name.values())
+
+    async def warm(self) -> None:
+        """Load every embedder now (each in a thread, one after the other), so no first lookup waits for one."""
+        for embedder in self.by_name.values():
+            await embedder.warm()
+
+    def close(self) -> None:
+        for embedder in self.by_name.values():
+            embedder.close()
+
+
+def _bind(load: Callable[[str], TextModel], name: str) -> BatchingEmbedder:
+    return BatchingEmbedder(lambda: load(name))

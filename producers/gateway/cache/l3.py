@@ -29,7 +29,6 @@ import numpy as np
 
 from fleet import constants as c
 from fleet.errors import StoreError
-from fleet.producers.gateway.cache.embedder import BatchingEmbedder
 from fleet.producers.gateway.cache.semantic_index import Match, Mirror, SemanticIndex
 from fleet.store.cachestore import CacheStore, VectorEntry
 from fleet.tasks import cancel_and_wait, wait_event
@@ -46,6 +45,7 @@ class _Slot:
 
     log: str
     shared: bool
+    dim: int
     indexes: dict[str | None, SemanticIndex] = field(default_factory=dict)
     position: str = "0"
     lock: asyncio.Lock | None = None
@@ -58,7 +58,7 @@ class _Slot:
 
 @dataclass(frozen=True, slots=True)
 class L3Options:
-    dim: int
+    dim: int  # the vectors' size where ``serve`` is not given one
     max_entries: int
     nprobe: int
     sync_interval_s: float
@@ -68,33 +68,35 @@ class L3Options:
 
 
 class SemanticLevel:
-    """L3 for the models that use it: ``match`` finds an earlier request, ``remember`` adds one."""
+    """L3 for the models that use it: ``match`` finds an earlier request, ``remember`` adds one. The vectors come
+    from each model's embedder (``embedder.Embedders``, held by the result cache)."""
 
-    def __init__(self, store: CacheStore, embedder: BatchingEmbedder, options: L3Options) -> None:
+    def __init__(self, store: CacheStore, options: L3Options) -> None:
         self.store = store
-        self.embedder = embedder
         self.options = options
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._sync: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()  # watched by the sync loop too: a cancellation can be swallowed below it
 
-    def serve(self, model: str, version: str, shared: bool = False) -> None:
+    def serve(self, model: str, version: str, shared: bool = False, dim: int | None = None) -> None:
         """Keep indexes for ``model`` at ``version`` (called at start-up for each model with L3 on): one per tenant,
-        or one for every tenant when ``shared``."""
+        or one for every tenant when ``shared``, of vectors of ``dim`` floats (default ``options.dim``: the size
+        of the model's embedder's vectors)."""
         key = (model, version)
         if key not in self._slots:
-            self._slots[key] = _Slot(c.cache_vectors_key(model, version), shared, lock=asyncio.Lock())
+            log = c.cache_vectors_key(model, version)
+            self._slots[key] = _Slot(log, shared, dim or self.options.dim, lock=asyncio.Lock())
 
-    def _new_index(self) -> SemanticIndex:
+    def _new_index(self, dim: int) -> SemanticIndex:
         options = self.options
-        return SemanticIndex(options.dim, max_entries=options.max_entries, nprobe=options.nprobe, mirror=options.mirror)
+        return SemanticIndex(dim, max_entries=options.max_entries, nprobe=options.nprobe, mirror=options.mirror)
 
     def index_of(self, model: str, version: str, tenant: str | None = None) -> SemanticIndex:
         """The index of ``tenant`` (None: the shared one), created empty when it has none yet."""
         slot = self._slots[(model, version)]
         index = slot.indexes.get(tenant)
         if index is None:
-            index = slot.indexes[tenant] = self._new_index()
+            index = slot.indexes[tenant] = self._new_index(slot.dim)
         return index
 
     def entries(self, model: str, version: str) -> int:
@@ -108,14 +110,10 @@ class SemanticLevel:
 
     async def stop(self) -> None:
         """End the sync loop, even one whose cancellation a client library swallowed (a gateway's shutdown once
-        waited 30 s on a sync task back asleep after its cancel), then close the embedder."""
+        waited 30 s on a sync task back asleep after its cancel)."""
         self._stopped.set()
         if self._sync is not None:
             await cancel_and_wait([self._sync])
-        self.embedder.close()
-
-    async def vector(self, text: str) -> np.ndarray:
-        return await self.embedder.embed(text)
 
     async def match(
         self, model: str, version: str, vector: np.ndarray, text: str, threshold: float, tenant: str | None = None
@@ -167,7 +165,7 @@ class SemanticLevel:
         slot.position = rows[-1][0]
         by_tenant: dict[str | None, list[VectorEntry]] = {}
         for _, entry in rows:
-            if len(entry.vector) == 4 * self.options.dim and slot.fits(entry.tenant):
+            if len(entry.vector) == 4 * slot.dim and slot.fits(entry.tenant):
                 by_tenant.setdefault(entry.tenant, []).append(entry)
         for tenant, entries in by_tenant.items():
             vectors = np.frombuffer(b"".join(e.vector for e in entries), dtype=np.float32).reshape(len(entries), -1)
@@ -179,7 +177,7 @@ class SemanticLevel:
         keys, texts = [e.key for e in entries], [e.text for e in entries]
         index = slot.indexes.get(tenant)
         if index is None:
-            index = slot.indexes[tenant] = self._new_index()
+            index = slot.indexes[tenant] = self._new_index(slot.dim)
         async with slot.lock:  # adding may train or evict (hundreds of ms): off the loop
             await asyncio.to_thread(index.add, vectors, keys, texts)
 

@@ -10,7 +10,8 @@ and keeps one L3 index: its entries answer every tenant. Otherwise L3 searches o
 
 * L1: a ``cachetools.TTLCache`` (LRU with a TTL) of outputs in this gateway;
 * L2: the cache store (``fleet.store.cachestore``), one entry per key with a TTL; a hit is copied into L1;
-* L3: the request's text (the input field ``ModelSpec.cache_text``) is embedded and the model version's FAISS
+* L3: the request's text (the input field ``ModelSpec.cache_text``) is embedded by the model's embedder
+  (``ModelSpec.cache_embedder``: ``embed`` unless the model names a cheaper or better one) and the model version's FAISS
   index answers its nearest earlier request; a similarity at or above the threshold (whose text also agrees on
   numbers and negations) is a hit, and that request's output (from L1 or L2) answers. The hit is copied into L1
   under the request's own key.
@@ -44,7 +45,14 @@ from cachetools import TTLCache
 from fleet import constants as c
 from fleet.encoding import DEFAULT_ENCODING, convert_output
 from fleet.errors import ConfigError, StoreError
-from fleet.producers.gateway.cache.embedder import BatchingEmbedder, TextModel, load_embed_handler
+from fleet.producers.gateway.cache.embedder import (
+    BatchingEmbedder,
+    Embedders,
+    TextModel,
+    check_embedders,
+    embedder_dim,
+    load_embedder,
+)
 from fleet.producers.gateway.cache.l3 import L3Options, SemanticLevel
 from fleet.producers.gateway.cache.semantic_index import gpu_mirror, index_device
 from fleet.producers.gateway.metrics import (
@@ -127,12 +135,14 @@ class ResultCache:
         specs: dict[str, ModelSpec],
         store: CacheStore,
         semantic: SemanticLevel | None,
+        embedders: Embedders | None = None,
     ) -> None:
         self.settings = settings
         self.levels = resolve_levels(settings, specs)
         self.shared = frozenset(settings.cache_shared)
         self.store = store
         self.semantic = semantic
+        self.embedders = embedders
         self.l1: TTLCache[str, Any] = TTLCache(settings.cache_l1_max_entries, ttl=settings.cache_l1_ttl_s)
         self._timeout_s = settings.cache_timeout_ms / 1000
         self._fills: set[asyncio.Task[None]] = set()
@@ -140,7 +150,9 @@ class ResultCache:
         if semantic is not None:
             for model, levels in self.levels.items():
                 if "l3" in levels:
-                    semantic.serve(model, specs[model].version, shared=model in self.shared)
+                    spec = specs[model]
+                    dim = embedder_dim(spec.cache_embedder)
+                    semantic.serve(model, spec.version, shared=model in self.shared, dim=dim)
 
     def uses(self, model: str) -> bool:
         return bool(self.levels.get(model))
@@ -165,14 +177,25 @@ class ResultCache:
             self._warming.cancel()
         if self.semantic is not None:
             await self.semantic.stop()
+        if self.embedders is not None:
+            self.embedders.close()
 
     async def _warm(self) -> None:
-        assert self.semantic is not None
-        try:
-            await self.semantic.embedder.warm()
+        """Load each embedder; one that fails leaves its models' L3 lookups missing, not the others'."""
+        assert self.embedders is not None
+        for name, embedder in self.embedders.by_name.items():
+            try:
+                await embedder.warm()
+            except Exception as exc:
+                logger.warning("the L3 embedder %s could not be loaded (its models' L3 will miss): %s", name, exc)
+        if self.embedders.ready:
             CACHE_L3_READY.set(1)
-        except Exception as exc:
-            logger.warning("the L3 embedder could not be loaded (L3 lookups will miss): %s", exc)
+
+    def embedder(self, model: str) -> BatchingEmbedder | None:
+        """The embedder of ``model``'s L3 keys, or None when it has no L3."""
+        if self.embedders is None or "l3" not in self.levels.get(model, ()):
+            return None
+        return self.embedders.for_model(model)
 
     # -- lookup ---------------------------------------------------------------------------------------------
     async def lookup(
@@ -238,13 +261,14 @@ class ResultCache:
 
     async def _l3(self, found: Lookup, value: dict[str, Any]) -> Hit | None:
         text = value.get(found.spec.cache_text or "")
-        if self.semantic is None or not isinstance(text, str) or not text.strip():
+        embedder = self.embedder(found.spec.name)
+        if self.semantic is None or embedder is None or not isinstance(text, str) or not text.strip():
             return None
         spec = found.spec
         found.text = text
-        if not self.semantic.embedder.ready:
+        if not embedder.ready:
             return None  # still loading: a miss now rather than a request held for seconds (fill embeds later)
-        found.vector = await self.semantic.vector(text)
+        found.vector = await embedder.embed(text)
         threshold = self.threshold(spec)
         match = await self.semantic.match(spec.name, spec.version, found.vector, text, threshold, found.tenant)
         if match is None:
@@ -299,9 +323,10 @@ class ResultCache:
             raw = json.dumps({"output": output, "text": found.text}, separators=(",", ":")).encode()
             async with asyncio.timeout(self._timeout_s):
                 await self.store.put(found.key, raw, settings.cache_l2_ttl_s)
-        if "l3" in found.levels and self.semantic is not None and found.text and self.semantic.embedder.ready:
+        embedder = self.embedder(spec.name)  # None unless the model has l3
+        if self.semantic is not None and embedder is not None and found.text and embedder.ready:
             if found.vector is None:
-                found.vector = await self.semantic.vector(found.text)
+                found.vector = await embedder.embed(found.text)
             vector = found.vector.astype(np.float32).tobytes()
             entry = VectorEntry(found.key, found.text, vector, found.tenant)
             await self.semantic.remember(spec.name, spec.version, entry, found.vector)
@@ -326,21 +351,29 @@ def build_cache(
     settings: FleetSettings,
     specs: dict[str, ModelSpec],
     store: CacheStore,
-    load_text_model: Callable[[], TextModel] | None = None,
+    load_text_model: Callable[[str], TextModel] | None = None,
 ) -> ResultCache | None:
     """The result cache of a gateway, or None when no served model opted in (``FLEET_CACHE`` empty).
 
-    The embedder (and with it the ``embed`` model's weights) exists only when some model uses L3; it loads in the
-    background at start-up. ``load_text_model`` replaces the default loader (the ``embed`` handler on
-    ``settings.device``).
+    The embedders (and with them their weights) exist only when some model uses L3: one per distinct
+    ``cache_embedder`` of those models, each loaded once, in the background at start-up. ``load_text_model``
+    replaces the default loader (``embedder.load_embedder`` on ``settings.device``): it gets an embedder's name
+    and decides itself which names it knows.
+
+    Raises:
+        ConfigError: see ``resolve_levels``; L3's extras are missing; a model with L3 names an embedder this
+            gateway cannot load (``embedder.check_embedders``).
     """
     if not settings.cache:
         return None
     levels = resolve_levels(settings, specs)
-    semantic = None
-    if any("l3" in lv for lv in levels.values()):
-        require_l3_extras([model for model, lv in levels.items() if "l3" in lv])
-        loader = load_text_model or functools.partial(load_embed_handler, settings.device)
+    semantic = embedders = None
+    l3_specs = {model: specs[model] for model, lv in levels.items() if "l3" in lv}
+    if l3_specs:
+        require_l3_extras(list(l3_specs))
+        if load_text_model is None:
+            check_embedders(l3_specs)
+        loader = load_text_model or functools.partial(load_embedder, settings.device)
         gpu = index_device(settings.device)
         logger.info("L3 cache: FAISS searches on %s", "the CPU" if gpu is None else f"GPU {gpu}")
         options = L3Options(
@@ -352,5 +385,6 @@ def build_cache(
             timeout_s=settings.cache_timeout_ms / 1000,
             mirror=None if gpu is None else gpu_mirror(gpu),
         )
-        semantic = SemanticLevel(store, BatchingEmbedder(loader), options)
-    return ResultCache(settings, specs, store, semantic)
+        semantic = SemanticLevel(store, options)
+        embedders = Embedders(l3_specs, loader)
+    return ResultCache(settings, specs, store, semantic, embedders)
