@@ -17,6 +17,7 @@ import torch
 from pydantic import ValidationError
 
 from fleet.consumers.runtimes import RUNTIME_CLASSES, runtime_handler
+from fleet.consumers.runtimes.entities import Piece, Tagged, entities, grouped, tag_of, word_tag, words
 from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes, split_back
 from fleet.encoding import decode_vector
 from fleet.errors import ConfigError, ModelError
@@ -94,6 +95,30 @@ def test_passes_sort_by_length_fit_the_budget_and_split_back_in_order() -> None:
     assert flat == ["a", "b", "c", "d"] and counts == [1, 2, 0, 1]
     assert split_back(flat, counts) == [["a"], ["b", "c"], [], ["d"]]
     assert job_slices([2, 1]) == [slice(0, 2), slice(2, 3)]
+
+
+def test_entity_grouping_follows_the_tags() -> None:
+    def t(label: str, start: int, end: int, score: float = 0.5) -> Tagged:
+        return Tagged(label, score, start, end)
+
+    assert tag_of("B-PER") == ("B", "PER") and tag_of("I-LOC") == ("I", "LOC") and tag_of("MISC") == ("I", "MISC")
+    items = [t("B-PER", 0, 3, 0.9), t("I-PER", 4, 12, 0.7), t("B-PER", 13, 16), t("I-LOC", 17, 20), t("O", 21, 22)]
+    assert [(g.label, g.start, g.end) for g in grouped(items)] == [
+        ("PER", 0, 12),  # B then I of one type: one entity
+        ("PER", 13, 16),  # a new B starts another
+        ("LOC", 17, 20),  # I of another type starts another too
+        ("O", 21, 22),
+    ]
+    assert grouped(items)[0].score == pytest.approx(0.8)
+    pieces = [Piece(0, 3, [0.1, 0.9], False), Piece(3, 5, [0.8, 0.2], True), Piece(6, 8, [0.6, 0.4], False)]
+    assert [len(w) for w in words(pieces)] == [2, 1]
+    word = words(pieces)[0]
+    assert word_tag(word, ["O", "B-PER"], "first").label == "B-PER"
+    assert word_tag(word, ["O", "B-PER"], "max").label == "B-PER"  # 0.9 is the most confident piece
+    assert word_tag(word, ["O", "B-PER"], "average").score == pytest.approx(0.55)
+    text = "Ada Lovelace"
+    found = entities(text, pieces, ["O", "B-PER"], "simple", ["O"])
+    assert [(e.label, e.text) for e in found] == [("PER", "Ada")]
 
 
 # -- embeddings -----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from fleet.consumers.runtimes.base import RuntimeHandler
 from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes
 from fleet.encoding import encode_vector
-from fleet.errors import ModelError
+from fleet.errors import ConfigError, ModelError
 from fleet.schemas.construct import built
 from fleet.schemas.runtimes import EmbeddingsInput, EmbeddingsOutput
 
@@ -69,8 +69,6 @@ class EmbeddingsRuntime(RuntimeHandler):
         self.dim = int(self.model.config.hidden_size)
         bad = [d for d in self.options.dimensions if d > self.dim]
         if bad:
-            from fleet.errors import ConfigError
-
             raise ConfigError(f"model {self.entry.ref}: options.dimensions {bad} exceed the model's size {self.dim}")
 
     # -- compute --------------------------------------------------------------------------------------------------
