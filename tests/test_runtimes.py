@@ -267,6 +267,21 @@ def test_entities_are_the_pipelines_with_spans_into_the_text(
     assert labels and labels <= (set(NER_LABELS) if aggregation == "none" else {"PER", "LOC"}), labels
 
 
+def test_token_classification_on_a_deberta_v2_model_is_the_pipelines(tmp_path: Path) -> None:
+    from transformers import pipeline
+
+    entry = add_entry(tmp_path, "extract", "token-classification", arch="deberta-v2", options={"aggregation": "none"})
+    handler = runtime_handler(entry)(device="cpu")
+    handler.load()
+    assert handler.model.config.model_type == "deberta-v2"
+    tokenizer, model = bare(entry.folder, "AutoModelForTokenClassification")
+    reference = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="none")
+    for text, found in zip(TEXTS, handler.run([TokenClassificationInput(texts=TEXTS)])[0].results, strict=True):
+        assert [(e.label, e.start, e.end) for e in found] == [
+            (r["entity"], r["start"], r["end"]) for r in reference(text)
+        ]
+
+
 def test_ignore_labels_and_the_default_aggregation_come_from_the_manifest(tmp_path: Path) -> None:
     entry = add_entry(tmp_path, "tags", "token-classification", options={"aggregation": "none", "ignore_labels": []})
     handler = runtime_handler(entry)(device="cpu")

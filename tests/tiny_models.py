@@ -1,9 +1,10 @@
 """Tiny seeded transformers models of each runtime's kind, saved with safetensors into a repository folder.
 
-``build_tiny(kind, folder)`` writes a BERT of hidden size 32 and 2 layers (seeded random weights, so the same seed
-gives the same model) with a small WordPiece vocabulary; ``add_entry(repo, name, kind)`` builds one as
-``repo/<name>/<version>/`` with a ``model.yaml`` listing the sha256 of every file, and returns its
-``RepositoryEntry``. Their outputs mean nothing; their shapes, spans, orderings and arithmetic are the real ones.
+``build_tiny(kind, folder)`` writes a BERT (or, with ``arch="deberta-v2"``, a DeBERTa-v2) of hidden size 32 and 2
+layers (seeded random weights, so the same seed gives the same model) with a small WordPiece vocabulary;
+``add_entry(repo, name, kind)`` builds one as ``repo/<name>/<version>/`` with a ``model.yaml`` listing the sha256 of
+every file, and returns its ``RepositoryEntry``. Their outputs mean nothing; their shapes, spans, orderings and
+arithmetic are the real ones.
 """
 
 from __future__ import annotations
@@ -50,14 +51,35 @@ def write_tokenizer(folder: Path) -> None:
     BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True, model_max_length=128).save_pretrained(str(folder))
 
 
-def build_tiny(kind: str, folder: Path, *, seed: int = 0) -> Path:
-    """Write a tiny model of ``kind`` (one of ``KINDS``) and its tokenizer into ``folder``; return ``folder``."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification, BertModel
+ARCHS = ("bert", "deberta-v2")
 
-    config = BertConfig(vocab_size=len(VOCAB), **SHAPE)
+
+def tiny_config(arch: str) -> Any:
+    """The config of a tiny ``arch`` model: BERT, or DeBERTa-v2 (the architecture of the seeds' RexUniNLU)."""
+    from transformers import BertConfig, DebertaV2Config
+
+    if arch == "bert":
+        return BertConfig(vocab_size=len(VOCAB), **SHAPE)
+    if arch == "deberta-v2":
+        return DebertaV2Config(
+            vocab_size=len(VOCAB), relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"], **SHAPE
+        )
+    raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
+
+
+def build_tiny(kind: str, folder: Path, *, seed: int = 0, arch: str = "bert") -> Path:
+    """Write a tiny ``arch`` model of ``kind`` (one of ``KINDS``) and its tokenizer into ``folder``; return
+    ``folder``."""
+    import torch
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
+
+    config = tiny_config(arch)
     if kind == "embeddings":
-        model_cls: Any = BertModel
+        model_cls: Any = AutoModel
     elif kind in ("classification", "multi-label"):
         labels = SENTIMENT if kind == "classification" else TOPICS
         config.num_labels = len(labels)
@@ -65,20 +87,20 @@ def build_tiny(kind: str, folder: Path, *, seed: int = 0) -> Path:
         config.label2id = {v: k for k, v in enumerate(labels)}
         if kind == "multi-label":
             config.problem_type = "multi_label_classification"
-        model_cls = BertForSequenceClassification
+        model_cls = AutoModelForSequenceClassification
     elif kind == "token-classification":
         config.num_labels = len(NER_LABELS)
         config.id2label = dict(enumerate(NER_LABELS))
         config.label2id = {v: k for k, v in enumerate(NER_LABELS)}
-        model_cls = BertForTokenClassification
+        model_cls = AutoModelForTokenClassification
     elif kind == "rerank":
         config.num_labels = 1
-        model_cls = BertForSequenceClassification
+        model_cls = AutoModelForSequenceClassification
     else:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config).eval()
+        model = model_cls.from_config(config).eval()
     model.save_pretrained(str(folder), safe_serialization=True)
     write_tokenizer(folder)
     return folder
@@ -108,8 +130,10 @@ def read_entry(repo: Path, name: str, version: str = "1") -> RepositoryEntry:
     return RepositoryEntry(name, version, folder, folder, manifest)
 
 
-def add_entry(repo: Path, name: str, kind: str, *, version: str = "1", seed: int = 0, **fields: Any) -> RepositoryEntry:
+def add_entry(
+    repo: Path, name: str, kind: str, *, version: str = "1", seed: int = 0, arch: str = "bert", **fields: Any
+) -> RepositoryEntry:
     """Build a tiny model of ``kind`` as ``repo/<name>/<version>/`` with its ``model.yaml``; its entry."""
-    folder = build_tiny(kind, repo / name / version, seed=seed)
+    folder = build_tiny(kind, repo / name / version, seed=seed, arch=arch)
     write_manifest(folder, RUNTIME_OF.get(kind, kind), **fields)
     return read_entry(repo, name, version)
