@@ -183,6 +183,15 @@ def test_matryoshka_dimensions_truncate_and_renormalise_and_refuse_undeclared_si
     assert vec.run([EmbeddingsInput(text="x", dimensions=32)])[0].dim == 32, "the full size is always taken"
 
 
+def test_dtype_and_device_come_from_the_manifest(tmp_path: Path) -> None:
+    entry = add_entry(tmp_path, "half", "embeddings", dtype="bfloat16", device="cpu")
+    handler = runtime_handler(entry)(device="auto")
+    handler.load()
+    assert handler.device == "cpu" and handler.model.dtype == torch.bfloat16
+    vector = np.asarray(handler.output_json(handler.run([EmbeddingsInput(text="a cat")])[0])["embedding"])
+    assert vector.dtype == np.float64 and abs(np.linalg.norm(vector) - 1) < 1e-5, "pooled in fp32, whatever the model"
+
+
 def test_a_batch_gives_what_single_jobs_give_whatever_the_forward_budget(repo: Path) -> None:
     small = loaded(repo, "vec", max_tokens_per_forward=16)
     big = loaded(repo, "vec")
