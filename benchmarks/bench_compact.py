@@ -87,8 +87,8 @@ class FixedEmbed(EmbedHandler):
     def load(self) -> None:
         """Nothing to load."""
 
-    def embed_array(self, texts: list[str]) -> np.ndarray:
-        return np.repeat(_ROW[None, :], len(texts), axis=0)
+    def embed_with_tokens(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        return np.repeat(_ROW[None, :], len(texts), axis=0), [2] * len(texts)
 
     def sample_input(self) -> None:  # type: ignore[override]
         return None

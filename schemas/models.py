@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from fleet.schemas.runtimes import MAX_CHARS, MAX_TEXTS, EmbeddingsInput, EmbeddingsOutput
 
 EMBED_DIM = 384
-EMBED_MAX_TEXTS = 64
-EMBED_MAX_CHARS = 20_000
+EMBED_MAX_TEXTS = MAX_TEXTS
+EMBED_MAX_CHARS = MAX_CHARS
 SLEEP_MAX_MS = 60_000.0
 # embed's cost budget, in estimated tokens: one request of 64 texts at the 256-token cap fits it alone
 EMBED_MAX_BATCH_TOKENS = 16_384
@@ -98,37 +100,15 @@ class SleepOutput(BaseModel):
 
 
 # -- embed ----------------------------------------------------------------------------------------------------
-class EmbedInput(BaseModel):
-    """Either one ``text`` or a list of ``texts`` (at most 64, each at most 20,000 characters)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str | None = Field(None, max_length=EMBED_MAX_CHARS)
-    texts: list[str] | None = Field(None, min_length=1, max_length=EMBED_MAX_TEXTS)
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> EmbedInput:
-        if (self.text is None) == (self.texts is None):
-            raise ValueError("give exactly one of 'text' (a string) or 'texts' (a list of strings)")
-        for i, t in enumerate(self.texts or []):
-            if len(t) > EMBED_MAX_CHARS:
-                raise ValueError(f"texts[{i}] has {len(t)} characters, over the limit of {EMBED_MAX_CHARS}")
-        return self
-
-    def items(self) -> list[str]:
-        return [self.text] if self.text is not None else list(self.texts or [])
+class EmbedInput(EmbeddingsInput):
+    """Either one ``text`` or a list of ``texts`` (at most 64, each at most 20,000 characters): the ``embeddings``
+    runtime's input (``dimensions`` takes only 384, the model's one size)."""
 
 
-class EmbedOutput(BaseModel):
+class EmbedOutput(EmbeddingsOutput):
     """``embedding`` for a ``text`` input, ``embeddings`` for ``texts``; vectors are L2-normalised."""
 
     dim: int = EMBED_DIM
-    embedding: list[float] | str | None = Field(
-        None, description="the vector; with encoding_format base64, base64 of its little-endian float32 bytes"
-    )
-    embeddings: list[list[float]] | list[str] | None = Field(
-        None, description="one vector per text; with encoding_format base64, each one a base64 string"
-    )
 
 
 ECHO = ModelSpec(

@@ -163,8 +163,8 @@ class RowEmbed(VecEmbed):
 
     predict = EmbedHandler.predict
 
-    def embed_array(self, texts: list[str]) -> np.ndarray:
-        return np.asarray([vector_of(t) for t in texts], dtype=np.float32)
+    def embed_with_tokens(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        return np.asarray([vector_of(t) for t in texts], dtype=np.float32), [2 + len(t) for t in texts]
 
 
 def test_predict_builds_the_outputs_model_construct_builds() -> None:
@@ -172,10 +172,10 @@ def test_predict_builds_the_outputs_model_construct_builds() -> None:
     batch = [EmbedInput(text="a"), EmbedInput(texts=["b", "c"]), EmbedInput(text="d"), EmbedInput(texts=["e"])]
     outputs = handler.predict(batch)
     expected = [
-        EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector_of("a")),
-        EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[vector_of("b"), vector_of("c")]),
-        EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector_of("d")),
-        EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[vector_of("e")]),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector_of("a"), tokens=3),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[vector_of("b"), vector_of("c")], tokens=6),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embedding=vector_of("d"), tokens=3),
+        EmbedOutput.model_construct(dim=EMBED_DIM, embeddings=[vector_of("e")], tokens=3),
     ]
     for got, want in zip(outputs, expected, strict=True):
         assert isinstance(got, EmbedOutput)

