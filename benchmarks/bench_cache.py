@@ -2,7 +2,7 @@
 ``extract``, the seeds' costly model, at the seeds' hit mix.
 
     python -m benchmarks.bench_cache [--requests 20000] [--concurrency 32] [--rounds 10]
-    python -m benchmarks.bench_cache --model extract --mix seeds --extract-dir models/extract/1
+    python -m benchmarks.bench_cache --model extract --mix seeds [--repository models]
 
 A ``fleet gateway`` (``FLEET_CACHE=<model>``: L1 + L2 + L3) and a ``fleet worker --model <model>`` process, as a
 user runs them. The workload (``benchmarks.cache_workload``): ``--requests`` requests of one ``text`` each, drawn
@@ -13,9 +13,8 @@ behind several gateways.
 
 ``--model extract`` serves the cost stand-in of the seeds' RexUniNLU service (``fleet models synth
 deberta-v2-base --task token-classification --name extract``), whose L3 is keyed by ``embed``'s vectors
-(``cache_embedder``): a lookup costs a tenth of a computation, not a whole one. Until the token-classification
-runtime is merged it runs through ``benchmarks.temp_extract_handler`` (TEMPORARY; ``--extract-dir`` names the
-version folder); after it, ``--model-ref extract --repository models`` serves the repository entry.
+(``cache_embedder``): a lookup costs a tenth of a computation, not a whole one. It is served by the
+token-classification runtime from the repository (``--repository``, default ``models``).
 ``--mix seeds`` sets the workload that lands near the seeds' mix (L1 35 %, L2 28 %, L3 12 %, miss 25 %:
 ``cache_workload.SEEDS_WORKLOAD``); the run prints the mix it planned and the one it got.
 
@@ -52,7 +51,6 @@ import numpy as np
 
 from benchmarks.cache_workload import SEEDS_MIX, SEEDS_WORKLOAD, expected_levels, labelled_pairs, requests
 from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_result
-from benchmarks.temp_extract_handler import EXTRACT_DIR_ENV
 from fleet.producers.gateway.cache.embedder import load_embed_handler
 from fleet.producers.gateway.cache.semantic_index import SemanticIndex, texts_agree
 from fleet.producers.sdk_http import AiohttpHttp, GatewayUnreachable, Http
@@ -62,7 +60,6 @@ from tests.services import die_with_parent, free_port
 
 BYPASS = {"X-Cache-Control": "bypass"}
 # TEMPORARY: extract served by the benchmark's own handler until the token-classification runtime is merged
-TEMP_EXTRACT_REF = "benchmarks.temp_extract_handler:TempExtractHandler"
 STAND_IN_COST = RESULTS_DIR / "stand_in_cost.json"  # benchmarks.stand_in_cost: extract / embed per text
 
 
@@ -186,8 +183,6 @@ def workload_of(args: argparse.Namespace) -> list[tuple[int, str]]:
 
 def fleet_of(urls: dict[str, str], args: argparse.Namespace) -> CacheFleet:
     extra = {}
-    if args.extract_dir:
-        extra[EXTRACT_DIR_ENV] = str(Path(args.extract_dir).resolve())
     if args.repository:
         extra["FLEET_MODEL_REPOSITORY"] = str(Path(args.repository).resolve())
     log_dir = RESULTS_DIR / f"cache-logs-{args.model}"
@@ -400,7 +395,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"results: {path}")
 
 
-MODEL_REFS = {"embed": "embed", "extract": TEMP_EXTRACT_REF}
+MODEL_REFS = {"embed": "embed", "extract": "extract"}
 SEEDS_PRESET = {**SEEDS_WORKLOAD, "concurrency": 16, "baseline_share": 0.2}
 
 
@@ -409,11 +404,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", choices=sorted(MODEL_REFS), default="embed")
     parser.add_argument(
         "--model-ref",
-        help="what FLEET_MODELS and the worker's --model get; default: embed, or for extract the TEMPORARY "
-        "benchmarks.temp_extract_handler (after the runtimes' merge: extract, with --repository)",
+        help="what FLEET_MODELS and the worker's --model get; default: the --model's name",
     )
-    parser.add_argument("--extract-dir", help="the extract version folder, for the temporary handler")
-    parser.add_argument("--repository", help="the model repository (FLEET_MODEL_REPOSITORY) of the fleet")
+    parser.add_argument("--repository", default="models", help="the model repository (FLEET_MODEL_REPOSITORY)")
     parser.add_argument("--mix", choices=["default", "seeds"], default="default", help="seeds: SEEDS_WORKLOAD")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--pool", type=int, default=None, help="draw from the first N base texts (default all)")

@@ -90,7 +90,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "bench_cache_extract",
         "benchmarks.bench_cache",
-        tuple("--model extract --mix seeds --extract-dir models/extract/1".split()),
+        tuple("--model extract --mix seeds --repository models".split()),
         "The result caches on `extract`, the seeds' costly model (a DeBERTa-v2-base-sized cost stand-in built by "
         "`fleet models synth`), whose L3 is keyed by `embed`: throughput with caches against without at the seeds' "
         "hit mix, and the L3 wrong-hit share on labelled pairs.",

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fleet.store.manifests import ManifestStore
 
 __all__ = [
+    "builtin_of",
     "check_model_name",
     "default_repository",
     "import_object",
@@ -86,6 +87,23 @@ def repository_entry(ref: str, repository: Repository | None = None) -> Reposito
     return repo.get(*split_ref(ref))
 
 
+def builtin_of(ref: str) -> str | None:
+    """The built-in model (``echo``, ``sleep``, ``embed``) that ``ref`` names, alone or at its one version
+    (``embed@1``); None for any other reference. Built-ins come first: a repository entry of the same name is not
+    reached.
+
+    Raises:
+        UnservedVersion: another version of a built-in (``embed@2``).
+    """
+    name, sep, version = ref.partition("@")
+    spec = BUILTIN_SPECS.get(name)
+    if spec is None:
+        return None
+    if sep and version != spec.version:
+        raise UnservedVersion(name, version, spec.version)
+    return name
+
+
 def resolve_spec(ref: str, repository: Repository | None = None) -> ModelSpec:
     """The spec of a built-in name, a repository entry (``name``, ``name@version``) or an import path.
 
@@ -93,8 +111,9 @@ def resolve_spec(ref: str, repository: Repository | None = None) -> ModelSpec:
         UnknownModel: ``ref`` is none of them.
         ConfigError: an entry or import path that does not resolve to a valid spec.
     """
-    if ref in BUILTIN_SPECS:
-        return BUILTIN_SPECS[ref]
+    builtin = builtin_of(ref)
+    if builtin is not None:
+        return BUILTIN_SPECS[builtin]
     if not is_import_path(ref):
         return entry_spec(repository_entry(ref, repository))
     obj = import_object(ref)

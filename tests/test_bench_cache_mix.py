@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_cache import SEEDS_PRESET, TEMP_EXTRACT_REF, ceiling, parse_args
+from benchmarks.bench_cache import SEEDS_PRESET, ceiling, parse_args
 from benchmarks.cache_workload import SEEDS_MIX, SEEDS_WORKLOAD, expected_levels, requests
 from benchmarks.catalogue import EXTRACT, by_name, missing
 
@@ -40,8 +40,8 @@ def test_the_seeds_preset_sets_the_workload_and_explicit_flags_win() -> None:
     args = parse_args(["--model", "extract", "--mix", "seeds", "--rounds", "3", "--pool", "100"])
     assert (args.requests, args.zipf_s, args.l1_entries) == (1000, 0.85, 40)
     assert (args.concurrency, args.rounds, args.pool) == (SEEDS_PRESET["concurrency"], 3, 100)
-    assert args.model_ref == TEMP_EXTRACT_REF
-    assert parse_args(["--model", "extract", "--model-ref", "extract"]).model_ref == "extract"
+    assert (args.model_ref, args.repository) == ("extract", "models")  # the repository entry, by the runtime
+    assert parse_args(["--model", "extract", "--model-ref", "extract@2"]).model_ref == "extract@2"
     plain = parse_args([])
     assert (plain.model, plain.model_ref, plain.requests, plain.pool) == ("embed", "embed", 20_000, None)
 

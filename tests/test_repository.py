@@ -382,3 +382,18 @@ def test_the_workers_fleet_up_starts_get_the_pinned_reference(tmp_path: Path) ->
     handler_entry(tmp_path, "m", "2")
     refs = _refs_from(["m@1", "echo", "tests.gateway_helpers:echo_x"], Repository(tmp_path))
     assert refs == {"m": "m@1", "echo-x": "tests.gateway_helpers:echo_x"}
+
+
+def test_a_builtin_answers_at_its_one_version_and_refuses_another() -> None:
+    from fleet.consumers.handlers import resolve_handler
+    from fleet.errors import UnservedVersion
+    from fleet.models import resolve_spec
+    from fleet.schemas.models import BUILTIN_SPECS
+
+    assert resolve_spec("embed@1") is BUILTIN_SPECS["embed"]
+    assert resolve_handler("embed@1") is resolve_handler("embed")
+    for ref in ("embed@2", "echo@7"):
+        with pytest.raises(UnservedVersion, match="is served at version '1' here"):
+            resolve_spec(ref)
+        with pytest.raises(UnservedVersion):
+            resolve_handler(ref)

@@ -14,7 +14,7 @@ from typing import Any
 
 from fleet.consumers.handlers.base import ModelHandler
 from fleet.errors import ConfigError
-from fleet.models import check_model_name, import_object, is_import_path, repository_entry
+from fleet.models import builtin_of, check_model_name, import_object, is_import_path, repository_entry
 from fleet.repository.entry import RepositoryEntry
 from fleet.repository.layout import Repository
 from fleet.repository.verify import verify_entry
@@ -51,8 +51,9 @@ def resolve_handler(ref: str, repository: Repository | None = None) -> HandlerCl
             with a ``spec`` whose name is a valid model name.
     """
     ref = ref.strip()
-    if ref in BUILTIN_HANDLERS:
-        return _checked(BUILTIN_HANDLERS[ref], import_object(BUILTIN_HANDLERS[ref]))
+    builtin = builtin_of(ref)
+    if builtin is not None:
+        return _checked(BUILTIN_HANDLERS[builtin], import_object(BUILTIN_HANDLERS[builtin]))
     if not is_import_path(ref):
         return entry_handler(repository_entry(ref, repository))
     return _checked(ref, import_object(ref))

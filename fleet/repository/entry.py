@@ -12,6 +12,9 @@ from fleet.schemas.manifest import ModelManifest
 from fleet.schemas.models import ModelSpec
 from fleet.schemas.runtimes import RUNTIME_SCHEMAS
 
+# a batch's summed estimated tokens when model.yaml sets no batching.max_batch_cost (every runtime reads text)
+DEFAULT_MAX_BATCH_TOKENS = 16_384
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RepositoryEntry:
@@ -47,7 +50,7 @@ def spec_for(entry: RepositoryEntry) -> ModelSpec:
         min_batch=batching.min_batch,
         max_wait_ms=batching.max_wait_ms,
         p99_target_ms=batching.p99_target_ms,
-        max_batch_cost=batching.max_batch_cost,
+        max_batch_cost=batching.max_batch_cost or DEFAULT_MAX_BATCH_TOKENS,
         description=manifest.description,
         version=entry.version,
         cache_text=manifest.cache.text,
