@@ -1,4 +1,6 @@
-"""Every gateway error becomes ``fleet.schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``.
+"""Every gateway error becomes ``fleet.schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``,
+except on the OpenAI-compatible routes, which shape the same description (``describe``) as OpenAI does
+(``fleet.producers.gateway.models.openai_errors``).
 
 Error types and status codes:
 

@@ -10,7 +10,8 @@ status   type                       when (``code``: Fleet's error type, except a
 =======  =========================  =====================================================================
 400      invalid_request_error      a bad body (Fleet's 400 and 422 alike), token-id input, a model of another
                                     kind (``model_not_supported``), ``dimensions`` a model does not take
-401      invalid_request_error      no key, or a bad, expired or revoked key (``invalid_api_key``)
+401      invalid_request_error      no key or a bad one (``invalid_api_key``), an expired or revoked key
+                                    (``key_expired``, ``key_revoked``)
 403      permission_error           a key without the submitter role
 404      invalid_request_error      an unknown model (``model_not_found``)
 409      invalid_request_error      a conflict (a cancelled job)
@@ -35,8 +36,8 @@ from pydantic import BaseModel, Field
 from fleet.producers.gateway.errors import RATE_LIMIT_HEADERS, RETRY_AFTER_HEADER, ApiError, describe
 
 TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
+# Fleet's error types that OpenAI names otherwise (an expired or revoked key keeps Fleet's more telling code)
 CODES = {"unknown_model": "model_not_found", "invalid_key": "invalid_api_key", "unauthorized": "invalid_api_key"}
-CODES |= {"key_expired": "invalid_api_key", "key_revoked": "invalid_api_key"}
 
 
 class OpenAIErrorBody(BaseModel):
