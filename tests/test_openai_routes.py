@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,8 @@ MODELS = "tests.openai_handlers:ToyEmbed,tests.openai_handlers:Overlap,echo"
 @dataclass
 class Served:
     base: str
-    key: str  # tenant "team"
-    tight_key: str  # tenant "tight": one request, then its rate limit refuses for a long while
+    key: str  # tenant "team-<token>"
+    tight_key: str  # tenant "tight-<token>": one request, then its rate limit refuses for a long while
     log: Path
 
     def client(self, key: str | None = None) -> openai.OpenAI:
@@ -56,20 +57,23 @@ def _key(env: dict[str, str], tenant: str) -> str:
 
 @pytest.fixture(scope="module")
 def served(redis_url: str, nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    token = uuid.uuid4().hex[:8]
+    tight = f"tight-{token}"  # tenants of this module alone: their limits start whole in the session's Redis
     env = {
         "FLEET_BROKER_URL": nats_url,
         "FLEET_STORE_URL": redis_url,
         "FLEET_AUTH": "keys",
-        "FLEET_TENANT_LIMITS": json.dumps({"tight": {"rate": 0.001, "burst": 1}}),
+        "FLEET_TENANT_LIMITS": json.dumps({tight: {"rate": 0.001, "burst": 1}}),
+        "FLEET_CACHE": "toy-embed=l1+l2",
         "FLEET_LOG_LEVEL": "WARNING",
     }
-    key, tight = _key(env, "team"), _key(env, "tight")
+    key, tight_key = _key(env, f"team-{token}"), _key(env, tight)
     port = free_port()
     log = tmp_path_factory.mktemp("openai") / "up.log"
     with fleet_process("up", "--port", str(port), "--models", MODELS, env=env, log=log) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(f"{base}/readyz", proc, log, timeout_s=120)
-        yield Served(base, key, tight, log)
+        yield Served(base, key, tight_key, log)
         assert proc.poll() is None, log.read_text()[-3000:]
 
 
@@ -155,17 +159,36 @@ def test_a_tenants_rate_limit_is_a_429_in_openai_shape_and_leaves_other_tenants_
     assert served.client().embeddings.create(model="toy-embed", input="second").data
 
 
+def _metric(base: str, prefix: str) -> float:
+    lines = [line for line in httpx.get(f"{base}/metrics").text.splitlines() if line.startswith(prefix)]
+    return sum(float(line.split()[-1]) for line in lines)
+
+
 def test_the_jobs_are_ordinary_jobs_counted_in_the_metrics(served: Served) -> None:
     def submitted() -> float:
-        text = httpx.get(f"{served.base}/metrics").text
-        lines = [
-            ln for ln in text.splitlines() if ln.startswith('fleet_gateway_jobs_submitted_total{model="toy-embed"}')
-        ]
-        return float(lines[0].split()[-1]) if lines else 0.0
+        return _metric(served.base, 'fleet_gateway_jobs_submitted_total{model="toy-embed"}')
 
     before = submitted()
     served.client().embeddings.create(model="toy-embed", input=[f"m {i}" for i in range(TOY_MAX_TEXTS + 1)])
     assert submitted() == before + 2
+
+
+def test_the_result_caches_answer_a_repeated_request(served: Served) -> None:
+    hits = 'fleet_cache_requests_total{level="l1",model="toy-embed",result="hit"}'
+    texts = [f"cached {uuid.uuid4().hex} {i}" for i in range(TOY_MAX_TEXTS + 1)]  # two jobs
+    first = served.client().embeddings.create(model="toy-embed", input=texts)
+    before = _metric(served.base, hits)
+    again = served.client().embeddings.create(model="toy-embed", input=texts)
+    assert _metric(served.base, hits) == before + 2  # both jobs, from this gateway's L1
+    assert [d.embedding for d in again.data] == [d.embedding for d in first.data]
+
+
+def test_priority_is_fleets_extension_of_the_body(served: Served) -> None:
+    client = served.client()
+    assert client.embeddings.create(model="toy-embed", input="urgent", extra_body={"priority": "high"}).data
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model="toy-embed", input="x", extra_body={"priority": "asap"})
+    assert refused.value.param == "priority"  # type: ignore[attr-defined]
 
 
 # -- LangChain --------------------------------------------------------------------------------------------------
@@ -215,6 +238,16 @@ def test_rerank_in_coheres_shape_answers_coheres_object(served: Served) -> None:
     assert [r["document"]["text"] for r in got["results"]] == [PASSAGES[i] for i in expected_order()[:2]]
     assert got["usage"]["total_tokens"] > 0
     assert [set(r) for r in plain.json()["results"]] == [{"index", "relevance_score"}] * len(PASSAGES)
+
+
+def test_rerank_of_more_passages_than_a_job_takes_merges_the_jobs(served: Served) -> None:
+    documents = [f"filler passage {i}" for i in range(300)]  # Overlap takes 256 a job: two jobs
+    documents[7], documents[290] = "cat sat on a mat", "the cat sat"
+    with served.http() as http:
+        answer = http.post("/v1/rerank", json={"query": QUERY, "documents": documents, "top_n": 2})
+    assert answer.status_code == 200, answer.text
+    assert [r["index"] for r in answer.json()["results"]] == [7, 290]
+    assert answer.json()["meta"]["billed_units"]["search_units"] == 2
 
 
 def test_rerank_refuses_a_model_of_another_kind_and_mixed_shapes(served: Served) -> None:

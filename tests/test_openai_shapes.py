@@ -5,6 +5,8 @@ of error the gateway raises."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from fastapi.exceptions import RequestValidationError
@@ -96,3 +98,14 @@ def test_every_error_answers_in_openai_shape(exc: Exception, status: int, type_:
     assert body["error"]["type"] == type_ and body["error"]["code"] == (code or "rate_limited")
     if status in {429, 503}:
         assert int(response.headers["retry-after"]) >= 1
+
+
+def test_the_rerank_model_may_go_unnamed_only_when_one_is_served() -> None:
+    one: Any = SimpleNamespace(specs={"overlap": Overlap.spec, "echo": ECHO})
+    assert rerank.rerank_model(one, None) is Overlap.spec
+    for specs in ({"echo": ECHO}, {"a": Overlap.spec, "b": Overlap.spec}):
+        with pytest.raises(Refused) as unnamed:
+            rerank.rerank_model(SimpleNamespace(specs=specs), None)  # type: ignore[arg-type]
+        assert unnamed.value.param == "model"
+    with pytest.raises(UnknownModel):
+        rerank.rerank_model(one, "nope")
