@@ -14,7 +14,7 @@ import json
 import math
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -41,9 +41,22 @@ class Served:
     key: str  # tenant "team-<token>"
     tight_key: str  # tenant "tight-<token>": one request, then its rate limit refuses for a long while
     log: Path
+    opened: list[openai.OpenAI | httpx.Client] = field(default_factory=list)  # closed by the fixture
 
     def client(self, key: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key or self.key, max_retries=0, timeout=30)
+        client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=key or self.key, max_retries=0, timeout=30)
+        self.opened.append(client)
+        return client
+
+    def http_client(self) -> httpx.Client:
+        """An httpx client for a framework's OpenAI client to use (LangChain's), closed with the fixture."""
+        client = httpx.Client(timeout=30)
+        self.opened.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.opened:
+            client.close()
 
     def http(self, key: str | None = None) -> httpx.Client:
         return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {key or self.key}"}, timeout=30)
@@ -73,7 +86,9 @@ def served(redis_url: str, nats_url: str, tmp_path_factory: pytest.TempPathFacto
     with fleet_process("up", "--port", str(port), "--models", MODELS, env=env, log=log) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http_ready(f"{base}/readyz", proc, log, timeout_s=120)
-        yield Served(base, key, tight_key, log)
+        fixture = Served(base, key, tight_key, log)
+        yield fixture
+        fixture.close()
         assert proc.poll() is None, log.read_text()[-3000:]
 
 
@@ -199,6 +214,7 @@ def test_langchain_openai_embeddings_against_the_gateway(served: Served) -> None
         api_key=served.key,  # type: ignore[arg-type]
         check_embedding_ctx_length=False,  # no tiktoken download: texts go as they are
         max_retries=0,
+        http_client=served.http_client(),
     )
     assert close(embeddings.embed_query("what is fleet"), toy_vector("what is fleet"))
     docs = [f"document {i}" for i in range(TOY_MAX_TEXTS + 5)]
@@ -348,8 +364,16 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # its fixture waits for `fleet up` to load and warm MiniLM: minutes on a loaded machine
 def test_the_openai_client_and_langchain_on_the_real_embed_model(embed_base: str) -> None:
-    client = openai.OpenAI(base_url=f"{embed_base}/v1", api_key="unused: FLEET_AUTH is off", max_retries=0)
+    with (
+        openai.OpenAI(base_url=f"{embed_base}/v1", api_key="unused: FLEET_AUTH is off", max_retries=0) as client,
+        httpx.Client(timeout=60) as http_client,
+    ):
+        check_embed(client, http_client, embed_base)
+
+
+def check_embed(client: openai.OpenAI, http_client: httpx.Client, embed_base: str) -> None:
     texts = ["a cat sits on the mat", "a kitten rests on a rug", "tax law changed in 2020"]
     answer = client.embeddings.create(model="embed", input=texts)
     cat, kitten, tax = (d.embedding for d in answer.data)
@@ -364,6 +388,7 @@ def test_the_openai_client_and_langchain_on_the_real_embed_model(embed_base: str
         api_key="unused",  # type: ignore[arg-type]
         check_embedding_ctx_length=False,
         max_retries=0,
+        http_client=http_client,
     )
     query = langchain.embed_query("a cat sits on the mat")
     assert cosine(query, cat) > 0.999

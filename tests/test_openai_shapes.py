@@ -109,3 +109,28 @@ def test_the_rerank_model_may_go_unnamed_only_when_one_is_served() -> None:
         assert unnamed.value.param == "model"
     with pytest.raises(UnknownModel):
         rerank.rerank_model(one, "nope")
+
+
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        ([101, 2023], "unsupported_input"),
+        ([[101], [2023, 102]], "unsupported_input"),
+        ([[["x"]], {"a": [1]}] * 1000, "invalid_request"),
+        ([True, False], "invalid_request"),
+        (["x", 1], "invalid_request"),
+        ({"text": "x"}, "invalid_request"),
+        (None, "invalid_request"),
+        (["x"] * 2049, "invalid_request"),
+    ],
+)
+def test_input_that_is_not_text_is_refused_before_validation(value: Any, code: str) -> None:
+    with pytest.raises(Refused) as refused:
+        embeddings.check_input({"model": "toy-embed", "input": value})
+    assert refused.value.type == code and refused.value.param == "input"
+    assert len(refused.value.message) < 200
+
+
+def test_text_input_passes_the_shape_check() -> None:
+    for value in ("x", ["x", "y"], [], ["x"] * 2048):
+        embeddings.check_input({"input": value})

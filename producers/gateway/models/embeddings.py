@@ -107,18 +107,43 @@ def embeddings_model(state: GatewayState, name: str) -> ModelSpec:
     return spec
 
 
+def check_input(data: dict[str, Any]) -> None:
+    """Refuse an ``input`` that is not text before the body is validated: a list over ``MAX_INPUTS``, token ids
+    (``unsupported_input``) or anything else that is not a string or a list of strings. Plain loops over at most
+    ``MAX_INPUTS`` items, so a hostile list is refused in microseconds rather than validated item by item."""
+    value = data.get("input")
+    if isinstance(value, str) or "input" not in data:
+        return
+    if not isinstance(value, list):
+        raise Refused("invalid_request", f"invalid request: {INPUT_HINT}", "input")
+    if len(value) > MAX_INPUTS:
+        raise Refused("invalid_request", f"input has {len(value)} items, over the limit of {MAX_INPUTS}", "input")
+    if all(type(v) is str for v in value):
+        return
+    if _token_ids(value):
+        model = data.get("model")
+        named = f"model {model!r}" if isinstance(model, str) else "this model"
+        raise Refused(
+            "unsupported_input",
+            f"token-id input is not supported by {named}: this gateway has no tokenizer; send the text itself (a "
+            "string or a list of strings)",
+            "input",
+        )
+    raise Refused("invalid_request", f"invalid request: {INPUT_HINT}", "input")
+
+
+def _token_ids(value: list[Any]) -> bool:
+    """Whether ``value`` is OpenAI's token-id input: a list of integers, or a list of lists of integers."""
+    if all(type(v) is int for v in value):
+        return True
+    return all(type(v) is list and all(type(t) is int for t in v) for v in value)
+
+
 def texts_of(body: EmbeddingsRequest) -> list[str]:
-    """The request's texts. Raises ``Refused`` for an empty input or token ids."""
+    """The request's texts (``check_input`` let only text through). Raises ``Refused`` for an empty input."""
     texts = [body.input] if isinstance(body.input, str) else body.input
     if not texts:
         raise Refused("invalid_request", "input is empty: give a text or a list of texts", "input")
-    if not all(isinstance(t, str) for t in texts):
-        raise Refused(
-            "unsupported_input",
-            f"token-id input is not supported by model {body.model!r}: this gateway has no tokenizer; send the "
-            "text itself (a string or a list of strings)",
-            "input",
-        )
     for i, text in enumerate(texts):
         if not text:
             raise Refused("invalid_request", f"input[{i}] is an empty string", "input")
@@ -201,10 +226,7 @@ async def create_embeddings(
     principal: Principal = Depends(require_submitter),
 ) -> JSONResponse:
     data = await read_json_object(request, state)
-    if isinstance(data.get("input"), list) and len(data["input"]) > MAX_INPUTS:
-        raise Refused(
-            "invalid_request", f"input has {len(data['input'])} items, over the limit of {MAX_INPUTS}", "input"
-        )
+    check_input(data)
     body = validated(EmbeddingsRequest, data, {"input": INPUT_HINT})
     spec = embeddings_model(state, body.model)
     texts = texts_of(body)
