@@ -134,3 +134,12 @@ def test_input_that_is_not_text_is_refused_before_validation(value: Any, code: s
 def test_text_input_passes_the_shape_check() -> None:
     for value in ("x", ["x", "y"], [], ["x"] * 2048):
         embeddings.check_input({"input": value})
+
+
+def test_param_names_the_request_field_at_fault() -> None:
+    fastapi_error = RequestValidationError([{"loc": ("body", "model"), "msg": "Field required", "type": "missing"}])
+    jobs_error = ApiError(422, "invalid_input", "bad", [{"loc": "input.texts.3", "msg": "too long", "type": "x"}])
+    params = [
+        json.loads(bytes(openai_error(_request(), e).body))["error"]["param"] for e in (fastapi_error, jobs_error)
+    ]
+    assert params == ["model", "input"]

@@ -68,10 +68,11 @@ def error_type(status: int) -> str:
 
 
 def _param(details: Any) -> str | None:
-    """The body field of the first validation error (``body.input.3`` -> ``input``), if any."""
+    """The body field of the first validation error (``body.input.3`` -> ``input``; a job's ``input.texts.3`` ->
+    ``input``, the request field its texts came from), if any."""
     if isinstance(details, list) and details and isinstance(details[0], dict):
         parts = str(details[0].get("loc", "")).split(".")
-        parts = parts[1:] if parts[0] in {"body", "input"} else parts
+        parts = parts[1:] if parts[0] == "body" else parts
         return parts[0] if parts and parts[0] else None
     return None
 
