@@ -1,4 +1,4 @@
-"""The OpenAI-compatible and rerank routes against a real ``fleet up`` on NATS + Redis, with API keys on.
+"""The OpenAI-compatible and rerank routes against a real ``fleet gateway`` and workers on NATS + Redis, keys on.
 
 Clients from PyPI talk to it as they talk to OpenAI: the official ``openai`` client (``base_url`` the gateway's
 ``/v1``, ``api_key`` a Fleet key) and LangChain's ``OpenAIEmbeddings``; the rerank route is called in TEI's and
@@ -10,6 +10,7 @@ bodies must be refused with a 4xx in OpenAI's shape within ``REQUEST_BOUND_S`` w
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import uuid
@@ -32,7 +33,31 @@ from tests.services import free_port
 
 pytestmark = pytest.mark.services
 
-MODELS = "tests.openai_handlers:ToyEmbed,tests.openai_handlers:Overlap,echo"
+WORKER_MODELS = ("tests.openai_handlers:ToyEmbed", "tests.openai_handlers:Overlap")
+GATEWAY_MODELS = ",".join([*WORKER_MODELS, "echo"])  # echo: a model of another kind, refused before any job
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str], models: str, workers: tuple[str, ...], folder: Path) -> Iterator[str]:
+    """A ``fleet gateway`` serving ``models`` and one ``fleet worker`` per model of ``workers`` (real processes on
+    the broker and store of ``env``, each ready before this yields the gateway's base URL); the processes are this
+    fixture's own children, killed at its end."""
+    port = free_port()
+    with contextlib.ExitStack() as stack:
+        gateway = stack.enter_context(
+            fleet_process(
+                "gateway", "--port", str(port), env={**env, "FLEET_MODELS": models}, log=folder / "gateway.log"
+            )
+        )
+        for i, model in enumerate(workers):
+            metrics_port, log = free_port(), folder / f"worker-{i}.log"
+            argv = ("worker", "--model", model, "--metrics-port", str(metrics_port))
+            worker = stack.enter_context(fleet_process(*argv, env=env, log=log))
+            wait_http_ready(f"http://127.0.0.1:{metrics_port}/readyz", worker, log, timeout_s=240)
+        base = f"http://127.0.0.1:{port}"
+        wait_http_ready(f"{base}/readyz", gateway, folder / "gateway.log")
+        yield base
+        assert gateway.poll() is None, (folder / "gateway.log").read_text()[-3000:]
 
 
 @dataclass
@@ -81,15 +106,11 @@ def served(redis_url: str, nats_url: str, tmp_path_factory: pytest.TempPathFacto
         "FLEET_LOG_LEVEL": "WARNING",
     }
     key, tight_key = _key(env, f"team-{token}"), _key(env, tight)
-    port = free_port()
-    log = tmp_path_factory.mktemp("openai") / "up.log"
-    with fleet_process("up", "--port", str(port), "--models", MODELS, env=env, log=log) as proc:
-        base = f"http://127.0.0.1:{port}"
-        wait_http_ready(f"{base}/readyz", proc, log, timeout_s=120)
-        fixture = Served(base, key, tight_key, log)
+    folder = tmp_path_factory.mktemp("openai")
+    with serving(env, GATEWAY_MODELS, WORKER_MODELS, folder) as base:
+        fixture = Served(base, key, tight_key, folder / "gateway.log")
         yield fixture
         fixture.close()
-        assert proc.poll() is None, log.read_text()[-3000:]
 
 
 def close(got: list[float], want: list[float]) -> bool:
@@ -349,13 +370,8 @@ def test_openapi_documents_the_routes_with_examples(served: Served) -> None:
 # -- the real embed model ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def embed_base(redis_url: str, nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    env = {"FLEET_LOG_LEVEL": "WARNING"}
-    port = free_port()
-    log = tmp_path_factory.mktemp("openai-embed") / "up.log"
-    args = ("up", "--port", str(port), "--models", "embed", "--broker", nats_url, "--store", redis_url)
-    with fleet_process(*args, env=env, log=log) as proc:
-        base = f"http://127.0.0.1:{port}"
-        wait_http_ready(f"{base}/readyz", proc, log, timeout_s=240)  # loads and warms MiniLM
+    env = {"FLEET_BROKER_URL": nats_url, "FLEET_STORE_URL": redis_url, "FLEET_LOG_LEVEL": "WARNING"}
+    with serving(env, "embed", ("embed",), tmp_path_factory.mktemp("openai-embed")) as base:  # the worker loads MiniLM
         yield base
 
 
@@ -364,7 +380,7 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # its fixture waits for `fleet up` to load and warm MiniLM: minutes on a loaded machine
+@pytest.mark.timeout(300)  # its fixture waits for the worker to load and warm MiniLM: minutes on a loaded machine
 def test_the_openai_client_and_langchain_on_the_real_embed_model(embed_base: str) -> None:
     with (
         openai.OpenAI(base_url=f"{embed_base}/v1", api_key="unused: FLEET_AUTH is off", max_retries=0) as client,
