@@ -53,7 +53,7 @@ from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
 from fleet.encoding import DEFAULT_ENCODING
-from fleet.errors import BrokerError, FleetError
+from fleet.errors import BrokerError, FleetError, InvalidInput
 from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
 from fleet.schemas.jobs import JobError
@@ -581,6 +581,8 @@ class Worker:
 
     @staticmethod
     def _error_from(exc: BaseException) -> JobError:
+        if isinstance(exc, InvalidInput):  # the model refuses this input (a size it does not serve): not retried
+            return JobError(type="invalid_input", message=exc.message, retriable=False)
         retriable = exc.retriable if isinstance(exc, FleetError) else True
         return JobError(type="model_error", message=f"{type(exc).__name__}: {exc}", retriable=retriable)
 

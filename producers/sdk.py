@@ -410,9 +410,11 @@ class FleetClient:
         return self._record(await self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 
     async def models(self) -> list[dict[str, Any]]:
-        """The served models: name, description, batch limits, ``input_schema`` and ``output_schema``."""
+        """The served models: name, kind, description, batch limits, ``input_schema`` and ``output_schema`` (each
+        entry of the gateway's OpenAI-shaped list, which also carries OpenAI's ``id``, ``object``, ``created`` and
+        ``owned_by``)."""
         answer = await self._request("GET", "/v1/models")
-        return list(answer["models"])
+        return list(answer["data"])
 
     async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).

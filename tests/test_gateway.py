@@ -391,7 +391,9 @@ async def test_bad_wait_parameter_is_422(menv: Env, wait: str) -> None:
 async def test_models_lists_served_models_with_schemas(menv: Env) -> None:
     response = await menv.client.get("/v1/models")
     assert response.status_code == 200
-    models = {m["name"]: m for m in response.json()["models"]}
+    listed = response.json()
+    assert listed["object"] == "list"
+    models = {m["id"]: m for m in listed["data"]}
     assert set(models) == {menv.echo, menv.sleep, menv.embed}
     assert "texts" in models[menv.embed]["input_schema"]["properties"]
     assert "slept_ms" in models[menv.sleep]["output_schema"]["properties"]

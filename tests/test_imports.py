@@ -30,7 +30,7 @@ FOLDERS = {
 }
 GATEWAY = "fleet.producers.gateway"
 # the gateway's feature folders; everything else in the gateway is its core
-FEATURES = ("jobs", "access", "cache", "operator", "dags")
+FEATURES = ("jobs", "access", "cache", "operator", "dags", "models")
 
 
 def product_modules() -> dict[str, Path]:

@@ -99,7 +99,10 @@ class ModelHandler(ABC, Generic[InT, OutT]):
             A list as long as ``batch``: ``outputs[i]`` belongs to ``batch[i]``. An item that cannot be computed
             for a reason of its own (an input this model rejects) gets an ``Exception`` instance in its place,
             preferably ``fleet.errors.ModelError(message, retriable=False)``; that job alone ends ``failed`` with
-            the exception's message, and the other items succeed.
+            the exception's message, and the other items succeed. ``fleet.errors.InvalidInput(message)`` says the
+            input itself is refused (a value the schema allows that this model does not serve): the job ends
+            ``failed`` with error type ``invalid_input``, which ``POST /v1/infer`` answers 422 (the OpenAI routes
+            400), and is not retried.
 
         Raises:
             Exception: anything raised fails the whole batch. The worker then splits the batch to isolate the

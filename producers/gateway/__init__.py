@@ -5,7 +5,8 @@
 * ``access``: API keys, roles, the operator gate, per-tenant rate limits and quotas, the audit log;
 * ``cache``: the result caches (L1, L2, L3 semantic);
 * ``operator``: the operator dashboard's feed and the operator API (scaling controls, drain, dead letters);
-* ``dags``: DAG runs.
+* ``dags``: DAG runs;
+* ``models``: the OpenAI-compatible routes (``/v1/embeddings``, ``/v1/models``) and ``/v1/rerank``.
 
 The core: the app and its lifespan (``app``), the state the handlers share (``state``), errors, limits, metrics,
 calls into the broker and store (``calls``), push framing (``push``), the ops routes (``ops``), the API docs

@@ -40,6 +40,7 @@ from fleet.producers.gateway.jobs.backlog import Backlog
 from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.producers.gateway.metrics import MetricsMiddleware
+from fleet.producers.gateway.models import embeddings, listing, rerank
 from fleet.producers.gateway.openapi_doc import install_openapi
 from fleet.producers.gateway.operator import deadletters
 from fleet.producers.gateway.operator import routes as operator_routes
@@ -64,7 +65,16 @@ logger = logging.getLogger(__name__)
 OPENAPI_TAGS = [
     {"name": "jobs", "description": "Submit inference jobs, poll them and cancel them."},
     {"name": "push", "description": "WebSockets and server-sent events that push job records as jobs end."},
-    {"name": "models", "description": "The models this gateway accepts, with their input and output schemas."},
+    {
+        "name": "models",
+        "description": "The models this gateway accepts (OpenAI's list shape), with their kind and the JSON Schemas "
+        "of their input and output.",
+    },
+    {
+        "name": "openai",
+        "description": "OpenAI-compatible embeddings and TEI- or Cohere-shaped rerank, run as ordinary jobs; their "
+        "errors answer in OpenAI's shape, {error: {message, type, param, code}}.",
+    },
     {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
     {
         "name": "dags",
@@ -347,6 +357,9 @@ def create_app(
     app.include_router(ws.router)
     app.include_router(sse.router)
     app.include_router(ops.router)
+    app.include_router(listing.router)
+    app.include_router(embeddings.router)
+    app.include_router(rerank.router)
     app.include_router(scaling_routes.router)
     app.include_router(dag_routes.router)
     app.include_router(dag_events.router)

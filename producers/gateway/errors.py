@@ -1,4 +1,6 @@
-"""Every gateway error becomes ``fleet.schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``.
+"""Every gateway error becomes ``fleet.schemas.api.ErrorResponse``: ``{"error": {"type", "message", "details"}}``,
+except on the OpenAI-compatible routes, which shape the same description (``describe``) as OpenAI does
+(``fleet.producers.gateway.models.openai_errors``).
 
 Error types and status codes:
 
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -203,46 +206,49 @@ def validation_message(errors: list[dict[str, Any]], what: str) -> str:
     return f"{what}: " + "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
 
 
-async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.type, exc.message, exc.details, exc.headers)
+@dataclass(frozen=True, slots=True)
+class Described:
+    """What an exception answers, before it is shaped into a body: the gateway's ``ErrorResponse`` here, another
+    API's error shape on the routes that speak it (``fleet.producers.gateway.models``)."""
+
+    status: int
+    type: str
+    message: str
+    details: Any = None
+    headers: dict[str, str] | None = None
 
 
-async def _on_fleet_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, FleetError)
-    status, type_, details = describe_fleet_error(exc)
-    headers = retry_after(exc, status)
-    if status >= 500:
-        logger.warning("%s %s answered %d %s: %s", request.method, request.url.path, status, type_, exc.message)
-    return error_response(status, type_, exc.message, details, headers)
+def describe(request: Request, exc: BaseException) -> Described:
+    """The answer to ``exc`` raised while serving ``request``: every kind the gateway raises, FastAPI's own
+    included, and any other exception as a logged ``500 internal_error``."""
+    if isinstance(exc, ApiError):
+        return Described(exc.status, exc.type, exc.message, exc.details, exc.headers)
+    if isinstance(exc, FleetError):
+        status, type_, details = describe_fleet_error(exc)
+        if status >= 500:
+            logger.warning("%s %s answered %d %s: %s", request.method, request.url.path, status, type_, exc.message)
+        return Described(status, type_, exc.message, details, retry_after(exc, status))
+    if isinstance(exc, RequestValidationError):
+        errors = validation_errors(exc)
+        broken = next((e for e in errors if e["type"] == "json_invalid"), None)
+        if broken is not None:  # a body that is not JSON is malformed on every route, not a field error
+            return Described(400, "malformed_json", f"the request body is not valid JSON: {broken['msg']}")
+        return Described(422, "invalid_request", validation_message(errors, "invalid request"), errors)
+    if isinstance(exc, StarletteHTTPException):
+        kinds = {404: "not_found", 405: "method_not_allowed"}
+        type_ = kinds.get(exc.status_code, f"http_{exc.status_code}")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return Described(exc.status_code, type_, message, None, dict(exc.headers or {}))
+    logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return Described(500, "internal_error", f"internal error ({type(exc).__name__}); see the gateway log")
 
 
-async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    errors = validation_errors(exc)
-    broken = next((e for e in errors if e["type"] == "json_invalid"), None)
-    if broken is not None:  # a body that is not JSON is malformed on every route, not a field error
-        return error_response(400, "malformed_json", f"the request body is not valid JSON: {broken['msg']}")
-    return error_response(422, "invalid_request", validation_message(errors, "invalid request"), errors)
-
-
-async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    kinds = {404: "not_found", 405: "method_not_allowed"}
-    type_ = kinds.get(exc.status_code, f"http_{exc.status_code}")
-    message = f"{request.method} {request.url.path}: {exc.detail}"
-    return error_response(exc.status_code, type_, message, None, dict(exc.headers or {}))
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal_error", f"internal error ({type(exc).__name__}); see the gateway log")
+async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+    d = describe(request, exc)
+    return error_response(d.status, d.type, d.message, d.details, d.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error, FastAPI's own included, to an ``ErrorResponse``."""
-    app.add_exception_handler(ApiError, _on_api_error)
-    app.add_exception_handler(FleetError, _on_fleet_error)
-    app.add_exception_handler(RequestValidationError, _on_request_validation)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
-    app.add_exception_handler(Exception, _on_unexpected)
+    for kind in (ApiError, FleetError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, _on_error)

@@ -1,17 +1,15 @@
-"""Liveness, readiness, Prometheus metrics and the list of served models."""
+"""Liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from fleet.producers.gateway.access import AUTH_RESPONSES, SUBMITTER_DEPS
 from fleet.producers.gateway.errors import error_response
 from fleet.producers.gateway.metrics import REGISTRY
 from fleet.producers.gateway.state import GatewayState, gateway_state
@@ -38,21 +36,6 @@ class Readiness(BaseModel):
         description="per served model, how many workers can take its jobs now; 0 does not make the gateway unready "
         "(submissions queue until a worker comes), except under `fleet up`, which is ready once each has one"
     )
-
-
-class ModelInfo(BaseModel):
-    """One served model and the JSON Schemas of its input and output."""
-
-    name: str
-    description: str
-    max_batch: int
-    max_wait_ms: float
-    input_schema: dict[str, Any]
-    output_schema: dict[str, Any]
-
-
-class ModelList(BaseModel):
-    models: list[ModelInfo]
 
 
 @router.get("/healthz", tags=["ops"], summary="Liveness", response_model=Health)
@@ -101,29 +84,3 @@ async def readyz(request: Request, state: GatewayState = Depends(gateway_state))
 async def metrics() -> Response:
     """Every metric of this process in the Prometheus text format (gateway and, under ``fleet up``, workers)."""
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-
-@router.get(
-    "/v1/models",
-    tags=["models"],
-    summary="List the served models",
-    response_model=ModelList,
-    dependencies=SUBMITTER_DEPS,
-    responses=AUTH_RESPONSES,
-)
-async def list_models(state: GatewayState = Depends(gateway_state)) -> ModelList:
-    """The models this gateway accepts jobs for, with the JSON Schemas of their input and output."""
-    infos = []
-    for spec in state.specs.values():
-        schemas = spec.json_schemas()
-        infos.append(
-            ModelInfo(
-                name=spec.name,
-                description=spec.description,
-                max_batch=spec.max_batch,
-                max_wait_ms=spec.max_wait_ms,
-                input_schema=schemas["input"],
-                output_schema=schemas["output"],
-            )
-        )
-    return ModelList(models=infos)

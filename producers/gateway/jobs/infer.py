@@ -96,23 +96,36 @@ async def infer(
     state: GatewayState = Depends(gateway_state),
     principal: Principal = Depends(require_submitter),
 ) -> InferResponse:
-    wait_s = min(c.DEFAULT_INFER_WAIT_S, state.settings.max_long_poll_s) if wait is None else wait
+    wait_s = default_wait_s(state) if wait is None else wait
     check_wait(wait_s, state.settings.max_long_poll_s)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
+    deadline = asyncio.get_running_loop().time() + wait_s
     submitted = await submit(request, state, principal)
-    remaining_s = deadline - loop.time()
+    return answer(await wait_for_end(state, principal, submitted.job_id, deadline), wait_s)
+
+
+def default_wait_s(state: GatewayState) -> float:
+    """How long a request that runs a job waits for it when it names no wait: ``DEFAULT_INFER_WAIT_S``, at most
+    ``FLEET_MAX_LONG_POLL_S``."""
+    return min(c.DEFAULT_INFER_WAIT_S, state.settings.max_long_poll_s)
+
+
+async def wait_for_end(state: GatewayState, principal: Principal, job_id: str, deadline: float) -> JobRecord:
+    """The record of ``principal``'s job ``job_id`` once it ended, or as it is at ``deadline`` (event-loop time).
+
+    Raises:
+        ApiError: ``503 store_unavailable`` (with the job id) when the store could not be read until the deadline.
+    """
+    remaining_s = deadline - asyncio.get_running_loop().time()
     try:
-        record = await long_poll(
-            state.store, submitted.job_id, max(remaining_s, 0.001), state.limits.store_timeout_s, principal.tenant
+        return await long_poll(
+            state.store, job_id, max(remaining_s, 0.001), state.limits.store_timeout_s, principal.tenant
         )
     except StoreError as exc:
         raise ApiError(
             503,
             "store_unavailable",
-            f"job {submitted.job_id!r} was submitted, but its result cannot be read now: {exc.message}; "
-            f"poll GET /v1/jobs/{submitted.job_id}",
-            {"job_id": submitted.job_id},
+            f"job {job_id!r} was submitted, but its result cannot be read now: {exc.message}; "
+            f"poll GET /v1/jobs/{job_id}",
+            {"job_id": job_id},
             headers={"Retry-After": "1"},
         ) from exc
-    return answer(record, wait_s)

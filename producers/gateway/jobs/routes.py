@@ -300,11 +300,9 @@ async def _answer_from_cache(
     return SubmitResponse(job_id=record.job_id, status=answered.state, cache=answered.cache)
 
 
-async def _submit(request: Request, state: GatewayState, principal: Principal) -> SubmitResponse:
+async def _submit(request: Request, state: GatewayState, principal: Principal, body: SubmitRequest) -> SubmitResponse:
     settings = state.settings
-    bypass = cache_bypassed(request)
-    body = parse_submit(await read_limited_body(request, settings.max_body_bytes))
-    if bypass:
+    if cache_bypassed(request):
         body.cache = False
     spec = served_spec(state.specs, body.model)
     body.model = spec.name  # name@version routes to the model's subjects and records under its plain name
@@ -376,7 +374,27 @@ async def submit(request: Request, state: GatewayState, principal: Principal) ->
     """Submit the job in ``request``'s body for ``principal``'s tenant (``POST /v1/jobs`` and ``POST /v1/infer``),
     counting refusals."""
     try:
-        return await access.settled(request, _submit(request, state, principal))
+        body = parse_submit(await read_limited_body(request, state.settings.max_body_bytes))
+    except Exception as exc:
+        SUBMIT_ERRORS.labels(error_type(exc)).inc()
+        raise
+    return await submit_body(request, state, principal, body)
+
+
+async def submit_body(
+    request: Request, state: GatewayState, principal: Principal, body: SubmitRequest
+) -> SubmitResponse:
+    """Submit the job ``body`` for ``principal``'s tenant as ``POST /v1/jobs`` does once it has read and parsed its
+    body: the same checks, caches, limits, queue bound and refusals (counted). ``request`` carries the caller's
+    headers (``X-Cache-Control``) and the state the tenant's limits leave for the answer's headers; a route that
+    builds its jobs from another body shape (``fleet.producers.gateway.models``) submits them through here.
+
+    Raises:
+        FleetError / ApiError: the refusals of ``POST /v1/jobs`` (404 unknown model, 413, 422 invalid input, 429,
+            503), answered by the gateway's error handlers.
+    """
+    try:
+        return await access.settled(request, _submit(request, state, principal, body))
     except Exception as exc:
         SUBMIT_ERRORS.labels(error_type(exc)).inc()
         raise
