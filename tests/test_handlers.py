@@ -423,4 +423,4 @@ def test_embed_takes_its_one_size_and_counts_tokens(embed: EmbedHandler) -> None
     full, bad = embed.run([EmbedInput(text="a b", dimensions=384), EmbedInput(text="a", dimensions=128)])
     assert isinstance(full, EmbedOutput) and full.dim == 384 and full.tokens == 4
     assert embed.output_json(full)["tokens"] == 4
-    assert isinstance(bad, ModelError) and "allowed: 384" in str(bad)
+    assert isinstance(bad, InvalidInput) and "allowed: 384" in str(bad)

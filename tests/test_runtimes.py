@@ -20,7 +20,7 @@ from fleet.consumers.runtimes import RUNTIME_CLASSES, runtime_handler
 from fleet.consumers.runtimes.entities import Piece, Tagged, entities, grouped, tag_of, word_tag, words
 from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes, split_back
 from fleet.encoding import decode_vector
-from fleet.errors import ConfigError, ModelError
+from fleet.errors import ConfigError, InvalidInput
 from fleet.repository.entry import RepositoryEntry
 from fleet.schemas.manifest import ModelManifest
 from fleet.schemas.runtimes import (
@@ -173,7 +173,7 @@ def test_matryoshka_dimensions_truncate_and_renormalise_and_refuse_undeclared_si
             EmbeddingsInput(text=TEXTS[0], dimensions=16),
         ]
     )
-    assert isinstance(bad, ModelError) and not bad.retriable
+    assert isinstance(bad, InvalidInput) and bad.errors[0]["loc"] == ["dimensions"]  # the caller's mistake: a 4xx
     assert "dimensions=12" in str(bad) and "8, 16, 32" in str(bad)
     cut = np.asarray(vec.output_json(eight)["embeddings"])
     assert eight.dim == 8 and cut.shape == (2, 8)
@@ -274,6 +274,9 @@ def test_entities_are_the_pipelines_with_spans_into_the_text(
         assert all(e.text == text[e.start : e.end] and e.text.strip() for e in found)
     labels = {e.label for found in out.results for e in found}
     assert labels and labels <= (set(NER_LABELS) if aggregation == "none" else {"PER", "LOC"}), labels
+    one = ner.run([TokenClassificationInput(text=TEXTS[0], aggregation=aggregation)])[0]
+    for output in (out, one):  # the written-out JSON is pydantic's dump, field for field
+        assert ner.output_json(output) == output.model_dump(mode="json")
 
 
 def test_token_classification_on_a_deberta_v2_model_is_the_pipelines(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from fleet.consumers.runtimes.base import RuntimeHandler
 from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes
 from fleet.encoding import encode_vector
-from fleet.errors import ConfigError, ModelError
+from fleet.errors import ConfigError, InvalidInput
 from fleet.schemas.construct import built
 from fleet.schemas.runtimes import EmbeddingsInput, EmbeddingsOutput
 
@@ -110,10 +110,10 @@ class EmbeddingsRuntime(RuntimeHandler):
         for i, item in enumerate(batch):
             wanted = item.dimensions
             if wanted is not None and self.dim and wanted not in self.allowed_dimensions():
-                outputs[i] = ModelError(
-                    f"model {self.name!r} does not take dimensions={wanted}; allowed: "
-                    f"{', '.join(map(str, self.allowed_dimensions()))}",
-                    retriable=False,
+                allowed = ", ".join(map(str, self.allowed_dimensions()))
+                outputs[i] = InvalidInput(  # the caller's mistake: a 400 on /v1/embeddings, 422 on /v1/infer
+                    f"model {self.name!r} does not take dimensions={wanted}; allowed: {allowed}",
+                    [{"loc": ["dimensions"], "msg": f"one of {allowed}", "type": "value_error"}],
                 )
             else:
                 jobs.append(i)

@@ -87,5 +87,18 @@ class TokenClassificationRuntime(RuntimeHandler):
                 outputs.append(TokenClassificationOutput.model_construct(results=found, tokens=used))
         return outputs
 
+    def output_json(self, output: TokenClassificationOutput, encoding: str = "float") -> Any:
+        """``model_dump(mode="json")``'s answer, written out: a text can hold dozens of entities, and dumping each
+        through pydantic cost a tenth of the model's time on a small model."""
+        return {
+            "entities": None if output.entities is None else [_entity_json(e) for e in output.entities],
+            "results": None if output.results is None else [[_entity_json(e) for e in r] for r in output.results],
+            "tokens": output.tokens,
+        }
+
     def sample_input(self) -> TokenClassificationInput:
         return TokenClassificationInput(texts=["Ada Lovelace lived in London.", "Fleet " * 40, "ok"])
+
+
+def _entity_json(entity: Entity) -> dict[str, Any]:
+    return {"label": entity.label, "score": entity.score, "text": entity.text, "start": entity.start, "end": entity.end}
