@@ -9,6 +9,7 @@ import collections
 import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ from fleet.store.base import ResultStore
 from tests.handlers_for_tests import Items
 from tests.infra import connected_pair, count_completions, eventually, publish_requests, settings_for, wait_terminal
 from tests.k8s_api import FakeKubeApi, serve
-from tests.processes import ROOT
+from tests.processes import ROOT, fleet_process, wait_http_ready
+from tests.services import free_port
 
 WORKER = "tests.handlers_for_tests:Items"
 NS = "fleet"
@@ -208,6 +210,41 @@ async def _a_crashed_worker_is_noticed_and_replaced(backend: ProcessBackend, mod
 
 
 # -- inprocess: Worker objects on the embedded memory broker -------------------------------------------------------
+def children_of(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (Linux's /proc/<pid>/task/<tid>/children)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found |= {int(p) for p in (task / "children").read_text().split()}
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited (init reaps it)
+
+
+def test_the_workers_of_a_killed_fleet_up_drain_and_exit(nats_url: str, redis_url: str, tmp_path: Path) -> None:
+    """fleet up on real infrastructure starts its workers as processes (the process backend): SIGKILLed, it
+    leaves none of them serving on (PR_SET_PDEATHSIG sends each SIGTERM, and they drain)."""
+    port, log = free_port(), tmp_path / "up.log"
+    args = ("up", "--port", str(port), "--models", "echo", "--broker", nats_url, "--store", redis_url)
+    env = {"FLEET_AUTOSCALE_INTERVAL_S": "0.5"}  # the scaling lock lapses 5 s after this fleet up dies
+    with fleet_process(*args, env=env, log=log) as proc:
+        wait_http_ready(f"http://127.0.0.1:{port}/readyz", proc, log, timeout_s=120)
+        workers = children_of(proc.pid)
+        assert workers, f"fleet up started no worker process:\n{log.read_text()[-2000:]}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    deadline = time.monotonic() + 30  # SIGTERM, then the drain (no job in flight) and the interpreter's exit
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(w) for w in workers), f"workers {sorted(w for w in workers if alive(w))} outlived fleet up"
+
+
 async def test_inprocess_backend_drains_workers_without_losing_a_job(unique: str) -> None:
     settings = settings_for("memory", {})
     model = f"inproc-{unique}"

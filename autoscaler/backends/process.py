@@ -3,13 +3,16 @@
 Scale-out starts processes; scale-in sends SIGTERM to the newest ones, which drain (finish the batch in flight,
 hand unfinished messages back to the queue) and exit; they are reaped in the background and SIGKILLed only if they
 outlive the drain deadline. A process that dies on its own is noticed and no longer counted, so the next decision
-replaces it.
+replaces it. The workers are this process's children on Linux in one more way: should it die outright (SIGKILL,
+an out-of-memory kill), the kernel sends each of them SIGTERM (``PR_SET_PDEATHSIG``), so they drain and exit
+rather than serve on with no one to scale them in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import json
 import logging
@@ -33,6 +36,15 @@ log = logging.getLogger(__name__)
 _NOT_FOR_WORKERS = frozenset({"models", "host", "port", "max_body_bytes", "max_long_poll_s", "lag_interval_s"})
 # A drained worker still closes its clients and the interpreter after the drain deadline.
 EXIT_GRACE_S = 10.0
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def terminate_with_parent() -> None:
+    """Runs in a worker's child process before exec: SIGTERM when the autoscaler that started it dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def settings_env(settings: FleetSettings) -> dict[str, str]:
@@ -185,7 +197,12 @@ class ProcessBackend:
         try:
             with _output(log_path) as out:
                 process = await asyncio.create_subprocess_exec(
-                    *argv, env=self._env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
+                    *argv,
+                    env=self._env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    preexec_fn=terminate_with_parent,
                 )
         except OSError as exc:
             raise ScalerError(
