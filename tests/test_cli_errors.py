@@ -113,7 +113,11 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("models-keygen-unwritable", ("models", "keygen", "/proc/nope/key.pem"), "/proc/nope/key.pem"),
     ("models-pull-bad-id", ("models", "pull", "not an id", "--repository", "{tmp}"), "is not a Hub model id"),
     ("models-unknown-subcommand", ("models", "push"), "No such command 'push'"),
-    ("up-unknown-repository-version", ("up", "--models", "echo@3"), "unknown model 'echo@3'"),
+    (
+        "up-unknown-repository-version",
+        ("up", "--models", "echo@3"),
+        "model 'echo' is served at version '1' here, not '3'",
+    ),
     # gateway on an open address without FLEET_AUTH
     (
         "gateway-open-bind-without-auth",

@@ -34,7 +34,8 @@ def test_the_kinds_come_from_the_schemas() -> None:
         TOY_MAX_TEXTS,
         256,
     )
-    assert kinds.takes_dimensions(ToyEmbed.spec) and not kinds.takes_dimensions(EMBED)
+    assert kinds.takes_dimensions(ToyEmbed.spec) and kinds.takes_dimensions(EMBED)  # embed's worker checks the size
+    assert not kinds.takes_dimensions(Overlap.spec)
 
 
 def test_texts_are_cut_into_jobs_in_order() -> None:
@@ -50,9 +51,7 @@ def test_a_refused_text_is_named_by_its_index_in_the_request() -> None:
     with pytest.raises(Refused) as refused:
         embeddings.job_inputs(EMBED, ["ok"] * 70 + ["x" * 20_001], None)  # the second job's seventh text
     assert "input[64:71]" in refused.value.message and "20001 characters" in refused.value.message
-    with pytest.raises(Refused) as no_sizes:
-        embeddings.job_inputs(EMBED, texts, 128)
-    assert no_sizes.value.param == "dimensions" and "Matryoshka" in no_sizes.value.message
+    assert all(value["dimensions"] == 128 for value in embeddings.job_inputs(EMBED, texts, 128))  # the worker says
 
 
 def test_rerank_results_merge_across_jobs_best_first() -> None:
