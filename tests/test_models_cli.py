@@ -176,6 +176,7 @@ def test_pull_from_a_file_snapshot_records_its_digests_and_source(tiny_classifie
     assert "no such folder" in one_error_line(fleet("pull", (tmp_path / "nope").as_uri(), "--repository", repo))
 
 
+@pytest.mark.services  # a `fleet` process
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}])
 def test_pull_from_an_unreachable_hub_fails_in_one_line(tmp_path: Path, env: dict[str, str]) -> None:
     repo = tmp_path / "models"

@@ -71,6 +71,7 @@ async def test_a_worker_refuses_to_load_a_tampered_version_naming_the_file(uniqu
             await worker.start()
 
 
+@pytest.mark.services  # a `fleet` process
 def test_fleet_up_serves_a_repository_model_from_the_app_folder(unique: str, tmp_path: Path) -> None:
     """``FLEET_MODEL_REPOSITORY`` relative to ``--app-dir``: the gateway and the worker ``fleet up`` starts read the
     same folder, and the job names the version it wants."""
