@@ -68,7 +68,11 @@ def use_app_dir(app_dir: Path | str | None = None) -> None:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` (the message as written: brackets in a path or ``fleet-inference[server]`` are not
+    markup) and return the exit to raise."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from fleet.cli.common import fail
 from fleet.errors import FleetError
 
 if TYPE_CHECKING:  # imported by the commands that use them, not by `fleet --help`
@@ -39,10 +40,7 @@ RUNTIME_HELP = "embeddings, classification, token-classification or rerank (defa
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    from rich.markup import escape  # a message may hold brackets: ORG/NAME[@revision], a path
-
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
-    return typer.Exit(code)
+    return fail(message, code)
 
 
 def _note(message: str) -> None:
