@@ -114,6 +114,11 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("models-pull-bad-id", ("models", "pull", "not an id", "--repository", "{tmp}"), "is not a Hub model id"),
     ("models-unknown-subcommand", ("models", "push"), "No such command 'push'"),
     (
+        "brackets-are-not-markup",
+        ("worker", "--model", "echo", "--app-dir", "/nope/a[b]c"),
+        "/nope/a[b]c: no such folder",
+    ),
+    (
         "up-unknown-repository-version",
         ("up", "--models", "echo@3"),
         "model 'echo' is served at version '1' here, not '3'",
