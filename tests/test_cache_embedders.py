@@ -182,5 +182,7 @@ def test_a_gateway_process_refuses_the_unknown_embedder_at_start_up(nats_url: st
     }
     result = run_fleet("gateway", "--port", "0", env=env, timeout_s=90)
     assert result.returncode != 0 and "the gateway could not start" in result.stderr, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # one line that says why
+    assert "the embedder 'minilm-typo'" in line and "see the log" not in line, line
     named = "ConfigError: cache: model 'extract-typo' keys its l3 cache with the embedder 'minilm-typo'"
     assert named in " ".join(result.stdout.split()), result.stdout[-3000:]  # the log says why

@@ -23,10 +23,18 @@ class QuietServer(uvicorn.Server):
     ``SystemExit``.
     """
 
-    def __init__(self, config: uvicorn.Config, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        sock: socket.socket | None = None,
+        startup_errors: list[BaseException] | None = None,
+    ) -> None:
+        """``startup_errors``: where the app records what stopped its start-up (``create_app``'s
+        ``on_startup_error``), for the runner to say."""
         super().__init__(config)
         self.sock = sock
         self.up = asyncio.Event()
+        self.startup_errors = startup_errors if startup_errors is not None else []
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -20,6 +20,7 @@ from fleet.autoscaler.backends import default_backend_name, make_backend
 from fleet.autoscaler.config import ScalingConfig
 from fleet.autoscaler.service import Autoscaler
 from fleet.brokers.base import Broker
+from fleet.cli.common import describe
 from fleet.cli.compose import (
     build_handler,
     build_worker,
@@ -61,6 +62,7 @@ def _server(
     require_ready_workers: bool = False,
     sock: socket.socket | None = None,
 ) -> QuietServer:
+    errors: list[BaseException] = []
     app = create_app(
         settings,
         broker=broker,
@@ -68,9 +70,10 @@ def _server(
         scaling=scaling,
         workers=workers,
         require_ready_workers=require_ready_workers,
+        on_startup_error=errors.append,
     )
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
-    return QuietServer(config, sock)
+    return QuietServer(config, sock, errors)
 
 
 async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
@@ -83,7 +86,9 @@ async def serve_gateway(server: QuietServer, stop: asyncio.Event) -> None:
     stopper.cancel()
     await task
     if not server.started:
-        raise FleetError(f"the gateway could not start on {server.config.host}:{server.config.port} (see the log)")
+        where = f"{server.config.host}:{server.config.port}"
+        why = describe(server.startup_errors[0]) if server.startup_errors else "see the log"
+        raise FleetError(f"the gateway could not start on {where}: {why}")
 
 
 def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scaling: ScalingStore) -> Autoscaler:

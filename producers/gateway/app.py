@@ -209,6 +209,50 @@ class _Given:
     workers: WorkerTracker | None
     cache_parts: CacheParts
     require_ready_workers: bool
+    on_startup_error: Callable[[BaseException], None] | None
+
+
+async def _open_state(
+    stack: AsyncExitStack,
+    settings: FleetSettings,
+    limits: GatewayLimits,
+    gate: OperatorGate,
+    auth_mode: str,
+    given: _Given,
+) -> GatewayState:
+    """Connect, resolve and start what the gateway serves with; ``stack`` closes it all at shutdown."""
+    deadline = Deadline.after(settings.startup_timeout_s)
+    results = given.stores.results if given.stores is not None else given.store
+    b, s = await _open_clients(stack, settings, given.broker, results, deadline)
+    stores = given.stores or Stores.beside(s)
+    # the repository's models, or the manifests their workers published when this gateway has no folder
+    specs = await resolve_served(settings.models, Repository.from_settings(settings), stores.manifests)
+    scaling = await _open_scaling(stack, settings, given.scaling, deadline)
+    for name in specs:
+        await retry_until(deadline, f"create the subjects of {name!r}", functools.partial(b.ensure_model, name))
+    workers = await _open_tracker(stack, settings, b, given.workers)
+    bounds = {name: settings.max_queued_for(name) for name in specs}
+    backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
+    await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
+    cache = await _open_cache(stack, settings, specs, stores, given.cache_parts)
+    beats, feed = await _open_operator(stack, settings, b, stores, scaling, workers, list(specs))
+    return GatewayState(
+        settings=settings,
+        broker=b,
+        stores=stores,
+        specs=specs,
+        backlog=backlog,
+        authenticator=Authenticator(auth_mode, gate, stores.keys),
+        scaling=scaling,
+        workers=workers,
+        beats=beats,
+        operator_feed=feed,
+        limits=limits,
+        tenant_limiter=build_limiter(settings.limit_policy(), stores.quotas, s, settings.job_ttl_s),
+        dag_runner=DagRunner(b, s, stores.dags, specs),
+        cache=cache,
+        require_ready_workers=given.require_ready_workers,
+    )
 
 
 def _lifespan(
@@ -217,40 +261,20 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_access(gate)
-        deadline = Deadline.after(settings.startup_timeout_s)
         async with AsyncExitStack() as stack:
-            results = given.stores.results if given.stores is not None else given.store
-            b, s = await _open_clients(stack, settings, given.broker, results, deadline)
-            stores = given.stores or Stores.beside(s)
-            # the repository's models, or the manifests their workers published when this gateway has no folder
-            specs = await resolve_served(settings.models, Repository.from_settings(settings), stores.manifests)
-            scaling = await _open_scaling(stack, settings, given.scaling, deadline)
-            for name in specs:
-                await retry_until(deadline, f"create the subjects of {name!r}", functools.partial(b.ensure_model, name))
-            workers = await _open_tracker(stack, settings, b, given.workers)
-            bounds = {name: settings.max_queued_for(name) for name in specs}
-            backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
-            await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
-            cache = await _open_cache(stack, settings, specs, stores, given.cache_parts)
-            beats, feed = await _open_operator(stack, settings, b, stores, scaling, workers, list(specs))
-            app.state.gateway = GatewayState(
-                settings=settings,
-                broker=b,
-                stores=stores,
-                specs=specs,
-                backlog=backlog,
-                authenticator=Authenticator(auth_mode, gate, stores.keys),
-                scaling=scaling,
-                workers=workers,
-                beats=beats,
-                operator_feed=feed,
-                limits=limits,
-                tenant_limiter=build_limiter(settings.limit_policy(), stores.quotas, s, settings.job_ttl_s),
-                dag_runner=DagRunner(b, s, stores.dags, specs),
-                cache=cache,
-                require_ready_workers=given.require_ready_workers,
+            try:
+                state = await _open_state(stack, settings, limits, gate, auth_mode, given)
+            except Exception as exc:  # uvicorn logs it and gives up; the command that runs the app says why
+                if given.on_startup_error is not None:
+                    given.on_startup_error(exc)
+                raise
+            app.state.gateway = state
+            logger.info(
+                "gateway ready: models %s, broker %s, store %s",
+                ", ".join(state.specs),
+                state.broker.scheme,
+                state.stores.results.scheme,
             )
-            logger.info("gateway ready: models %s, broker %s, store %s", ", ".join(specs), b.scheme, s.scheme)
             yield
             logger.info("gateway stopping")
 
@@ -295,6 +319,7 @@ def create_app(
     workers: WorkerTracker | None = None,
     require_ready_workers: bool = False,
     cache_parts: CacheParts | None = None,
+    on_startup_error: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
     """Build the gateway application.
 
@@ -316,6 +341,8 @@ def create_app(
             up``); by default it is 200 whenever the broker and store answer, since submissions queue.
         cache_parts: the result caches' store (default: beside the result store) and the loader of the L3
             embedders by name (default: ``cache.embedder.load_embedder`` on ``settings.device``).
+        on_startup_error: called with the exception that stops the lifespan's start-up, before uvicorn logs it and
+            gives up (``fleet gateway`` and ``fleet up`` print it as their one error line).
 
     Raises:
         ConfigError: the gateway is bound to a non-loopback address with ``settings.auth`` unset (``check_auth``),
@@ -336,7 +363,9 @@ def create_app(
         )
     if stores is not None and store is not None and store is not stores.results:
         raise ConfigError("create_app: store and stores.results must be the same store (give one of them)")
-    given = _Given(broker, stores, store, scaling, workers, cache_parts or CacheParts(), require_ready_workers)
+    given = _Given(
+        broker, stores, store, scaling, workers, cache_parts or CacheParts(), require_ready_workers, on_startup_error
+    )
     app = FastAPI(
         title="Fleet gateway",
         version="1",
