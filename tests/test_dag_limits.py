@@ -317,12 +317,18 @@ async def test_a_multiplying_projection_in_a_later_step_fails_it_without_stallin
         )
         async with worker:
             name, _, _ = await runner.register(two_steps(echo, multiplying("steps.a.output.l")))
-            _, doc = await runner.start(name, {"l": list(range(10))}, f"settle-{unique}")
-            await asyncio.sleep(0.1)  # the loop settles after the start; the watch is of the settle alone
-            start = time.monotonic()
-            async with LoopWatch().watching() as watch:
-                doc = await runner.wait(f"settle-{unique}", 10)
-            seconds = time.monotonic() - start
+            # Measured once more when the first watch saw the loop late (as ``Gateway.send`` does): a 2-core machine
+            # shared with other work can hold the process off the CPU for a while, a blocked loop is blocked twice.
+            for attempt in range(2):
+                run_id = f"settle-{unique}-{attempt}"
+                _, doc = await runner.start(name, {"l": list(range(10))}, run_id)
+                await asyncio.sleep(0.1)  # the loop settles after the start; the watch is of the settle alone
+                start = time.monotonic()
+                async with LoopWatch().watching() as watch:
+                    doc = await runner.wait(run_id, 10)
+                seconds = time.monotonic() - start
+                if watch.worst < HEALTHZ_BOUND_S:
+                    break
     state = doc["run"]
     assert doc["finished_at"] is not None and state["outcome"] == "failed", state
     assert state["error"]["step"] == "b" and "MAX_EVALUATION_VALUES" in state["error"]["message"]
