@@ -191,11 +191,11 @@ def test_exact(runtime: str | None, primary: dict[str, Any], shadow: dict[str, A
     ids=["no-vector", "vector-of-strings", "bad-base64", "label-missing", "span-missing", "no-results", "not-a-dict"],
 )
 def test_an_output_not_of_the_runtimes_shape_raises(runtime: str, output: Any, message: str) -> None:
-    good = {
+    good: dict[str, dict[str, Any]] = {
         "embeddings": {"dim": 2, "embedding": [1.0, 0.0]},
         "classification": {"labels": lab("pos")},
         "token-classification": {"entities": []},
         "rerank": {"results": [{"index": 0, "score": 0.5}]},
-    }[runtime]
+    }
     with pytest.raises(ValueError, match=message):
-        agreement(runtime, good, output)
+        agreement(runtime, good[runtime], output)
