@@ -1,5 +1,5 @@
 """A model's versions side by side: the pure cores of traffic splitting, output comparison, promotion and circuit
-breaking (issue 29). Each module is a set of pure functions over small immutable records: no I/O, no clock, no
+breaking. Each module is a set of pure functions over small immutable records: no I/O, no clock, no
 asyncio; the caller passes in the time and the random draws, and keeps the returned state.
 
 - ``traffic``: a model's traffic policy (primary, canary with a weight, shadow with a mirror share, sticky keys)
