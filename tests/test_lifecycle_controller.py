@@ -17,10 +17,12 @@ from fleet.lifecycle.controller import (
     RolloutConfig,
     RolloutState,
     VersionStats,
+    apply,
     decide,
     override,
     weight_of,
 )
+from fleet.lifecycle.traffic import TrafficPolicy
 
 CONFIG = RolloutConfig(steps=(0.05, 0.1, 0.5, 1.0), min_requests=100, hold_s=60, min_agreement_samples=50)
 PRIMARY = VersionStats(requests=1000, errors=4, p99_ms=40.0)  # 0.4 % errors
@@ -183,6 +185,29 @@ def test_a_finished_rollout_holds_whatever_it_observes(phase: Any, weight: float
         assert (decision.action, decision.weight, decision.changed) == ("hold", weight, False)
         assert decision.reason.startswith("rollout finished")
     assert weight_of(state, CONFIG) == weight
+
+
+# -- applying a decision to the traffic policy ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("action", "weight", "expected"),
+    [
+        ("step_up", 0.25, {"primary": "1", "canary": "2", "canary_weight": 0.25}),
+        ("hold", 0.1, {"primary": "1", "canary": "2", "canary_weight": 0.1}),
+        ("roll_back", 0.0, {"primary": "1", "canary": "2", "canary_weight": 0.0}),
+        ("promote", 1.0, {"primary": "2", "canary": None, "canary_weight": 0.0}),
+    ],
+    ids=["step-up", "hold", "roll-back-keeps-the-canary-named", "promote-makes-it-primary"],
+)
+def test_apply(action: Any, weight: float, expected: dict[str, Any]) -> None:
+    policy = TrafficPolicy(primary="1", canary="2", canary_weight=0.1, shadow="3", shadow_share=0.2)
+    after = apply(policy, Decision(action, weight, 0.1, "why"))
+    assert after.model_dump(include={"primary", "canary", "canary_weight"}) == expected
+    assert (after.shadow, after.shadow_share) == ("3", 0.2)
+
+
+def test_apply_needs_a_canary() -> None:
+    with pytest.raises(ValueError, match="no canary version"):
+        apply(TrafficPolicy(primary="1"), Decision("step_up", 0.05, 0.0, "why"))
 
 
 # -- config ---------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ metrics); the controller judges it against the primary's in the same window. The
 3. **Start.** The first call puts the canary at the first step's weight.
 4. **Baseline.** When the primary served at least ``min_requests`` in the window, its error rate and p99 become the
    baseline; with fewer (at weight 1 the primary serves nothing) the last baseline stands.
-5. **Judge.** With at least ``min_requests`` canary requests in the window, the canary is held against the baseline:
+5. **Judge.** With at least ``min_requests`` canary requests in the window, the canary is held against the baseline
+   (before there is one: against no errors, and p99 is not judged):
    error rate at most the primary's plus ``max_error_rate_increase``, p99 at most the primary's times
    ``max_p99_ratio``; and with at least ``min_agreement_samples`` shadow comparisons, mean agreement at least
    ``min_agreement``. Any breach rolls back **at once** (weight 0), naming every threshold that failed.
@@ -19,7 +20,8 @@ metrics); the controller judges it against the primary's in the same window. The
 7. **Hold time.** A step is kept at least ``hold_s``: hold until then.
 8. **Step up** to the next weight, or **promote** after the last step (the canary becomes the primary).
 
-Every decision carries a reason a person reads, e.g. ``"canary errors 7.5 % against primary 0.4 % (limit +2 %):
+``apply(policy, decision)`` carries a decision out on the model's ``TrafficPolicy``. Every decision carries a
+reason a person reads, e.g. ``"canary errors 7.5 % against primary 0.4 % (limit +2 %):
 rolled back from 10 % to 0 %"``.
 """
 
@@ -30,6 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleet.lifecycle.traffic import TrafficPolicy
 
 Action = Literal["hold", "step_up", "promote", "roll_back"]
 Phase = Literal["rolling", "promoted", "rolled_back"]
@@ -142,6 +146,22 @@ def weight_of(state: RolloutState, config: RolloutConfig) -> float:
     if state.phase == "rolled_back" or state.step < 0:
         return 0.0
     return config.steps[min(state.step, len(config.steps) - 1)]
+
+
+def apply(policy: TrafficPolicy, decision: Decision) -> TrafficPolicy:
+    """The traffic policy after ``decision``: the canary's new weight; on a promotion the canary becomes the primary
+    (and the policy has no canary); after a rollback the canary stays named at weight 0, for the dashboard to show.
+
+    Raises:
+        ValueError: the policy has no canary to move.
+    """
+    if policy.canary is None:
+        raise ValueError("the traffic policy has no canary version; set one before a rollout")
+    if decision.action == "promote":
+        return TrafficPolicy.model_validate(
+            {**policy.model_dump(), "primary": policy.canary, "canary": None, "canary_weight": 0.0}
+        )
+    return policy.with_canary_weight(decision.weight)
 
 
 def decide(
