@@ -29,6 +29,7 @@ MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 HEADER_MSG_ID = "Nats-Msg-Id"  # JetStream de-duplication header; Kafka uses the message key
 HEADER_JOB_ID = "fleet-job-id"
 HEADER_MODEL = "fleet-model"
+HEADER_VERSION = "fleet-version"  # on a request: the model version it is for (RequestMessage.version)
 HEADER_ERROR = "fleet-error"
 HEADER_DELIVERIES = "fleet-deliveries"
 HEADER_DISPATCHER = "fleet-dispatcher"  # on an inbox message: the dispatcher that assigned it

@@ -25,6 +25,7 @@ class JobState(StrEnum):
 
 
 CacheLevel = Literal["l1", "l2", "l3"]  # the result-cache level that answered a job
+Arm = Literal["primary", "canary", "shadow"]  # the side of a traffic policy (fleet.lifecycle.traffic) a job went to
 
 TERMINAL_STATES = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.expired})
 
@@ -80,6 +81,15 @@ class JobRecord(BaseModel):
         None,
         description="the tenant the job belongs to (the submitting API key's, or the request message's); null: "
         "the default tenant. Another tenant reading the job gets 404, as for an unknown id",
+    )
+    version: str | None = Field(
+        None, description="the model version that answered (or, while queued, the one the traffic policy chose)"
+    )
+    arm: Arm | None = Field(
+        None, description="which side of the model's traffic policy took the job: primary, canary or shadow"
+    )
+    shadow_of: str | None = Field(
+        None, description="on a shadow job: the job whose request it mirrors; its output is never returned"
     )
 
     @property

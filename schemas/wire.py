@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from fleet.schemas.jobs import JobError
+from fleet.schemas.jobs import Arm, JobError
 
 WIRE_VERSION = 1
 
@@ -22,6 +22,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,159}$"
 CLIENT_JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 """The job ids a client may choose (``POST /v1/jobs``), except the shape reserved for DAG steps
 (``fleet.schemas.dags.STEP_JOB_ID_PATTERN``)."""
+VERSION_PATTERN = r"^[a-z0-9][a-z0-9_]{0,31}$"  # a model version (fleet.schemas.manifest.VERSION_RE)
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # the tenants of API keys (fleet.store.keys.check_tenant)
 TENANT_HELP = (
     "the tenant the job belongs to; absent: the default tenant. The broker does not check it: a producer allowed "
@@ -108,6 +109,17 @@ class RequestMessage(BaseModel):
     )
     encoding_format: EncodingFormat = Field("float", description=ENCODING_HELP)
     tenant: str | None = Field(None, pattern=TENANT_PATTERN, description=TENANT_HELP)
+    version: str | None = Field(
+        None,
+        pattern=VERSION_PATTERN,
+        description="the model version to answer (a traffic policy's choice); null: the worker's default version",
+    )
+    arm: Arm | None = Field(None, description="the side of the model's traffic policy that took the job")
+    shadow_of: str | None = Field(
+        None,
+        pattern=JOB_ID_PATTERN,
+        description="on a shadow copy: the job it mirrors (its output is stored beside, compared, never returned)",
+    )
 
 
 class Heartbeat(BaseModel):
@@ -126,6 +138,13 @@ class Heartbeat(BaseModel):
     )
     routing: Literal["pull", "dispatch"] = Field("pull", description="dispatch: the worker reads its own inbox")
     in_flight: int = 0
+    loaded: list[str] = Field(
+        default_factory=list, description="the versions of the model loaded and warm in this worker (multi-model)"
+    )
+    replicas: int = Field(1, description="batches of this model the worker computes at once on one copy of weights")
+    breaker: Literal["closed", "open", "half_open"] = Field(
+        "closed", description="the worker's circuit breaker for this model: open takes no work"
+    )
     batches: int = 0
     items: int = 0
     failures: int = 0
