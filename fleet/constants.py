@@ -218,6 +218,28 @@ ROLES = ("submitter", "operator", "admin")  # each role holds the ones before it
 DEFAULT_TENANT = "default"  # the tenant of every request when FLEET_AUTH=off
 
 
+# -- traffic policies, rollouts and their measurements (fleet.store.rollouts) -----------------------------------
+# A model's keys carry the hash tag ``{<model>}``, so its document and counts share one Redis Cluster slot.
+ROLLOUT_MODELS_KEY = f"{KEY_PREFIX}:rollouts"  # set of the models that have a traffic policy
+
+
+def rollout_key(model: str) -> str:
+    """The model's ``RolloutDoc``: traffic policy, controller and breaker state (JSON, compare-and-set)."""
+    return f"{KEY_PREFIX}:rollout:{{{model}}}"
+
+
+def rollout_decisions_key(model: str) -> str:
+    return f"{KEY_PREFIX}:rollout:{{{model}}}:decisions"
+
+
+def rollout_stats_key(model: str, version: str, bucket: int) -> str:
+    return f"{KEY_PREFIX}:rollout:{{{model}}}:stats:{version}:{bucket}"
+
+
+def rollout_compared_key(model: str, job_id: str) -> str:
+    return f"{KEY_PREFIX}:rollout:{{{model}}}:compared:{job_id}"
+
+
 # -- per-tenant rate limits and queued-job quotas (fleet.store.quotas) ----------------------------------------
 # Both keys of a tenant carry the hash tag ``{tenant}``, so they share one Redis Cluster slot and one script
 # touches both.

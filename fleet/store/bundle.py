@@ -3,7 +3,8 @@
 A gateway, a worker and ``fleet up`` (which runs both, with the DAG starter, in one process) each build one
 ``Stores`` from the result store they connected (``Stores.beside``) and hand it to every part that needs a store:
 the key store and the audit log of ``FLEET_AUTH=keys``, the per-tenant limits (``quotas``), the DAG store, the dead
-letters, the result caches' entries and the published manifests of repository models. With Redis each is a view on
+letters, the result caches' entries, the published manifests of repository models and the models' traffic policies and
+rollout measurements (``rollouts``). With Redis each is a view on
 the result store's own client (one connection); with ``memory://`` each is a fresh in-memory store, shared by
 everything in the process because they all hold this one bundle. Nothing is attached to the result store at run
 time, and no part reaches through it.
@@ -25,6 +26,7 @@ from fleet.store.manifests import ManifestStore, MemoryManifestStore, RedisManif
 from fleet.store.memory import MemoryStore
 from fleet.store.quotas import MemoryQuotas, Quotas, RedisQuotas
 from fleet.store.redis import RedisStore
+from fleet.store.rollouts import MemoryRolloutStore, RedisRolloutStore, RolloutStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class Stores:
     dead_letters: DeadLetterStore
     cache: CacheStore
     manifests: ManifestStore
+    rollouts: RolloutStore
 
     @classmethod
     def beside(cls, results: ResultStore) -> Stores:
@@ -57,6 +60,7 @@ class Stores:
                 dead_letters=RedisDeadLetterStore(results),
                 cache=RedisCacheStore(results.redis, results.display_url),
                 manifests=RedisManifestStore(results),
+                rollouts=RedisRolloutStore(results),
             )
         if isinstance(results, MemoryStore):
             # one bundle per memory store, as a Redis holds one set of feature stores: every gateway or worker built
@@ -71,6 +75,7 @@ class Stores:
                     dead_letters=MemoryDeadLetterStore(),
                     cache=MemoryCacheStore(),
                     manifests=MemoryManifestStore(),
+                    rollouts=MemoryRolloutStore(),
                 )
             return _MEMORY_BUNDLES[results]
         raise ConfigError(f"no feature stores beside a {type(results).__name__} ({results.scheme}://)")
