@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fleet import constants as c
@@ -31,7 +32,9 @@ from fleet.repository.layout import Repository
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
+from tests import services
 from tests.infra import connected_pair, request_bytes, settings_for, wait_terminal
+from tests.processes import fleet_process, stop, wait_http_ready
 from tests.tiny_models import add_entry
 
 pytestmark = pytest.mark.services
@@ -185,3 +188,34 @@ def test_plan_pool_refuses_bad_flags_in_one_line(settings: FleetSettings, unique
         and [s.name for s in plan.served] == ["echo", f"m{unique}"]
     )
     assert Repository.from_settings(settings).versions(f"m{unique}") == ["1"]
+
+
+async def test_fleet_worker_models_serves_both_within_the_budget(
+    settings: FleetSettings, unique: str, tmp_path: Path
+) -> None:
+    a, b = f"a{unique}", f"b{unique}"
+    entry = add_entry(settings.model_repository, a, "embeddings", seed=1)
+    add_entry(settings.model_repository, b, "embeddings", seed=2)
+    probe = entry_handler(entry)()
+    probe.load()
+    budget = str((module_bytes(probe) or 0) * 3 // 2)
+    port = services.free_port()
+    argv = ["worker", "--models", f"{a},{b}@1", "--memory-budget", budget, "--metrics-port", str(port)]
+    argv += ["--broker", settings.broker_url, "--store", settings.store_url, "--worker-id", f"w{unique}"]
+    env = {"FLEET_MODEL_REPOSITORY": str(settings.model_repository), "FLEET_HEARTBEAT_INTERVAL_S": "0.2"}
+    log = tmp_path / "worker.log"
+    with fleet_process(*argv, env=env, log=log) as proc:
+        wait_http_ready(f"http://127.0.0.1:{port}/readyz", proc, log)
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
+        assert ready["status"] == "ready" and set(ready["models"]) == {a, b}
+        assert ready["models"][a]["loaded"] == [] and ready["models"][a]["worker_id"] == f"w{unique}-{a}"
+        async with connected_pair(settings) as (broker, store):
+            records = [await submit(broker, store, m, f"{unique}-{i}") for i, m in enumerate([a, b, a])]
+        assert [r.state for r in records] == [JobState.succeeded] * 3, [r.error for r in records]
+        assert [r.version for r in records] == ["1"] * 3
+        after = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
+        assert after["models"][a]["loaded"] == ["1"] and after["models"][b]["loaded"] == []  # b was evicted
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert f'fleet_worker_model_loads_total{{model="{a}",version="1"}} 2.0' in text
+        assert f'fleet_worker_model_unloads_total{{model="{b}",version="1"}} 1.0' in text
+        assert stop(proc) == 0, log.read_text()[-3000:]
