@@ -206,16 +206,17 @@ async def test_fleet_worker_models_serves_both_within_the_budget(
     log = tmp_path / "worker.log"
     with fleet_process(*argv, env=env, log=log) as proc:
         wait_http_ready(f"http://127.0.0.1:{port}/readyz", proc, log)
-        ready = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
-        assert ready["status"] == "ready" and set(ready["models"]) == {a, b}
-        assert ready["models"][a]["loaded"] == [] and ready["models"][a]["worker_id"] == f"w{unique}-{a}"
-        async with connected_pair(settings) as (broker, store):
-            records = [await submit(broker, store, m, f"{unique}-{i}") for i, m in enumerate([a, b, a])]
-        assert [r.state for r in records] == [JobState.succeeded] * 3, [r.error for r in records]
-        assert [r.version for r in records] == ["1"] * 3
-        after = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
-        assert after["models"][a]["loaded"] == ["1"] and after["models"][b]["loaded"] == []  # b was evicted
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            ready = (await http.get("/readyz")).json()
+            assert ready["status"] == "ready" and set(ready["models"]) == {a, b}
+            assert ready["models"][a]["loaded"] == [] and ready["models"][a]["worker_id"] == f"w{unique}-{a}"
+            async with connected_pair(settings) as (broker, store):
+                records = [await submit(broker, store, m, f"{unique}-{i}") for i, m in enumerate([a, b, a])]
+            assert [r.state for r in records] == [JobState.succeeded] * 3, [r.error for r in records]
+            assert [r.version for r in records] == ["1"] * 3
+            after = (await http.get("/readyz")).json()
+            assert after["models"][a]["loaded"] == ["1"] and after["models"][b]["loaded"] == []  # b was evicted
+            text = (await http.get("/metrics")).text
         assert f'fleet_worker_model_loads_total{{model="{a}",version="1"}} 2.0' in text
         assert f'fleet_worker_model_unloads_total{{model="{b}",version="1"}} 1.0' in text
         assert stop(proc) == 0, log.read_text()[-3000:]
