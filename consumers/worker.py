@@ -19,6 +19,12 @@ An admitted batch computes as one run, unless it holds jobs redelivered from a w
 computed in a batch of many: ``fleet.consumers.crashes`` then splits it into smaller runs (bisection), each started and
 computed in turn. A worker told to stop marks the run it is computing as a draining worker's (best effort, one
 store call), so that if it is killed before the run ends, the run does not count against its jobs.
+
+Versions: a worker of one handler serves its spec's version (loaded at start). A worker given the process's
+``ModelPool`` (``fleet.consumers.pool``; ``fleet worker --models``) loads nothing at start: each run is grouped by the
+version its requests name, and each group is started and computed on that version's handler, which the pool loads
+on demand and keeps from eviction while the group computes. Either way the version is stamped on each job before
+its start, so the running and the terminal record name it.
 """
 
 from __future__ import annotations
@@ -514,14 +520,19 @@ class Worker:
 
     async def _run_versions(self, jobs: list[Job]) -> None:
         """With a pool: each version's jobs of the batch run on that version's handler, loaded on demand."""
-        for version, group in by_version(jobs, self.version).items():
+        pool = self.pool
+        assert pool is not None
+        for i, (version, group) in enumerate(by_version(jobs, self.version).items()):
+            if i and self._stopping.is_set():  # a drain finishes the group computing; no load starts for the rest
+                await asyncio.gather(*(self.settler.release(job.delivery) for job in group))
+                continue
             if not self.versions.serves(version):
                 await self._unserved(group, version)
                 continue
             for job in group:
                 job.version = version
             try:
-                async with self.pool.use((self.model, version), partial(self.versions.make, version)) as handler:  # type: ignore[union-attr]
+                async with pool.use((self.model, version), partial(self.versions.make, version)) as handler:
                     group = await self.admission.start(group)
                     if group:
                         await self._run_batch(group, handler)
