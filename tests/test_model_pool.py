@@ -1,10 +1,13 @@
 """The model pool's pure logic (``fleet.consumers.pool``): LRU eviction order and budget arithmetic as tables, then
 the pool itself with handlers that count their loads: single-flight, eviction of idle models only, refusal of a
-model larger than the budget, the back-off after a failed load and the retry after it, and the budget's parsing."""
+model larger than the budget, the back-off after a failed load and the retry after it, and the budget's parsing;
+last, a worker of two versions on the in-memory broker and store runs one batch's version groups on their own
+handlers."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any, ClassVar
@@ -12,13 +15,18 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel
 
+from fleet import constants as c
 from fleet.consumers import metrics
+from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.base import ModelHandler
 from fleet.consumers.pool import ModelPool, ServedVersions, by_version, parse_budget
 from fleet.consumers.pool.budget import budget_bytes, declared_bytes, handler_bytes, module_bytes
 from fleet.consumers.pool.lru import evictions
+from fleet.consumers.worker import Worker
 from fleet.errors import ConfigError, ModelUnavailable
+from fleet.schemas.jobs import JobState
 from fleet.schemas.models import ModelSpec
+from tests.infra import connected_pair, request_bytes, settings_for, wait_terminal
 
 # -- LRU and budget arithmetic --------------------------------------------------------------------------------
 S = {"a": 4, "b": 3, "c": 2}
@@ -264,3 +272,51 @@ def test_served_versions_name_what_they_serve() -> None:
     assert error.message == "model 'm' has no version '1' on this worker; it serves version(s) 2"
     listed = ServedVersions("m", "2", lambda v: Counting(v, 1), lambda: ["1", "2", "3"])
     assert listed.serves("3") and not listed.serves("4") and "1, 2, 3" in listed.unserved("4").message
+
+
+# -- a worker of two versions on the in-memory broker and store -----------------------------------------------
+class Tagged(ModelHandler[In, Out]):
+    """Answers with its version's number, so a record shows which version computed it."""
+
+    spec = ModelSpec("tagged", In, Out, max_batch=16, max_wait_ms=50)
+    computed: ClassVar[list[tuple[str, int]]] = []
+
+    def __init__(self, version: str) -> None:
+        super().__init__()
+        self.version = version
+
+    def predict(self, batch: list[In]) -> list[Out | Exception]:
+        Tagged.computed.append((self.version, len(batch)))
+        return [Out(y=int(self.version) * 1000 + item.x) for item in batch]
+
+
+async def test_one_batch_of_two_versions_runs_each_group_on_its_handler(unique: str) -> None:
+    Tagged.computed.clear()
+    name = f"tagged-{unique}"
+    cls = with_name(Tagged, name)
+    cls.spec = dataclasses.replace(cls.spec, version="2")
+    served = ServedVersions(name, "2", lambda v: cls(v), lambda: ["1", "2"])
+    pool = ModelPool(None)
+    settings = settings_for("memory", {})
+    async with connected_pair(settings) as (broker, store):
+        await broker.ensure_model(name)
+        versions = [None, "1", "2", "1", "3", None]
+        for i, version in enumerate(versions):  # all published before the worker fetches: one batch
+            data = request_bytes(name, f"{unique}-{i}", {"x": i}, version=version)
+            await broker.publish(c.request_subject(name), data, msg_id=f"{unique}-{i}")
+        async with Worker(cls("2"), broker, store, settings=settings, pool=pool, versions=served) as worker:
+            records = await wait_terminal(store, [f"{unique}-{i}" for i in range(len(versions))])
+            assert worker.heartbeat().loaded == ["1", "2"]
+    got = [records[f"{unique}-{i}"] for i in range(len(versions))]
+    assert [r.version for r in got] == ["2", "1", "2", "1", None, "2"]
+    assert [r.output for r in got if r.state is JobState.succeeded] == [
+        {"y": 2000},
+        {"y": 1001},
+        {"y": 2002},
+        {"y": 1003},
+        {"y": 2005},
+    ]
+    assert got[4].state is JobState.failed and got[4].error is not None
+    assert got[4].error.type == "unserved_version" and "serves version(s) 1, 2" in got[4].error.message
+    assert sorted(Tagged.computed) == [("1", 2), ("2", 3)]  # one run per version group of the batch
+    await pool.close()
