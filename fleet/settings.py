@@ -157,6 +157,14 @@ class FleetSettings(BaseSettings):
     dispatch_policy: str = Field("jiq-amnesia", description="the dispatcher's load-balancing policy")
     dispatch_d: int = Field(2, ge=1, le=64, description="sample size d of power-of-d, peak-ewma, SQ(d), amnesia")
     amnesia_window_s: float = Field(10.0, gt=0, description="how long a recently active worker stays on the list")
+    affinity_wait_s: float = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        description="how long a request may wait for a worker that has its model version loaded before the "
+        "dispatcher sends it to a cold worker, which loads it (never past the request's deadline; 0: take an idle "
+        "warm worker, else any idle one); about one model load's time",
+    )
     dispatch_max_outstanding: int = Field(
         1024, ge=1, description="requests one dispatcher holds (assigned, awaiting their result) at most"
     )
