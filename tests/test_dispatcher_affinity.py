@@ -3,13 +3,16 @@ bookkeeping, the wait budget, and the simulator showing the cold loads it avoids
 
 from __future__ import annotations
 
+import json
 import random
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import pytest
 
+from fleet import constants as c
 from fleet.dispatcher.affinity import LoadedVersions, choose, expected_wait_s, wait_budget_s
 from fleet.dispatcher.policies import make_policy
+from fleet.dispatcher.service import RequestFacts, request_facts
 from fleet.dispatcher.sim_affinity import AffinitySimConfig, simulate_affinity
 from fleet.dispatcher.state import DispatcherState
 
@@ -246,3 +249,36 @@ def test_a_zero_budget_loads_more_than_a_budget_of_one_load() -> None:
     never = simulate_affinity(replace(base, wait_budget=0.0))
     patient = simulate_affinity(replace(base, wait_budget=5.0))
     assert patient.cold_per_1000 * 5 < never.cold_per_1000, (patient.cold_per_1000, never.cold_per_1000)
+
+
+# -- what the dispatcher reads from a raw request -----------------------------------------------------------------
+@dataclass
+class RawRequest:
+    """The fields of a delivered message that ``request_facts`` reads."""
+
+    data: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    msg_id: str | None = None
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "expected"),
+    [
+        ({"job_id": "j1", "version": "2", "deadline": 1234.5}, {}, RequestFacts("j1", "2", 1234.5)),
+        ({"job_id": "j1", "version": "2"}, {c.HEADER_VERSION: "3"}, RequestFacts("j1", "3", None)),  # header first
+        ({"job_id": "j1"}, {}, RequestFacts("j1", None, None)),  # the default version
+        # hostile values are ignored (the worker refuses the body with the parser's reason)
+        ({"job_id": "j1", "version": "../../etc"}, {}, RequestFacts("j1", None, None)),
+        ({"job_id": "j1"}, {c.HEADER_VERSION: "V" * 5000}, RequestFacts("j1", None, None)),
+        ({"job_id": "j1", "version": ["2"], "deadline": True}, {}, RequestFacts("j1", None, None)),
+        ({"job_id": "j1", "version": 2, "deadline": "soon"}, {}, RequestFacts("j1", None, None)),
+        ([1, 2, 3], {c.HEADER_JOB_ID: "j2", c.HEADER_VERSION: "7"}, RequestFacts("j2", "7", None)),
+    ],
+)
+def test_request_facts(body: object, headers: dict[str, str], expected: RequestFacts) -> None:
+    assert request_facts(RawRequest(json.dumps(body).encode(), headers)) == expected  # type: ignore[arg-type]
+
+
+def test_request_facts_of_bytes_that_are_not_json() -> None:
+    raw = RawRequest(b"\xff\xfe not json", {c.HEADER_VERSION: "1"}, msg_id="m-1")
+    assert request_facts(raw) == RequestFacts("m-1", "1", None)  # type: ignore[arg-type]
