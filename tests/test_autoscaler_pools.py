@@ -15,6 +15,7 @@ from fleet.pools import check_pools, members, pool_of, scaling_targets
 from fleet.scaling import RedisScalingStore
 from fleet.settings import FleetSettings
 from tests.infra import connected_pair, publish_requests, settings_for
+from tests.processes import run_fleet
 
 
 def sig(lag: int | None, arrival: float | None, throughput: float | None, at_s: float = 100.0) -> Signals:
@@ -174,3 +175,20 @@ def test_a_pool_without_a_config_is_refused() -> None:
             {"a": ScalingConfig()},
             pools={"nlp": ("a", "b")},
         )
+
+
+@pytest.mark.services  # starts fleet processes
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        # fleet up in memory runs its workers in process, and a pool worker is not built there (yet)
+        (("up", "--models", "echo,sleep", "--port", "0"), {"FLEET_POOLS": "nlp=echo"}, "pools (FLEET_POOLS) need"),
+        (("autoscaler", "--backend", "dry-run"), {"FLEET_POOLS": "nlp=echo+echo"}, "model 'echo' of pool 'nlp'"),
+    ],
+)
+def test_the_commands_refuse_pools_they_cannot_run_in_one_line(
+    args: tuple[str, ...], env: dict[str, str], expected: str
+) -> None:
+    result = run_fleet(*args, env=env)
+    assert result.returncode != 0 and expected in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
