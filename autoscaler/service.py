@@ -9,6 +9,10 @@ asks the backend for the new replica count when it changed, stores the decision 
 (every change, and a no-change one at least every ``record_every_s`` or when the recommendation moves), stores
 the model's status for ``GET /v1/scaling``, and sets the Prometheus gauges. An error in one model's step is
 logged and the next tick tries again.
+
+A **pool** (``pools``: a target name and the models its multi-model workers serve) is one target like a model: its
+signals are the sum of its models' demand (``fleet.autoscaler.pools``), its replicas are pool workers, and its
+status lists each model's part (``ScalingStatus.pool``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -30,11 +34,12 @@ from fleet import constants as c
 from fleet.autoscaler.backends.base import ScalerBackend
 from fleet.autoscaler.config import ScalingConfig
 from fleet.autoscaler.policy import Decision, PolicyState, Signals, decide, pinned
+from fleet.autoscaler.pools import describe, pool_signals
 from fleet.autoscaler.signals import SignalReader
 from fleet.brokers.base import Broker
 from fleet.errors import FleetError
 from fleet.scaling import ScalingStore
-from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
+from fleet.schemas.scaling import DecisionRecord, PoolMember, ScalingOverrides, ScalingStatus
 from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
@@ -78,7 +83,7 @@ class Autoscaler:
         broker: a connected broker (lag, heartbeats).
         scaling_store: a connected ``ScalingStore`` (lock, overrides, decisions, status).
         backend: what changes the replica counts; closed (workers drained) by ``stop``.
-        configs: per model name, its validated ``ScalingConfig``.
+        configs: per model name (or pool name), its validated ``ScalingConfig``.
         interval_s: seconds between decisions.
         owner_id: this autoscaler's id in the lock and the decisions (default: host, pid and a random suffix).
         lock_ttl_s: the lock lapses this long after the holder's last renewal (default: three intervals, >= 5s),
@@ -89,6 +94,8 @@ class Autoscaler:
         record_every_s: store a no-change decision at least this often.
         clock: monotonic seconds (the policy's clock).
         wall_clock: unix seconds (the expiry of a scale-to-N override).
+        pools: per pool name in ``configs``, the names of the models its workers serve (``fleet.pools.members``);
+            a pool is scaled on their summed demand.
     """
 
     def __init__(
@@ -107,6 +114,7 @@ class Autoscaler:
         record_every_s: float = RECORD_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        pools: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -114,6 +122,10 @@ class Autoscaler:
         self.store = scaling_store
         self.backend = backend
         self.configs = dict(configs)
+        self.pools = {pool: tuple(models) for pool, models in (pools or {}).items()}
+        unconfigured = sorted(set(self.pools) - set(self.configs))
+        if unconfigured or any(not models for models in self.pools.values()):
+            raise ValueError(f"every pool needs a scaling config and at least one model: {unconfigured or self.pools}")
         self.interval_s = interval_s
         self.owner_id = owner_id or default_owner_id()
         self.lock_ttl_s = lock_ttl_s if lock_ttl_s is not None else max(3 * interval_s, 5.0)
@@ -225,9 +237,16 @@ class Autoscaler:
         overrides = await self.store.get_overrides(model)
         config = self._effective_config(model, base, overrides)
         current = await self.backend.current_replicas(model)
-        signals = await self.signals.read(model, current)
+        members = await self._members(model, current)
+        signals = (
+            await self.signals.read(model, current)
+            if members is None
+            else pool_signals(members, current, config.target_drain_s)
+        )
         before = self._policy.get(model, PolicyState())
         decision, state = decide(signals, config, before, self.clock())
+        if members is not None:
+            decision = dataclasses.replace(decision, reason=f"{decision.reason} (pool of {describe(members)})")
         pin = overrides.pin(self.wall_clock())
         if pin is not None:
             decision, state = pinned(signals, pin.replicas, _until_text(pin.until), decision), before
@@ -244,10 +263,26 @@ class Autoscaler:
         await self._maybe_record(model, signals, decision, desired, config.paused, pin.until if pin else None)
         status = self._status(model, config, signals, decision, running, desired)
         status.pinned = pin
+        if members is not None:
+            status.pool = [
+                PoolMember(
+                    model=m, lag=s.lag, arrival_rate=s.arrival_rate, throughput_per_replica=s.throughput_per_replica
+                )
+                for m, s in members.items()
+            ]
+            status.completion_rate = self.signals.completion_rate_of(list(members))
+            status.live_workers = self.signals.live_workers_of(list(members))
         own = ScalingOverrides(min_replicas=base.min_replicas, max_replicas=base.max_replicas, paused=base.paused)
         await self.store.put_status(status.model_copy(update={"configured": own}))
         _set_gauges(model, signals, running, desired)
         return decision
+
+    async def _members(self, target: str, current: int) -> dict[str, Signals] | None:
+        """Each model's signals when ``target`` is a pool (read in turn, like the models of a tick); else None."""
+        models = self.pools.get(target)
+        if models is None:
+            return None
+        return {model: await self.signals.read(model, current) for model in models}
 
     def _effective_config(self, model: str, base: ScalingConfig, overrides: ScalingOverrides) -> ScalingConfig:
         changes = overrides.limits()

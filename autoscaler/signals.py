@@ -158,6 +158,17 @@ class SignalReader:
         self._prune(state, self.clock())
         return sum(1 for w in state.workers.values() if w.last.state in LIVE_STATES)
 
+    def live_workers_of(self, models: list[str]) -> int:
+        """Distinct workers starting or serving any of ``models`` (a pool's worker heartbeats for each model)."""
+        now_s = self.clock()
+        ids: set[str] = set()
+        for model in models:
+            state = self._models.get(model)
+            if state is not None:
+                self._prune(state, now_s)
+                ids.update(w for w, seen in state.workers.items() if seen.last.state in LIVE_STATES)
+        return len(ids)
+
     def throughput_per_replica(self, model: str) -> float | None:
         state = self._models.get(model)
         return None if state is None else state.throughput
@@ -206,6 +217,11 @@ class SignalReader:
             return None
         elapsed_s, done, lag_change = window
         return max(0.0, (done + lag_change) / elapsed_s)
+
+    def completion_rate_of(self, models: list[str]) -> float | None:
+        """Jobs/s finished of all ``models`` (a pool); None while none has a rate."""
+        rates = [r for r in (self.completion_rate(m) for m in models) if r is not None]
+        return sum(rates) if rates else None
 
     def completion_rate(self, model: str) -> float | None:
         """Jobs/s finished by all workers of ``model`` over the rate window."""

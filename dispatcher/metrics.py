@@ -11,8 +11,13 @@ LIVE_WORKERS = Gauge(
 ASSIGNMENTS = Counter(
     "fleet_dispatcher_assignments_total",
     "Requests assigned, by route: idle (an idle token), amnesia (the amnesia list), fallback (random), "
-    "policy (a non-JIQ policy), reassigned (the first worker died)",
+    "policy (a non-JIQ policy), warm (a busy worker with the version loaded), reassigned (the first worker died)",
     ["model", "dispatcher", "route"],
+)
+COLD_ASSIGNMENTS = Counter(
+    "fleet_dispatcher_cold_assignments_total",
+    "Requests assigned to a worker without their model version loaded (it loads it first)",
+    ["model", "dispatcher"],
 )
 WORKER_ASSIGNMENTS = Counter(
     "fleet_dispatcher_worker_assignments_total", "Requests assigned per worker", ["model", "dispatcher", "worker"]

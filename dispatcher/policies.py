@@ -39,16 +39,18 @@ from fleet.routing import Announce, announce_to
 
 W = TypeVar("W", bound=Hashable)
 
-Route = Literal["idle", "amnesia", "fallback", "policy"]
+Route = Literal["idle", "amnesia", "fallback", "policy", "warm"]
 
 
 @dataclass(frozen=True, slots=True)
 class Choice(Generic[W]):
-    """Where a request goes and why: ``token`` is the idle token used (``route == "idle"``), else ``None``."""
+    """Where a request goes and why: ``token`` is the idle token used (``route == "idle"``), else ``None``;
+    ``cold``: the worker does not have the request's model version loaded (``fleet.dispatcher.affinity``)."""
 
     worker: W
     route: Route
     token: int | None = None
+    cold: bool = False
 
 
 class Policy(Protocol):

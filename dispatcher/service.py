@@ -12,6 +12,11 @@ inbox. It holds the source message until the job's terminal result is in the sto
 
 Workers tell the dispatcher they are idle (``IdleAnnouncement`` on ``fleet.ctl.idle.<model>.<id>``) and the
 dispatcher tells workers its policy and idle-queue length (``DispatcherBeat`` on ``fleet.ctl.dispatcher.<model>``).
+
+Affinity (``fleet.dispatcher.affinity``): the heartbeats name the model versions each worker has loaded; a request
+(its version in the ``fleet-version`` header, else in its body; none: the default version) goes to a worker that
+has its version warm, and to a cold one only when no warm worker can take it within ``affinity_wait_s`` (cut to the
+job's deadline). The inbox message carries the version header on to the worker.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from fleet.brokers.base import Broker, Delivery, EventStream, Subscription
 from fleet.brokers.events import validated
 from fleet.brokers.prioritized import subscribe_priorities
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
-from fleet.dispatcher import metrics
+from fleet.dispatcher import affinity, metrics
 from fleet.dispatcher.policies import Choice, Policy, make_policy
 from fleet.dispatcher.roster import Roster
 from fleet.dispatcher.state import DispatcherState
@@ -40,7 +45,7 @@ from fleet.errors import BrokerError, StoreError
 from fleet.keepalive import keep_alive
 from fleet.priorities import priority_of_subject, rank
 from fleet.schemas.jobs import JobError
-from fleet.schemas.wire import JOB_ID_PATTERN, DispatcherBeat, Heartbeat, IdleAnnouncement
+from fleet.schemas.wire import JOB_ID_PATTERN, VERSION_PATTERN, DispatcherBeat, Heartbeat, IdleAnnouncement
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.tasks import cancel_and_wait, wait_event
@@ -51,6 +56,7 @@ FETCH_TIMEOUT_S = 1.0
 FETCH_MAX = 64
 WAIT_SLICE_S = 5.0  # a result wait is renewed this often, so a stop or a store outage is noticed
 _JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+_VERSION_RE = re.compile(VERSION_PATTERN)
 
 
 def new_dispatcher_id(model: str) -> str:
@@ -69,6 +75,9 @@ class Assignment:
     assigned_at: float = 0.0
     attempts: int = 0  # deliveries of the source before us + assignments made here
     priority: str = c.DEFAULT_PRIORITY  # the level of the subject it came from: requests waiting here go highest first
+    version: str | None = None  # the model version it is for (None: the worker's default)
+    deadline: float | None = None  # unix seconds, from the request
+    cold: bool = False  # its worker did not have the version loaded when it was assigned
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def inbox_msg_id(self, worker: str) -> str:
@@ -78,16 +87,40 @@ class Assignment:
         return f"{source}@{worker}"
 
 
-def job_id_of(delivery: Delivery) -> str | None:
-    """The job id of a raw request: the body's ``job_id``, else the message id; ``None`` when neither is usable."""
-    candidate: Any = None
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the dispatcher reads from a raw request; the worker validates the rest."""
+
+    job_id: str | None  # None: no usable id (the message is dead-lettered)
+    version: str | None = None
+    deadline: float | None = None
+
+
+def request_facts(delivery: Delivery) -> RequestFacts:
+    """The job id (the body's ``job_id``, else the header's, else the message id), the model version (the
+    ``fleet-version`` header, else the body's ``version``) and the deadline of a raw request. A value of the
+    wrong shape is ignored: the worker refuses the request with the parser's reason."""
+    body: Any = None
     with contextlib.suppress(Exception):  # whatever the body does to the parser (nesting, numbers), it is data
         body = json.loads(delivery.data)
-        if isinstance(body, dict):
-            candidate = body.get("job_id")
+    if not isinstance(body, dict):
+        body = {}
+    candidate = body.get("job_id")
     if not isinstance(candidate, str):
         candidate = delivery.headers.get(c.HEADER_JOB_ID) or delivery.msg_id
-    return candidate if isinstance(candidate, str) and _JOB_ID_RE.match(candidate) else None
+    job_id = candidate if isinstance(candidate, str) and _JOB_ID_RE.match(candidate) else None
+    version = delivery.headers.get(c.HEADER_VERSION) or body.get("version")
+    deadline = body.get("deadline")
+    return RequestFacts(
+        job_id,
+        version if isinstance(version, str) and _VERSION_RE.match(version) else None,
+        float(deadline) if isinstance(deadline, int | float) and not isinstance(deadline, bool) else None,
+    )
+
+
+def job_id_of(delivery: Delivery) -> str | None:
+    """The job id of a raw request: the body's ``job_id``, else the message id; ``None`` when neither is usable."""
+    return request_facts(delivery).job_id
 
 
 class Dispatcher:
@@ -117,6 +150,10 @@ class Dispatcher:
         self.policy = policy or make_policy(settings.dispatch_policy, settings.dispatch_d)
         self.dispatcher_id = dispatcher_id or new_dispatcher_id(model)
         self.state: DispatcherState[str] = DispatcherState(amnesia_window_s=settings.amnesia_window_s)
+        # A load outlives a heartbeat or two: until then the worker counts as loading what it was sent.
+        grace_s = max(affinity.DEFAULT_LOAD_GRACE_S, 3 * settings.heartbeat_interval_s)
+        self.loaded: affinity.LoadedVersions[str] = affinity.LoadedVersions(load_grace_s=grace_s)
+        self.cold_assignments = 0
         self.roster = Roster(stale_after_s=3 * settings.heartbeat_interval_s)
         self.routes: dict[str, int] = {}
         self.completed = 0
@@ -209,7 +246,8 @@ class Dispatcher:
                 await self._take(delivery)
 
     async def _take(self, delivery: Delivery) -> None:
-        job_id = job_id_of(delivery)
+        facts = request_facts(delivery)
+        job_id = facts.job_id
         if job_id is None:
             await self._dead_letter(delivery)
             return
@@ -219,7 +257,13 @@ class Dispatcher:
             return
         priority = priority_of_subject(delivery.subject, self.model)
         assignment = Assignment(
-            job_id, delivery.data, [delivery], attempts=delivery.delivery_count - 1, priority=priority
+            job_id,
+            delivery.data,
+            [delivery],
+            attempts=delivery.delivery_count - 1,
+            priority=priority,
+            version=facts.version,
+            deadline=facts.deadline,
         )
         self._held[job_id] = assignment
         assignment.waiter = asyncio.create_task(self._await_result(assignment), name=f"wait-{job_id}")
@@ -227,7 +271,10 @@ class Dispatcher:
 
     async def _assign(self, assignment: Assignment, route: str | None = None) -> None:
         """Choose a worker and publish to its inbox; with no live worker the request waits here for one."""
-        choice: Choice | None = self.policy.choose(self.state, time.monotonic(), self._rng)
+        budget_s = affinity.wait_budget_s(self.settings.affinity_wait_s, assignment.deadline, time.time())
+        choice: Choice | None = affinity.choose(
+            self.policy, self.state, self.loaded, assignment.version, budget_s, time.monotonic(), self._rng
+        )
         if choice is None:
             self._unassigned[assignment.job_id] = assignment
             return
@@ -241,6 +288,8 @@ class Dispatcher:
         }
         if choice.token is not None:
             headers[c.HEADER_TOKEN] = str(choice.token)
+        if assignment.version is not None:
+            headers[c.HEADER_VERSION] = assignment.version
         assignment.attempts += 1
         try:
             await self.broker.publish(
@@ -253,12 +302,17 @@ class Dispatcher:
             log.warning("dispatcher %s: assignment of %s failed (%s); retrying", self.dispatcher_id, worker, exc)
             self._unassigned[assignment.job_id] = assignment
             return
-        self._record_assignment(assignment, worker, route or choice.route)
+        self._record_assignment(assignment, worker, route or choice.route, choice.cold)
 
-    def _record_assignment(self, assignment: Assignment, worker: str, route: str) -> None:
+    def _record_assignment(self, assignment: Assignment, worker: str, route: str, cold: bool) -> None:
         now = time.monotonic()
         assignment.worker, assignment.route, assignment.assigned_at = worker, route, now
+        assignment.cold = cold
         self.state.on_assign(worker, now)
+        self.loaded.on_assign(worker, assignment.version, now)
+        if cold:
+            self.cold_assignments += 1
+            metrics.COLD_ASSIGNMENTS.labels(*self._labels).inc()
         self._by_worker.setdefault(worker, set()).add(assignment.job_id)
         self.routes[route] = self.routes.get(route, 0) + 1
         metrics.ASSIGNMENTS.labels(*self._labels, route).inc()
@@ -324,7 +378,10 @@ class Dispatcher:
         async for beat in validated(stream, Heartbeat, "worker heartbeat"):
             if beat.model != self.model:
                 continue
-            status = self.roster.observe(beat, time.monotonic())
+            now = time.monotonic()
+            status = self.roster.observe(beat, now)
+            if status != "gone":
+                self.loaded.report(beat.worker_id, beat.loaded, now)
             if status == "ready" and not self.state.is_live(beat.worker_id):
                 self.state.add_worker(beat.worker_id)
                 self._workers_changed.set()
@@ -345,6 +402,7 @@ class Dispatcher:
         """The worker stopped or fell silent: it gets nothing more, and what it held goes to others."""
         self.state.remove_worker(worker)
         self.roster.forget(worker)
+        self.loaded.forget(worker)
         jobs = self._by_worker.pop(worker, set())
         with contextlib.suppress(KeyError):
             metrics.WORKER_OUTSTANDING.remove(*self._labels, worker)
@@ -430,6 +488,7 @@ class Dispatcher:
             "unassigned": len(self._unassigned),
             "completed": self.completed,
             "assignments": dict(self.routes),
+            "cold_assignments": self.cold_assignments,
             "idle_share": round(self.routes.get("idle", 0) / total, 4) if total else None,
             "workers": [
                 {
@@ -442,6 +501,7 @@ class Dispatcher:
                     "assigned": view.assigned,
                     "completed": view.completed,
                     "latency_ewma_ms": round(view.ewma_s * 1000, 3),
+                    "loaded": sorted(self.loaded.versions(view.worker)),
                 }
                 for view in self.state.views.values()
             ],

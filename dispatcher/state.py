@@ -167,6 +167,10 @@ class DispatcherState(Generic[W]):
     def has_token(self, worker: W) -> bool:
         return worker in self._tokens
 
+    def token_of(self, worker: W) -> int | None:
+        """The sequence number of ``worker``'s valid token, if it has one."""
+        return self._tokens.get(worker)
+
     # -- assignments and completions ---------------------------------------------------------------------------
     def on_assign(self, worker: W, now: float) -> None:
         view = self.views.get(worker) or self.add_worker(worker)

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from fleet import constants as c
 from fleet.errors import ConfigError
 from fleet.limit_policy import LimitPolicy, build_policy, parse_rate, parse_tenant_limits
+from fleet.pools import check_pools
 from fleet.priorities import check_weights
 from fleet.redaction import redact
 
@@ -79,6 +80,18 @@ def parse_cache(value: object) -> object:
     return out
 
 
+def parse_pools(value: object) -> object:
+    """``FLEET_POOLS``: ``'nlp=sentiment+ner@2+embed,vision=clip'`` or a JSON object
+    ``{"nlp": ["sentiment", "ner@2"]}``; checked by ``fleet.pools.check_pools``."""
+    pairs = parse_pairs(value, "pools", "POOL=model+model@version")
+    if not isinstance(pairs, dict):
+        return pairs
+    return {
+        name: [ref.strip() for ref in refs.split("+") if ref.strip()] if isinstance(refs, str) else refs
+        for name, refs in pairs.items()
+    }
+
+
 class FleetSettings(BaseSettings):
     """Settings shared by every Fleet process. Defaults run everything embedded in one process."""
 
@@ -92,6 +105,12 @@ class FleetSettings(BaseSettings):
         default_factory=lambda: ["echo", "sleep", "embed"],
         description="models to serve: built-in names, model repository entries 'name' or 'name@version', or import "
         "paths 'package.module:Handler' (comma-separated)",
+    )
+    pools: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict,
+        description="named sets of models served by the same multi-model workers ('fleet worker --pool NAME', the "
+        "same as '--models a,b@2'), which the autoscaler scales as one on the sum of their demand; a model is in "
+        "one pool at most; e.g. 'nlp=sentiment+ner@2,vision=clip' or a JSON object",
     )
     model_repository: Path = Field(
         Path("models"),
@@ -149,11 +168,6 @@ class FleetSettings(BaseSettings):
     )
 
     # multi-model workers (fleet.consumers.pool)
-    pools: Annotated[dict[str, tuple[str, ...]], NoDecode] = Field(
-        default_factory=dict,
-        description="named sets of models one worker process serves (`fleet worker --pool NAME`): "
-        '\'nlp=a+b@2+c,vision=d\' or a JSON object {"nlp": ["a", "b@2"]}',
-    )
     memory_budget: str | None = Field(
         None,
         description="what a multi-model worker's loaded models may take in all: bytes, a size (2GiB, 500MB) or a "
@@ -172,6 +186,14 @@ class FleetSettings(BaseSettings):
     dispatch_policy: str = Field("jiq-amnesia", description="the dispatcher's load-balancing policy")
     dispatch_d: int = Field(2, ge=1, le=64, description="sample size d of power-of-d, peak-ewma, SQ(d), amnesia")
     amnesia_window_s: float = Field(10.0, gt=0, description="how long a recently active worker stays on the list")
+    affinity_wait_s: float = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        description="how long a request may wait for a worker that has its model version loaded before the "
+        "dispatcher sends it to a cold worker, which loads it (never past the request's deadline; 0: take an idle "
+        "warm worker, else any idle one); about one model load's time",
+    )
     dispatch_max_outstanding: int = Field(
         1024, ge=1, description="requests one dispatcher holds (assigned, awaiting their result) at most"
     )
@@ -319,27 +341,23 @@ class FleetSettings(BaseSettings):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
 
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _parse_pools(cls, value: object) -> object:
+        return parse_pools(value)
+
+    @field_validator("pools")
+    @classmethod
+    def _check_pools(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        check_pools(value)
+        return value
+
     @field_validator("cache_shared", mode="before")
     @classmethod
     def _split_cache_shared(cls, value: object) -> object:
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
-
-    @field_validator("pools", mode="before")
-    @classmethod
-    def _parse_pools(cls, value: object) -> object:
-        pairs = parse_pairs(value, "pools", "POOL=model+model@version")
-        if not isinstance(pairs, dict):
-            return pairs
-        out: dict[str, object] = {}
-        for name, models in pairs.items():
-            if isinstance(models, str):
-                models = [m.strip() for m in models.split("+") if m.strip()]
-            if not isinstance(models, list | tuple) or not models:
-                raise ValueError(f"pools: pool {name!r} needs models like 'a+b@2', got {models!r}")
-            out[name] = tuple(models)
-        return out
 
     @field_validator("routing", mode="before")
     @classmethod
@@ -451,6 +469,7 @@ class FleetSettings(BaseSettings):
     def _consistent(self) -> FleetSettings:
         if not self.models:
             raise ValueError("models: at least one model must be served")
+        _pools_apart_from_models(self.pools, self.models)
         if self.autoscale_min_replicas > self.autoscale_max_replicas:
             raise ValueError(
                 f"autoscale_min_replicas ({self.autoscale_min_replicas}) is above autoscale_max_replicas "
@@ -474,6 +493,14 @@ class FleetSettings(BaseSettings):
 
 
 # -- the link settings (fleet.links builds the clients' options from them) ------------------------------
+def _pools_apart_from_models(pools: dict[str, list[str]], models: list[str]) -> None:
+    """A pool is a scaling target named like a model: it must not be named like a model served alone."""
+    served = {ref.partition("@")[0] for ref in models if ":" not in ref}
+    clash = sorted(set(pools) & served)
+    if clash:
+        raise ValueError(f"pools: pool {clash[0]!r} is named like a served model; name the pool differently")
+
+
 def _check_link_settings(settings: FleetSettings) -> None:
     """Refuse link settings that contradict each other (``ValueError`` naming them); files are read later."""
     nats_ways = [settings.nats_creds_file, settings.nats_nkey_seed_file, settings.nats_password_file]

@@ -58,6 +58,9 @@ class ModelPanel(BaseModel):
         None, description="the policy's recommendation before min, max and smoothing; null: no decision yet"
     )
     reason: str = Field("", description="why desired_replicas is what it is, in words")
+    pool: list[str] | None = Field(
+        None, description="a pool's panel (FLEET_POOLS): the models its workers serve, whose numbers it adds up"
+    )
 
 
 class Sample(BaseModel):

@@ -64,6 +64,15 @@ class DecisionRecord(BaseModel):
     owner: str | None = Field(None, description="id of the autoscaler that decided")
 
 
+class PoolMember(BaseModel):
+    """One model of a pool, as the autoscaler read it at its last tick: its part of the pool's demand."""
+
+    model: str
+    lag: int | None = Field(description="requests of this model not yet finished; null when unknown")
+    arrival_rate: float | None = Field(description="requests per second of this model arriving; null when unknown")
+    throughput_per_replica: float | None = Field(None, description="jobs/s one worker finishes of this model")
+
+
 class ScalingStatus(BaseModel):
     """A model's latest scaling state and its recent decisions, newest first."""
 
@@ -90,6 +99,11 @@ class ScalingStatus(BaseModel):
     pinned: Pin | None = Field(None, description="an active scale-to-N override (POST /v1/scaling/{model}/scale)")
     configured: ScalingOverrides | None = Field(
         None, description="the autoscaler's own min, max and pause, before the operator's overrides"
+    )
+    pool: list[PoolMember] | None = Field(
+        None,
+        description="a pool (FLEET_POOLS): its models, whose summed demand its workers are scaled on; "
+        "``model`` is then the pool's name. null: a single model",
     )
     decisions: list[DecisionRecord] = Field(default_factory=list, description="recent decisions, newest first")
 

@@ -1,5 +1,8 @@
 """``process``: ``fleet worker`` processes on this machine, one per replica.
 
+A model's worker runs ``fleet worker --model REF``; a pool's (``FLEET_POOLS``) runs ``fleet worker --models
+REF,REF@V,...`` with the pool's references, one multi-model worker serving them all.
+
 Scale-out starts processes; scale-in sends SIGTERM to the newest ones, which drain (finish the batch in flight,
 hand unfinished messages back to the queue) and exit; they are reaped in the background and SIGKILLed only if they
 outlive the drain deadline. A process that dies on its own is noticed and no longer counted, so the next decision
@@ -27,6 +30,7 @@ from typing import IO
 from fleet.autoscaler.backends.base import check_replicas
 from fleet.errors import ConfigError, ScalerError
 from fleet.models import resolve_spec
+from fleet.pools import models_flag
 from fleet.repository.layout import Repository
 from fleet.settings import FleetSettings
 
@@ -102,6 +106,8 @@ class ProcessBackend:
         log_dir: write each worker's output to ``log_dir/<model>-<n>.log`` instead of this process's stdout/stderr.
         stop_timeout_s: how long a SIGTERMed worker may take to exit before it is killed; default the drain
             timeout plus ``EXIT_GRACE_S``.
+        pools: the model references per pool name (default ``settings.pools``): a pool's replicas are
+            ``fleet worker --models`` processes serving them all.
 
     Raises:
         ConfigError: the broker or store is in-memory.
@@ -119,6 +125,7 @@ class ProcessBackend:
         refs: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
         stop_timeout_s: float | None = None,
+        pools: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
             raise ConfigError(
@@ -131,6 +138,7 @@ class ProcessBackend:
         self._env = {**os.environ, **settings_env(settings), **(env or {})}
         self._python = python
         self._refs = dict(refs) if refs is not None else _refs_from(settings.models, Repository.from_settings(settings))
+        self._pools = {name: list(members) for name, members in (settings.pools if pools is None else pools).items()}
         self.log_dir = log_dir
         self._stop_timeout_s = settings.drain_timeout_s + EXIT_GRACE_S if stop_timeout_s is None else stop_timeout_s
         self._workers: dict[str, list[WorkerProcess]] = {}
@@ -187,8 +195,10 @@ class ProcessBackend:
 
     # -- internals --------------------------------------------------------------------------------------------
     def argv(self, model: str) -> list[str]:
-        ref = self._refs.get(model, model)
-        return [self._python, "-m", "fleet.cli", "worker", "--model", ref, *self._worker_args.get(model, [])]
+        """The command of one worker of ``model``, or of the pool named ``model``."""
+        pool = self._pools.get(model)
+        serve = ["--models", models_flag(pool)] if pool is not None else ["--model", self._refs.get(model, model)]
+        return [self._python, "-m", "fleet.cli", "worker", *serve, *self._worker_args.get(model, [])]
 
     async def _spawn(self, model: str) -> WorkerProcess:
         index = next(self._counter)

@@ -1,7 +1,8 @@
 """`fleet autoscaler`: scales workers on queue lag.
 
 The flags build one ``ScalingConfig`` that applies to every model served (``--model``, repeatable, or
-``FLEET_MODELS``); operators change min, max and pause per model later through ``PUT /v1/scaling/{model}``.
+``FLEET_MODELS``); operators change min, max and pause per model later through ``PUT /v1/scaling/{model}``. A pool
+(``FLEET_POOLS``) is scaled as one target, on the sum of its models' demand, and its models are not scaled alone.
 """
 
 # No ``from __future__ import annotations`` here: typer evaluates the command's annotations, and the option aliases
@@ -94,6 +95,7 @@ async def run_autoscaler(
     """Run the autoscaler until SIGINT/SIGTERM; then release the lock and close the backend (workers drain)."""
     from fleet.autoscaler.service import Autoscaler
     from fleet.cli.compose import stop_on_signals
+    from fleet.pools import members
 
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
@@ -107,6 +109,7 @@ async def run_autoscaler(
                 interval_s,
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 partitions=partitions_of(settings),
+                pools=members(settings.pools),
             )
             async with autoscaler:
                 await stop.wait()
@@ -241,10 +244,11 @@ def register(app: typer.Typer) -> None:
         from fleet.autoscaler.backends import make_backend
         from fleet.errors import FleetError
         from fleet.models import resolve_specs
+        from fleet.pools import scaling_targets
 
         try:
             names = list(resolve_specs(settings.models))
-            configs = scaling_configs(names, flags)
+            configs = scaling_configs(list(scaling_targets(names, settings.pools)), flags)
             return configs, make_backend(backend, settings, **kwargs)
         except ValidationError as exc:
             raise fail(describe_config_error(exc)) from None

@@ -37,6 +37,7 @@ from fleet.consumers.worker import Worker
 from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
 from fleet.models import resolve_served, resolve_specs
+from fleet.pools import members, scaling_targets
 from fleet.producers.gateway.access.gate import OperatorGate
 from fleet.producers.gateway.app import check_auth, close_operator_streams, create_app
 from fleet.readiness import WorkerTracker
@@ -108,6 +109,12 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scali
         return worker
 
     name = default_backend_name(settings)
+    if settings.pools and name == "inprocess":
+        # A pool worker in this process needs the multi-model worker (issue 29), which builds its own handlers.
+        raise FleetError(
+            "pools (FLEET_POOLS) need fleet worker processes (--models): run fleet up with a real broker and "
+            "store (nats:// or kafka://, redis://), or leave FLEET_POOLS unset"
+        )
     backend = (
         make_backend(name, settings, start_worker=start_worker) if name == "inprocess" else make_backend(name, settings)
     )
@@ -121,10 +128,11 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scali
         broker,
         scaling,
         backend,
-        dict.fromkeys(refs, config),
+        dict.fromkeys(scaling_targets(list(refs), settings.pools), config),
         settings.autoscale_interval_s,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         partitions=settings.kafka_partitions if settings.broker_scheme == "kafka" else None,
+        pools=members(settings.pools),
     )
 
 

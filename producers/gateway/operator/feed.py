@@ -11,6 +11,9 @@ so a slow reader never holds up the others nor grows the gateway's memory.
 
 A source that fails (the store or the broker away) is logged and leaves its part of the sample unknown; the
 sampler goes on.
+
+A pool (``FLEET_POOLS``) is one panel, named for the pool, like the autoscaler's target: its models' lags, counts
+and workers added up (a pool worker heartbeats once per model; it counts once), and ``ModelPanel.pool`` lists them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from fleet.brokers.base import Broker
 from fleet.lag import read_lag
+from fleet.pools import scaling_targets
 from fleet.producers.gateway.operator.beats import Beats
 from fleet.producers.gateway.operator.status import shown_status
 from fleet.producers.gateway.operator.words import collapse_decisions, scaling_reason, wanted_replicas
@@ -39,6 +43,7 @@ from fleet.schemas.operator import (
     Sample,
 )
 from fleet.schemas.scaling import DecisionRecord, ScalingOverrides, ScalingStatus
+from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.dagstore import DagStore, RunDoc
 from fleet.store.deadletters import DeadLetterStore, StoredLetter
@@ -133,6 +138,7 @@ class OperatorFeed:
     ) -> None:
         self.settings = settings
         self.models = models
+        self.targets = scaling_targets(models, settings.pools)  # panel name -> the models it shows
         self.broker = broker
         self.scaling = scaling
         self.beats = beats
@@ -141,12 +147,12 @@ class OperatorFeed:
         self.interval_s = interval_s
         self.clock = clock
         size = max(1, math.ceil(window_s / interval_s))
-        self.series: dict[str, deque[Sample]] = {m: deque(maxlen=size) for m in models}
+        self.series: dict[str, deque[Sample]] = {m: deque(maxlen=size) for m in self.targets}
         self.seq = 0
         self.samplings = 0
         self.subscribers = 0  # open streams
         self.latest: OperatorSnapshot = self._empty()
-        self._history: dict[str, deque[_Counts]] = {m: deque() for m in models}
+        self._history: dict[str, deque[_Counts]] = {m: deque() for m in self.targets}
         self._backlog: deque[tuple[int, bytes]] = deque(maxlen=BACKLOG_EVENTS)
         self._full: tuple[int, bytes] | None = None
         self._new = asyncio.Event()
@@ -230,12 +236,12 @@ class OperatorFeed:
         read = await self._read_sources()
         self.beats.forget_silent()
         panels, samples = [], {}
-        for model in self.models:
+        for model in self.targets:
             panel, sample = self._model(model, now, read)
             panels.append(panel)
             samples[model] = [sample]
             self.series[model].append(sample)
-        decisions = {m: collapse_decisions(self._recent_decisions(read.statuses.get(m), now)) for m in self.models}
+        decisions = {m: collapse_decisions(self._recent_decisions(read.statuses.get(m), now)) for m in self.targets}
         self.latest = OperatorSnapshot(
             at=now,
             models=panels,
@@ -261,11 +267,12 @@ class OperatorFeed:
         read = _Read()
         statuses = await self._try("scaling statuses", self.scaling.statuses())
         read.statuses = {s.model: s for s in statuses or []}
-        for model in self.models:
-            read.overrides[model] = await self._try("scaling overrides", self.scaling.get_overrides(model)) or (
+        for target, models in self.targets.items():
+            read.overrides[target] = await self._try("scaling overrides", self.scaling.get_overrides(target)) or (
                 ScalingOverrides()
             )
-            read.lags[model] = await self._try("broker lag", read_lag(self.broker, model))
+            for model in models:
+                read.lags[model] = await self._try("broker lag", read_lag(self.broker, model))
         read.letters = await self._letters()
         if self.dag_store is not None:
             runs = await self._try("recent DAG runs", self.dag_store.recent_runs(RECENT_RUNS)) or []
@@ -293,22 +300,24 @@ class OperatorFeed:
             return None
 
     def _model(self, model: str, now: float, read: _Read) -> tuple[ModelPanel, Sample]:
-        beats = self.beats.of_model(model)
-        counters = self.beats.counters.get(model)
-        letters = read.letters.get(model)
-        lag = read.lags.get(model)
+        members = self.targets[model]
+        beats = [hb for m in members for hb in self.beats.of_model(m)]
+        counters = [c for c in (self.beats.counters.get(m) for m in members) if c is not None]
+        letters = [g for g in (read.letters.get(m) for m in members) if g is not None]
+        lags = [read.lags.get(m) for m in members]
+        lag = None if any(v is None for v in lags) else sum(v or 0 for v in lags)
         counts = _Counts(
             now,
-            counters.completed if counters else 0,
-            counters.failed if counters else 0,
-            letters.count if letters else 0,
+            sum(c.completed for c in counters),
+            sum(c.failed for c in counters),
+            sum(g.count for g in letters),
             lag,
         )
         rates = self._rates(model, counts)
         status = shown_status(model, read.statuses.get(model), read.overrides[model], self.settings, 1)
         working = [hb for hb in beats if hb.items > 0]
-        heard = sum(hb.state in ("starting", "ready", "degraded") for hb in beats)
-        warming = sum(hb.state == "starting" for hb in beats)
+        heard = _workers(beats, ("starting", "ready", "degraded"))
+        warming = _workers(beats, ("starting",))
         unheard = unheard_replicas(status, heard)
         sample = Sample(
             at=now,
@@ -331,11 +340,12 @@ class OperatorFeed:
             paused=status.paused,
             pinned=status.pinned,
             live_workers=heard,
-            ready_workers=sum(hb.state == "ready" for hb in beats),
+            ready_workers=_workers(beats, ("ready",)),
             starting_workers=warming + unheard,
             unheard_replicas=unheard,
             wanted_replicas=wanted_replicas(status),
             reason=scaling_reason(status),
+            pool=list(members) if model in self.settings.pools else None,
         )
         return panel, sample
 
@@ -362,3 +372,8 @@ class OperatorFeed:
         return OperatorSnapshot(
             at=self.clock(), models=[], series={}, decisions={}, workers=[], dispatchers=[], dead_letters={}, runs=[]
         )
+
+
+def _workers(beats: list[Heartbeat], states: tuple[str, ...]) -> int:
+    """Distinct workers heard in one of ``states`` (a pool worker heartbeats once per model it serves)."""
+    return len({hb.worker_id for hb in beats if hb.state in states})

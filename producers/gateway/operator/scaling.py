@@ -13,6 +13,7 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 
 from fleet.errors import UnknownModel
+from fleet.pools import pool_of, scaling_targets
 from fleet.producers.gateway.access import Principal, record_action, require_operator
 from fleet.producers.gateway.errors import ApiError, error_responses
 from fleet.producers.gateway.operator.status import configured, unreported, view
@@ -29,6 +30,27 @@ DEFAULT_DECISIONS = 20
 async def scaling_store(request: Request) -> ScalingStore:
     """FastAPI dependency: the scaling store the lifespan opened (``GatewayState.scaling``)."""
     return state_of(request).scaling
+
+
+def targets(state: GatewayState) -> dict[str, tuple[str, ...]]:
+    """What is scaled: every pool (``FLEET_POOLS``) and every served model in no pool."""
+    return scaling_targets(list(state.specs), state.settings.pools)
+
+
+def check_target(model: str, state: GatewayState) -> None:
+    """404 for a name that is not scaled; 422 for a model of a pool, naming the pool to scale instead."""
+    known = targets(state)
+    if model in known:
+        return
+    pool = pool_of(state.settings.pools, model)
+    if pool is not None and model in state.specs:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"model {model!r} is scaled with its pool {pool!r} (its workers serve the pool's models): "
+            f"use /v1/scaling/{pool}",
+        )
+    raise UnknownModel(model, list(known))
 
 
 async def _status_of(model: str, state: GatewayState, scaling: ScalingStore) -> ScalingStatus:
@@ -48,10 +70,11 @@ async def list_scaling(
     state: GatewayState = Depends(gateway_state),
     scaling: ScalingStore = Depends(scaling_store),
 ) -> list[ScalingStatus]:
-    """Per served model: replicas running and desired, lag, arrival rate, min, max, paused and recent decisions."""
+    """Per served model (a pool's models: one entry, the pool's): replicas running and desired, lag, arrival rate,
+    min, max, paused and recent decisions."""
     stored = {s.model: s for s in await scaling.statuses()}
     out = []
-    for model in state.specs:
+    for model in targets(state):
         status = stored.get(model) or unreported(model, state.settings)
         out.append(view(status, await scaling.get_overrides(model), decisions))
     return out
@@ -92,8 +115,7 @@ async def update_scaling(
     """Override ``min_replicas``, ``max_replicas`` or ``paused`` of one model; the autoscaler applies it at its next
     tick. Fields left out keep their value; an explicit ``null`` removes the override. ``min_replicas`` may not end
     up above ``max_replicas`` (422 naming both)."""
-    if model not in state.specs:
-        raise UnknownModel(model, list(state.specs))
+    check_target(model, state)
     status = await _status_of(model, state, scaling)
     overrides = update.apply(await scaling.get_overrides(model))
     _check_update(model, configured(status), overrides)
@@ -120,8 +142,7 @@ async def scale_to(
     """The autoscaler runs ``replicas`` workers of the model from its next tick until ``ttl_s`` seconds from now,
     whatever the signals, min, max and pause say (capped only at the partition count on Kafka), and records a
     decision saying so; then its policy applies again. A new call replaces the override."""
-    if model not in state.specs:
-        raise UnknownModel(model, list(state.specs))
+    check_target(model, state)
     status = await _status_of(model, state, scaling)
     overrides = (await scaling.get_overrides(model)).model_copy(
         update={"pinned_replicas": body.replicas, "pinned_until": time.time() + body.ttl_s}
@@ -146,8 +167,7 @@ async def end_scale_to(
     operator: Principal = Depends(require_operator),
 ) -> ScalingStatus:
     """The autoscaler's policy applies again from its next tick (a model without the override answers the same)."""
-    if model not in state.specs:
-        raise UnknownModel(model, list(state.specs))
+    check_target(model, state)
     status = await _status_of(model, state, scaling)
     overrides = (await scaling.get_overrides(model)).model_copy(update={"pinned_replicas": None, "pinned_until": None})
     await scaling.set_overrides(model, overrides)

@@ -215,6 +215,7 @@ function modelCard(model) {
       "summary",
       { class: "model-head", title: `${model}: show or hide its charts, decisions and controls` },
       el("h3", { id: id("title") }, model),
+      el("span", { class: "badge pool", dataset: { badge: "pool" }, hidden: true }),
       stat("replicas", "replicas"),
       stat("desired", "desired"),
       stat("workers", "workers"),
@@ -291,6 +292,9 @@ function updateModelCard(card, m, snap) {
   put("errors", `${fmt.rate(m.error_rate)}/s`);
   put("dead", `${m.dead_letters} (${fmt.rate(m.dead_letter_rate)}/s)`);
   card.querySelector('[data-badge="paused"]').hidden = !m.paused;
+  const pool = card.querySelector('[data-badge="pool"]');
+  pool.hidden = !m.pool;
+  if (m.pool) setText(pool, `pool of ${m.pool.join(", ")}`);
   const pinned = card.querySelector('[data-badge="pinned"]');
   pinned.hidden = !m.pinned;
   if (m.pinned) setText(pinned, `held at ${m.pinned.replicas} until ${fmt.time(m.pinned.until)}`);
