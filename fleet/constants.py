@@ -240,6 +240,15 @@ def rollout_compared_key(model: str, job_id: str) -> str:
     return f"{KEY_PREFIX}:rollout:{{{model}}}:compared:{job_id}"
 
 
+def rollout_tally_key(model: str, version: str) -> str:
+    """A version's running tally for its breaker: failures in a row, outcomes and failures in all, and the times of
+    the latest success and failure (a hash, ``fleet.store.rollouts.Tally``)."""
+    return f"{KEY_PREFIX}:rollout:{{{model}}}:tally:{version}"
+
+
+ROLLOUT_LOCK_KEY = f"{KEY_PREFIX}:rollouts:_lock"  # held by the one rollout controller that acts
+
+
 # -- per-tenant rate limits and queued-job quotas (fleet.store.quotas) ----------------------------------------
 # Both keys of a tenant carry the hash tag ``{tenant}``, so they share one Redis Cluster slot and one script
 # touches both.
@@ -298,6 +307,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_LONG_POLL_S = 60.0
 DEFAULT_INFER_WAIT_S = 30.0  # how long POST /v1/infer holds a request when it names no ?wait
 DEFAULT_AUTOSCALER_INTERVAL_S = 2.0
+DEFAULT_ROLLOUT_INTERVAL_S = 2.0
+DEFAULT_ROLLOUT_WINDOW_S = 60.0
 DEFAULT_SCALING_DECISIONS_KEPT = 50
 DEFAULT_MAX_QUEUED = 100_000  # requests waiting or in flight per model (FLEET_MAX_QUEUED; 0: unbounded)
 DEFAULT_RECONCILE_AFTER_S = 30.0

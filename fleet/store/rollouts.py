@@ -15,6 +15,14 @@ expires after ``STATS_TTL_S``), by the settle hook of the workers; ``window`` su
 known within 10 %. ``claim_comparison`` is a set-if-absent marker, so a shadow and its primary that settle at the
 same moment compare their outputs once.
 
+Tally: ``record_outcome`` also keeps each version's running tally (``fleet:rollout:<model>:tally:<version>``, a hash:
+failures in a row, outcomes and failures in all, the times of the latest success and failure), which the breakers
+of ``fleet.lifecycle.service`` are judged on (``tally``). Concurrent settles may interleave a streak's reset and
+increment; the streak is then one off for one outcome, which a breaker's threshold of several absorbs.
+
+Lock: ``acquire_lock(owner, ttl_s)`` takes or renews the one lock of the rollout controllers (``ROLLOUT_LOCK_KEY``,
+the owner's id with a TTL; renewed and released only by its holder), so one controller acts per Redis.
+
 In memory the same, for ``fleet up`` on the embedded store.
 """
 
@@ -30,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet import constants as c
 from fleet.lifecycle.breaker import BreakerConfig, BreakerState
+from fleet.lifecycle.breaker_counts import Tally
 from fleet.lifecycle.controller import RolloutConfig, RolloutState
 from fleet.lifecycle.traffic import TrafficPolicy
 from fleet.store.redis_errors import RedisErrors
@@ -150,6 +159,31 @@ class RolloutStore(Protocol):
 
     async def claim_comparison(self, model: str, job_id: str) -> bool: ...
 
+    async def tally(self, model: str, versions: list[str]) -> dict[str, Tally]: ...
+
+    async def acquire_lock(self, owner: str, ttl_s: float) -> bool:
+        """Take the controllers' lock when free or lapsed, renew it when ``owner`` holds it; False: another holds it."""
+        ...
+
+    async def release_lock(self, owner: str) -> None: ...
+
+
+def _tallied(tally: Tally, ok: bool, at: float) -> Tally:
+    if ok:
+        return Tally(0, tally.total + 1, tally.failed, at, tally.last_failed_at)
+    return Tally(tally.streak + 1, tally.total + 1, tally.failed + 1, tally.last_ok_at, at)
+
+
+def _tally_of(row: dict[Any, Any]) -> Tally:
+    fields = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in row.items()}
+    return Tally(
+        int(fields.get("streak", 0)),
+        int(fields.get("total", 0)),
+        int(fields.get("failed", 0)),
+        fields.get("ok_at"),
+        fields.get("failed_at"),
+    )
+
 
 def _buckets(window_s: float, now: float) -> range:
     last = int(now // STATS_BUCKET_S)
@@ -166,6 +200,9 @@ class MemoryRolloutStore:
         self._decisions: dict[str, deque[str]] = defaultdict(lambda: deque(maxlen=DECISIONS_KEPT))
         self._stats: dict[tuple[str, str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._claims: dict[tuple[str, str], float] = {}
+        self._tallies: dict[tuple[str, str], Tally] = {}
+        self._lock_owner: str | None = None
+        self._lock_until = 0.0
 
     async def read(self, model: str) -> RolloutDoc | None:
         raw = self._docs.get(model)
@@ -194,9 +231,11 @@ class MemoryRolloutStore:
     async def record_outcome(
         self, model: str, version: str, ok: bool, latency_ms: float | None, now: float | None = None
     ) -> None:
-        counts = self._stats[(model, version, int((now or time.time()) // STATS_BUCKET_S))]
+        at = now or time.time()
+        counts = self._stats[(model, version, int(at // STATS_BUCKET_S))]
         for field, n in _stats_fields(ok, latency_ms).items():
             counts[field] += n
+        self._tallies[(model, version)] = _tallied(self._tallies.get((model, version), Tally()), ok, at)
 
     async def record_agreement(self, model: str, version: str, score: float, now: float | None = None) -> None:
         counts = self._stats[(model, version, int((now or time.time()) // STATS_BUCKET_S))]
@@ -224,6 +263,20 @@ class MemoryRolloutStore:
         self._claims[(model, job_id)] = now + COMPARISON_TTL_S
         return True
 
+    async def tally(self, model: str, versions: list[str]) -> dict[str, Tally]:
+        return {v: self._tallies.get((model, v), Tally()) for v in versions}
+
+    async def acquire_lock(self, owner: str, ttl_s: float) -> bool:
+        now = time.monotonic()
+        if self._lock_owner not in (None, owner) and now < self._lock_until:
+            return False
+        self._lock_owner, self._lock_until = owner, now + ttl_s
+        return True
+
+    async def release_lock(self, owner: str) -> None:
+        if self._lock_owner == owner:
+            self._lock_owner, self._lock_until = None, 0.0
+
 
 _CAS = """
 local current = redis.call('GET', KEYS[1])
@@ -234,6 +287,16 @@ redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 
 class RedisRolloutStore:
     """The rollouts keys in the Redis of ``store`` (a ``RedisStore``: its client)."""
@@ -242,6 +305,8 @@ class RedisRolloutStore:
         self.redis = store.redis
         self.display_url = store.display_url
         self._cas: Any = self.redis.register_script(_CAS)
+        self._renew: Any = self.redis.register_script(_RENEW)
+        self._release: Any = self.redis.register_script(_RELEASE)
 
     def _errors(self, what: str) -> RedisErrors:
         return RedisErrors("rollouts", self.display_url, what)
@@ -295,7 +360,23 @@ class RedisRolloutStore:
     async def record_outcome(
         self, model: str, version: str, ok: bool, latency_ms: float | None, now: float | None = None
     ) -> None:
-        await self._count(model, version, dict(_stats_fields(ok, latency_ms)), now)
+        at = now or time.time()
+        key = c.rollout_stats_key(model, version, int(at // STATS_BUCKET_S))
+        tally = c.rollout_tally_key(model, version)
+        async with self._errors(f"count an outcome of {model}@{version}"):
+            pipe = self.redis.pipeline(transaction=False)
+            for field, n in _stats_fields(ok, latency_ms).items():
+                pipe.hincrby(key, field, n)
+            pipe.expire(key, STATS_TTL_S)
+            pipe.hincrby(tally, "total", 1)
+            if ok:
+                pipe.hset(tally, mapping={"streak": 0, "ok_at": repr(at)})
+            else:
+                pipe.hincrby(tally, "streak", 1)
+                pipe.hincrby(tally, "failed", 1)
+                pipe.hset(tally, "failed_at", repr(at))
+            pipe.expire(tally, STATS_TTL_S)
+            await pipe.execute()
 
     async def record_agreement(self, model: str, version: str, score: float, now: float | None = None) -> None:
         await self._count(model, version, {"agree_sum": float(score), "agree_n": 1}, now)
@@ -324,3 +405,23 @@ class RedisRolloutStore:
         async with self._errors(f"claim the comparison of {job_id}"):
             done = await self.redis.set(c.rollout_compared_key(model, job_id), b"1", nx=True, ex=COMPARISON_TTL_S)
         return bool(done)
+
+    async def tally(self, model: str, versions: list[str]) -> dict[str, Tally]:
+        async with self._errors(f"read the tallies of {model}"):
+            pipe = self.redis.pipeline(transaction=False)
+            for version in versions:
+                pipe.hgetall(c.rollout_tally_key(model, version))
+            rows = await pipe.execute()
+        return {v: _tally_of(row) for v, row in zip(versions, rows, strict=True)}
+
+    async def acquire_lock(self, owner: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        async with self._errors("take the rollout controller's lock"):
+            held = bool(await self.redis.set(c.ROLLOUT_LOCK_KEY, owner, nx=True, px=ttl_ms))
+            if not held:
+                held = bool(await self._renew(keys=[c.ROLLOUT_LOCK_KEY], args=[owner, ttl_ms]))
+        return held
+
+    async def release_lock(self, owner: str) -> None:
+        async with self._errors("release the rollout controller's lock"):
+            await self._release(keys=[c.ROLLOUT_LOCK_KEY], args=[owner])
