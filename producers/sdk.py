@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 from websockets.asyncio.client import connect as ws_connect
@@ -415,6 +416,21 @@ class FleetClient:
         ``owned_by``)."""
         answer = await self._request("GET", "/v1/models")
         return list(answer["data"])
+
+    async def rollout(self, model: str) -> dict[str, Any]:
+        """A model's traffic policy, controller state, each version's share, window and breaker, and the latest
+        decisions (``GET /v1/models/{model}/rollout``; operator role). Raises GatewayError 404 without a policy."""
+        return dict(await self._request("GET", f"/v1/models/{quote(model, safe='')}/rollout"))
+
+    async def promote(self, model: str) -> dict[str, Any]:
+        """Promote the model's canary to primary now (operator role); the rollout view after it. Raises
+        GatewayError 409 when the model has no canary, 404 without a traffic policy."""
+        return dict(await self._request("POST", f"/v1/models/{quote(model, safe='')}/promote"))
+
+    async def rollback(self, model: str) -> dict[str, Any]:
+        """Roll the model's canary back to weight 0 now (operator role); the rollout view after it. Raises
+        GatewayError 409 when the model has no canary, 404 without a traffic policy."""
+        return dict(await self._request("POST", f"/v1/models/{quote(model, safe='')}/rollback"))
 
     async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).

@@ -31,9 +31,7 @@ HALF = BreakerState(status="half_open", opened_at_s=100.0, cool_down_s=5.0, reas
         (OPEN, Tally(0, 21, 9, last_ok_at=110.0), None, 110.0, "closed", "closed: a probe succeeded"),  # in one tick
     ],
 )
-def test_judge(
-    state: BreakerState, now: Tally, before: Tally | None, now_s: float, status: str, reason: str
-) -> None:
+def test_judge(state: BreakerState, now: Tally, before: Tally | None, now_s: float, status: str, reason: str) -> None:
     judged = judge(state, CONFIG, now, before, now_s)
     assert (judged.status, judged.reason) == (status, reason)
 

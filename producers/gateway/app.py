@@ -43,6 +43,7 @@ from fleet.producers.gateway.metrics import MetricsMiddleware
 from fleet.producers.gateway.models import embeddings, listing, rerank
 from fleet.producers.gateway.openapi_doc import install_openapi
 from fleet.producers.gateway.operator import deadletters
+from fleet.producers.gateway.operator import rollouts as rollout_routes
 from fleet.producers.gateway.operator import routes as operator_routes
 from fleet.producers.gateway.operator import scaling as scaling_routes
 from fleet.producers.gateway.operator import workers as worker_routes
@@ -390,6 +391,7 @@ def create_app(
     app.include_router(embeddings.router)
     app.include_router(rerank.router)
     app.include_router(scaling_routes.router)
+    app.include_router(rollout_routes.router)
     app.include_router(dag_routes.router)
     app.include_router(dag_events.router)
     app.include_router(operator_routes.router)
