@@ -5,7 +5,10 @@ breaker; one controller acts per Redis; holds reach the timeline once per reason
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,7 @@ from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.bundle import Stores
 from fleet.store.rollouts import RolloutDoc, RolloutStore
+from tests.processes import fleet_process, run_fleet, stop
 
 T0 = 1_700_000_000.0
 CONFIG = RolloutConfig(steps=(0.1, 0.5, 1.0), min_requests=50, hold_s=30, min_agreement=None)
@@ -214,3 +218,48 @@ async def test_a_manual_promote_or_rollback_names_who_and_works_on_a_finished_ro
     assert (entry.action, entry.reason) == ("promote", "promoted by operator at 0 %")
     with pytest.raises(ValueError, match="no canary"):
         manual(promoted, "promote", "operator", T0 + 2)
+
+
+# -- the processes that run it ----------------------------------------------------------------------------------
+def test_fleet_autoscaler_runs_the_controller_and_stops_cleanly(
+    nats_url: str, redis_url: str, tmp_path: Path, unique: str
+) -> None:
+    model = f"m-{unique}"
+
+    async def put() -> None:
+        store = make_store(FleetSettings(store_url=redis_url))
+        await store.connect()
+        try:
+            await start(Stores.beside(store).rollouts, model)
+        finally:
+            await store.close()
+
+    async def weight_now() -> float:
+        store = make_store(FleetSettings(store_url=redis_url))
+        await store.connect()
+        try:
+            return await weight(Stores.beside(store).rollouts, model)
+        finally:
+            await store.close()
+
+    asyncio.run(put())
+    env = {"FLEET_ROLLOUT_INTERVAL_S": "0.2"}
+    args = ("autoscaler", "--backend", "dry-run", "--model", "echo", "--broker", nats_url, "--store", redis_url)
+    log = tmp_path / "autoscaler.log"
+    with fleet_process(*args, env=env, log=log) as proc:
+        deadline = time.monotonic() + 30
+        while asyncio.run(weight_now()) != CONFIG.steps[0]:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        assert stop(proc) == 0, log.read_text()[-2000:]
+    assert "rollout controller" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [({"FLEET_ROLLOUT_WINDOW_S": "5"}, "rollout_window_s"), ({"FLEET_ROLLOUT_INTERVAL_S": "0"}, "rollout_interval_s")],
+)
+def test_bad_rollout_settings_stop_the_process_naming_them(env: dict[str, str], named: str) -> None:
+    result = run_fleet("up", "--port", "0", env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error: invalid settings:") and f"  {named}: " in result.stderr, result.stderr

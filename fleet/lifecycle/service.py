@@ -189,7 +189,12 @@ class RolloutService:
         if not await self._lead():
             return {}
         steps: dict[str, Step] = {}
-        for model in await self.rollouts.models():
+        try:
+            models = await self.rollouts.models()
+        except FleetError as exc:  # an outage: one line a tick, not a traceback
+            log.warning("rollout controller: models not listed (next tick retries): %s", exc)
+            return steps
+        for model in models:
             try:
                 step = await self.step(model)
             except FleetError as exc:
