@@ -8,6 +8,10 @@ change through the API and the controller's step never overwrite each other. Gat
 
 Decisions: a capped list per model, newest first (``fleet:rollout:<model>:decisions``), for the dashboard's timeline.
 
+Comparisons: a capped list per model, newest first (``fleet:rollout:<model>:comparisons``, ``COMPARISONS_KEPT``), of
+the shadow comparisons the settle hook made (``ComparisonEntry``: both jobs, versions, outputs' digests and the
+score), for ``GET /v1/models/{name}/comparisons``.
+
 Measurements: outcomes (succeeded or failed, and latency) and shadow agreement scores are counted per model, version
 and ``STATS_BUCKET_S`` bucket of wall-clock time (``fleet:rollout:<model>:stats:<version>:<bucket>``, a hash that
 expires after ``STATS_TTL_S``), by the settle hook of the workers; ``window`` sums the buckets of the last
@@ -42,6 +46,7 @@ STATS_TTL_S = 3600
 DECISIONS_KEPT = 200
 LATENCY_RATIO = 1.1  # latency buckets: [1.1^i, 1.1^(i+1)) ms
 COMPARISON_TTL_S = 3600
+COMPARISONS_KEPT = 200
 
 
 class RolloutDoc(BaseModel):
@@ -71,6 +76,32 @@ class DecisionEntry(BaseModel):
     version: str | None = None
     reason: str
     by: str = "controller"
+
+
+class ComparisonEntry(BaseModel):
+    """One shadow comparison: the primary's answer against the shadow version's, by the runtime's measure."""
+
+    at: float
+    model: str
+    job_id: str = Field(description="the primary job (the one whose output the client got)")
+    shadow_job_id: str
+    version: str | None = Field(description="the version that answered the client")
+    shadow_version: str | None
+    runtime: str | None = Field(description="whose measure scored it (null: exact equality)")
+    output_digest: str | None = Field(description="sha256 of the primary output's canonical JSON (null: no output)")
+    shadow_output_digest: str | None
+    score: float | None = Field(description="agreement in 0..1 (null: not comparable, see 'note')")
+    note: str | None = Field(None, description="why there is no score: a side failed, or an output of another shape")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One settled job, counted for its model version (``record_outcomes``)."""
+
+    model: str
+    version: str
+    ok: bool
+    latency_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +181,16 @@ class RolloutStore(Protocol):
 
     async def claim_comparison(self, model: str, job_id: str) -> bool: ...
 
+    async def record_outcomes(self, outcomes: list[Outcome], now: float | None = None) -> None:
+        """``record_outcome`` of each, in one round trip."""
+        ...
+
+    async def add_comparison(self, entry: ComparisonEntry) -> None: ...
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[ComparisonEntry]:
+        """The model's recent comparisons, newest first."""
+        ...
+
 
 def _buckets(window_s: float, now: float) -> range:
     last = int(now // STATS_BUCKET_S)
@@ -166,6 +207,7 @@ class MemoryRolloutStore:
         self._decisions: dict[str, deque[str]] = defaultdict(lambda: deque(maxlen=DECISIONS_KEPT))
         self._stats: dict[tuple[str, str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._claims: dict[tuple[str, str], float] = {}
+        self._comparisons: dict[str, deque[str]] = defaultdict(lambda: deque(maxlen=COMPARISONS_KEPT))
 
     async def read(self, model: str) -> RolloutDoc | None:
         raw = self._docs.get(model)
@@ -223,6 +265,17 @@ class MemoryRolloutStore:
             return False
         self._claims[(model, job_id)] = now + COMPARISON_TTL_S
         return True
+
+    async def record_outcomes(self, outcomes: list[Outcome], now: float | None = None) -> None:
+        for o in outcomes:
+            await self.record_outcome(o.model, o.version, o.ok, o.latency_ms, now)
+
+    async def add_comparison(self, entry: ComparisonEntry) -> None:
+        self._comparisons[entry.model].appendleft(entry.model_dump_json())
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[ComparisonEntry]:
+        rows = list(self._comparisons.get(model, ()))[: max(0, limit)]
+        return [ComparisonEntry.model_validate_json(raw) for raw in rows]
 
 
 _CAS = """
@@ -324,3 +377,35 @@ class RedisRolloutStore:
         async with self._errors(f"claim the comparison of {job_id}"):
             done = await self.redis.set(c.rollout_compared_key(model, job_id), b"1", nx=True, ex=COMPARISON_TTL_S)
         return bool(done)
+
+    async def record_outcomes(self, outcomes: list[Outcome], now: float | None = None) -> None:
+        if not outcomes:
+            return
+        bucket = int((now or time.time()) // STATS_BUCKET_S)
+        async with self._errors(f"count {len(outcomes)} outcomes"):
+            pipe = self.redis.pipeline(transaction=False)
+            keys = set()
+            for o in outcomes:
+                key = c.rollout_stats_key(o.model, o.version, bucket)
+                keys.add(key)
+                for field, n in _stats_fields(o.ok, o.latency_ms).items():
+                    pipe.hincrby(key, field, n)
+            for key in keys:
+                pipe.expire(key, STATS_TTL_S)
+            await pipe.execute()
+
+    async def add_comparison(self, entry: ComparisonEntry) -> None:
+        key = c.rollout_comparisons_key(entry.model)
+        async with self._errors(f"record a comparison of {entry.model}"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.lpush(key, entry.model_dump_json())
+            pipe.ltrim(key, 0, COMPARISONS_KEPT - 1)
+            pipe.expire(key, STATS_TTL_S * 24)
+            await pipe.execute()
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[ComparisonEntry]:
+        if limit <= 0:
+            return []
+        async with self._errors(f"read the comparisons of {model}"):
+            rows = await self.redis.lrange(c.rollout_comparisons_key(model), 0, limit - 1)
+        return [ComparisonEntry.model_validate_json(raw) for raw in rows]
