@@ -289,4 +289,7 @@ def register(app: typer.Typer) -> None:
     from fleet.cli.models_synth_cmd import register_synth
 
     register_synth(models_app)
+    from fleet.cli.traffic_cmd import register_traffic
+
+    register_traffic(models_app)
     app.add_typer(models_app, name="models")
