@@ -11,19 +11,22 @@ half-open lets one probe through; a Redis outage of the policies leaves requests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections import Counter
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect as ws_connect
 
 from fleet import constants as c
 from fleet.lifecycle.breaker import BreakerState
+from fleet.producers.sdk import ws_url
 from fleet.store.rollouts import RolloutDoc
 from tests.gateway_helpers import error_of
 from tests.infra import eventually
-from tests.traffic_fixtures import TrafficEnv, env_fixture  # noqa: F401  (fixtures)
+from tests.traffic_fixtures import TrafficEnv, env_fixture, without_lifespan  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.services
 
@@ -179,6 +182,27 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
     assert window["3"].agreement == 1.0 and window["3"].agreement_samples == 5
     assert window["1"].requests == 5 and window["3"].requests == 5  # the shadow counts for its own version only
     assert (await env.a.get(f"/v1/models/{env.model}/comparisons")).status_code == 403
+
+
+async def test_websockets_push_the_primary_and_treat_its_shadow_as_unknown(env: TrafficEnv) -> None:
+    await env.set_policy(primary="1", shadow="2", shadow_share=1.0)
+    job_id = await env.submit(env.a, {"ws": 1})
+    await env.done(env.a, job_id)
+    shadow_id, ghost = job_id + c.SHADOW_JOB_SUFFIX, f"ghost-{uuid.uuid4().hex}"
+    auth = {"Authorization": env.a.headers["Authorization"]}
+    async with without_lifespan(env.app) as base:
+        async with ws_connect(ws_url(base, "/v1/ws"), additional_headers=auth) as ws:
+            await ws.send(json.dumps({"subscribe": [job_id, shadow_id, ghost]}))
+            frames = {f.get("job_id") or f["job"]["job_id"]: f for f in [json.loads(await ws.recv()) for _ in range(3)]}
+        async with ws_connect(ws_url(base, f"/v1/jobs/{shadow_id}/ws"), additional_headers=auth) as ws:
+            frame = json.loads(await ws.recv())
+            with contextlib.suppress(Exception):
+                await ws.recv()
+            close_code = ws.close_code
+    assert frames[job_id]["type"] == "result" and frames[job_id]["job"]["version"] == "1"
+    assert frames[job_id]["job"]["shadow_of"] is None
+    assert json.dumps(frames[shadow_id]).replace(shadow_id, "ID") == json.dumps(frames[ghost]).replace(ghost, "ID")
+    assert close_code == 4404 and "error" in frame
 
 
 async def test_infer_answers_the_primary_only(env: TrafficEnv) -> None:

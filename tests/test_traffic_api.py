@@ -6,20 +6,15 @@ bodies (4xx, nothing written), compare-and-set against a concurrent writer, the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from typer.testing import CliRunner
 
 from fleet.cli import app as cli_app
-from fleet.cli.httpserver import QuietServer
 from fleet.store.rollouts import RolloutDoc
 from tests.gateway_helpers import error_of
-from tests.traffic_fixtures import TOKEN, TrafficEnv, env_fixture  # noqa: F401  (fixtures)
+from tests.traffic_fixtures import TOKEN, TrafficEnv, env_fixture, without_lifespan  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.services
 
@@ -158,22 +153,6 @@ async def test_the_policy_survives_the_controller_writing_beside_it(env: Traffic
     assert await env.stores.rollouts.write(doc.model_copy(update={"breakers": tripped}), doc.revision)
     changed = await env.set_policy(**{**POLICY, "canary_weight": 0.2})
     assert set(changed["breakers"]) == {"2"} and changed["breakers"]["2"]["status"] == "open"
-
-
-@contextlib.asynccontextmanager
-async def without_lifespan(app: FastAPI) -> AsyncIterator[str]:
-    """``app`` (whose lifespan the fixture runs already) served over HTTP by uvicorn on a free port."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = QuietServer(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "uvicorn stopped during start-up"
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 async def test_fleet_models_traffic_talks_to_a_served_gateway(env: TrafficEnv) -> None:

@@ -4,6 +4,7 @@ settle hook that counts outcomes per version and compares shadows (``fleet.consu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import uuid
@@ -14,10 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import yaml
 from fastapi import FastAPI
 
 from fleet.brokers.base import Broker, Delivery
+from fleet.cli.httpserver import QuietServer
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.requests import Job
@@ -169,3 +172,19 @@ async def env_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     settings = traffic_settings(urls, repository, model)
     async with connected_pair(settings) as (broker, store), traffic_env(settings, broker, store, model) as made:
         yield made
+
+
+@contextlib.asynccontextmanager
+async def without_lifespan(app: FastAPI) -> AsyncIterator[str]:
+    """``app`` (whose lifespan the fixture runs already) served over HTTP by uvicorn on a free port."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="websockets-sansio")
+    server = QuietServer(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "uvicorn stopped during start-up"
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)

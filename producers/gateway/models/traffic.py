@@ -173,8 +173,8 @@ async def put_traffic(
 ) -> RolloutDoc:
     """Split the model's jobs between versions (canary weight, sticky key), mirror a share to a shadow version,
     and optionally let the controller move the weight. Every version named must exist (422 naming it)."""
+    update = await parse_update(request)  # a malformed body is 400 on every route, whatever the path names
     traffic = _served(state, name)
-    update = await parse_update(request)
     await _check_versions(traffic, name, update.policy)
     rollouts = state.stores.rollouts
     doc, previous = await _write(rollouts, name, update, operator.subject)
