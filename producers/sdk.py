@@ -432,6 +432,38 @@ class FleetClient:
         GatewayError 409 when the model has no canary, 404 without a traffic policy."""
         return dict(await self._request("POST", f"/v1/models/{quote(model, safe='')}/rollback"))
 
+    async def get_traffic(self, model: str) -> dict[str, Any]:
+        """The model's traffic policy document (operator). Raises GatewayError 404 ``no_traffic_policy`` without
+        one, UnknownModel for a model the gateway does not serve."""
+        answer: dict[str, Any] = await self._request("GET", f"/v1/models/{model}/traffic")
+        return answer
+
+    async def set_traffic(
+        self,
+        model: str,
+        policy: Mapping[str, Any],
+        rollout: Mapping[str, Any] | None = None,
+        breaker: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Set the model's traffic policy (operator; ``fleet.lifecycle.traffic.TrafficPolicy``'s fields, and the
+        optional rollout and breaker configs). Raises InvalidInput (422) naming a bad field or version."""
+        body: dict[str, Any] = {"policy": dict(policy)}
+        if rollout is not None:
+            body["rollout"] = dict(rollout)
+        if breaker is not None:
+            body["breaker"] = dict(breaker)
+        answer: dict[str, Any] = await self._request("PUT", f"/v1/models/{model}/traffic", json=body)
+        return answer
+
+    async def clear_traffic(self, model: str) -> None:
+        """Remove the model's traffic policy (operator): every job goes to its served version again."""
+        await self._request("DELETE", f"/v1/models/{model}/traffic")
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The model's recent shadow comparisons, newest first (operator)."""
+        answer = await self._request("GET", f"/v1/models/{model}/comparisons", params={"limit": limit})
+        return list(answer)
+
     async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).
 

@@ -271,6 +271,7 @@ def test_set_weight_sends_the_traffic_policy_with_confirmation(up: Up, page: Any
     assert call["method"] == "PUT"
     policy = call["body"]["policy"]
     assert call["body"]["rollout"] is None and (policy["primary"], policy["canary"]) == ("1", "2")
+    assert call["body"]["breaker"] == BreakerConfig().model_dump(mode="json")  # kept as it was
     assert policy["canary_weight"] == pytest.approx(0.3)
     assert set(policy) == set(TrafficPolicy.model_fields)  # every field of the policy, as PUT replaces it
     page.screenshot(path=ARTIFACTS / "rollouts.png", full_page=True)

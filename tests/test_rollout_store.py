@@ -18,6 +18,7 @@ from fleet.store.bundle import Stores
 from fleet.store.rollouts import (
     STATS_BUCKET_S,
     DecisionEntry,
+    Outcome,
     RolloutDoc,
     RolloutStore,
     Tally,
@@ -113,6 +114,17 @@ async def test_a_tally_counts_failures_in_a_row_and_the_latest_times(rollouts: R
     await rollouts.record_outcome(model, "2", ok=True, latency_ms=None, now=106.5)
     tally = (await rollouts.tally(model, ["2"]))["2"]
     assert (tally.streak, tally.total, tally.last_ok_at) == (0, 7, 106.5)
+    # the settle hook's batched form keeps the tallies too
+    batch = [Outcome(model, "2", ok=False, latency_ms=5.0), Outcome(model, "3", ok=True, latency_ms=5.0)] * 2
+    await rollouts.record_outcomes(batch, now=107.0)
+    tallies = await rollouts.tally(model, ["2", "3"])
+    assert (tallies["2"].streak, tallies["2"].total, tallies["2"].failed, tallies["2"].last_failed_at) == (
+        2,
+        9,
+        7,
+        107.0,
+    )
+    assert (tallies["3"].streak, tallies["3"].total, tallies["3"].last_ok_at) == (0, 2, 107.0)
 
 
 async def test_one_controller_holds_the_lock_until_it_releases_it_or_it_lapses(rollouts: RolloutStore) -> None:

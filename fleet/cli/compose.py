@@ -23,6 +23,7 @@ from fleet.consumers.device import resolve_device
 from fleet.consumers.handlers import ModelHandler, resolve_handler
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.version_outcomes import VersionOutcomes
 from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
 from fleet.dags.starter import DagStarter
@@ -116,7 +117,18 @@ def build_worker(
     handler, device = build_handler(ref, settings)
     worker = Worker(handler, broker, store, settings=settings, device=device, stores=stores, **overrides)  # type: ignore[arg-type]
     worker.settler.on_settled.append(DagRunner(broker, store, stores.dags).on_settled)  # DAG continuation
+    outcomes = VersionOutcomes(store, stores.rollouts, functools.partial(runtime_of, handler))
+    worker.settler.on_settled.append(outcomes.on_settled)  # per-version counts and shadow comparisons
     return worker
+
+
+def runtime_of(handler: ModelHandler[Any, Any], model: str, version: str | None) -> str | None:
+    """The runtime whose measure compares the outputs of ``handler``'s model (``fleet.lifecycle.compare``): its
+    repository entry's, ``embeddings`` for the built-in ``embed``, else None (exact equality)."""
+    entry = getattr(handler, "entry", None)
+    if isinstance(entry, RepositoryEntry):
+        return entry.manifest.runtime
+    return "embeddings" if model == "embed" else None
 
 
 def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, Any], str]:

@@ -292,4 +292,7 @@ def register(app: typer.Typer) -> None:
 
     register_synth(models_app)
     register_rollouts(models_app)
+    from fleet.cli.traffic_cmd import register_traffic
+
+    register_traffic(models_app)
     app.add_typer(models_app, name="models")

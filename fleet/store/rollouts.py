@@ -8,6 +8,10 @@ change through the API and the controller's step never overwrite each other. Gat
 
 Decisions: a capped list per model, newest first (``fleet:rollout:<model>:decisions``), for the dashboard's timeline.
 
+Comparisons: a capped list per model, newest first (``fleet:rollout:<model>:comparisons``, ``COMPARISONS_KEPT``), of
+the shadow comparisons the settle hook made (``ComparisonEntry``: both jobs, versions, outputs' digests and the
+score), for ``GET /v1/models/{name}/comparisons``.
+
 Measurements: outcomes (succeeded or failed, and latency) and shadow agreement scores are counted per model, version
 and ``STATS_BUCKET_S`` bucket of wall-clock time (``fleet:rollout:<model>:stats:<version>:<bucket>``, a hash that
 expires after ``STATS_TTL_S``), by the settle hook of the workers; ``window`` sums the buckets of the last
@@ -51,6 +55,7 @@ STATS_TTL_S = 3600
 DECISIONS_KEPT = 200
 LATENCY_RATIO = 1.1  # latency buckets: [1.1^i, 1.1^(i+1)) ms
 COMPARISON_TTL_S = 3600
+COMPARISONS_KEPT = 200
 
 
 class RolloutDoc(BaseModel):
@@ -80,6 +85,32 @@ class DecisionEntry(BaseModel):
     version: str | None = None
     reason: str
     by: str = "controller"
+
+
+class ComparisonEntry(BaseModel):
+    """One shadow comparison: the primary's answer against the shadow version's, by the runtime's measure."""
+
+    at: float
+    model: str
+    job_id: str = Field(description="the primary job (the one whose output the client got)")
+    shadow_job_id: str
+    version: str | None = Field(description="the version that answered the client")
+    shadow_version: str | None
+    runtime: str | None = Field(description="whose measure scored it (null: exact equality)")
+    output_digest: str | None = Field(description="sha256 of the primary output's canonical JSON (null: no output)")
+    shadow_output_digest: str | None
+    score: float | None = Field(description="agreement in 0..1 (null: not comparable, see 'note')")
+    note: str | None = Field(None, description="why there is no score: a side failed, or an output of another shape")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One settled job, counted for its model version (``record_outcomes``)."""
+
+    model: str
+    version: str
+    ok: bool
+    latency_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +198,16 @@ class RolloutStore(Protocol):
 
     async def release_lock(self, owner: str) -> None: ...
 
+    async def record_outcomes(self, outcomes: list[Outcome], now: float | None = None) -> None:
+        """``record_outcome`` of each, in one round trip."""
+        ...
+
+    async def add_comparison(self, entry: ComparisonEntry) -> None: ...
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[ComparisonEntry]:
+        """The model's recent comparisons, newest first."""
+        ...
+
 
 def _tallied(tally: Tally, ok: bool, at: float) -> Tally:
     if ok:
@@ -203,6 +244,7 @@ class MemoryRolloutStore:
         self._tallies: dict[tuple[str, str], Tally] = {}
         self._lock_owner: str | None = None
         self._lock_until = 0.0
+        self._comparisons: dict[str, deque[str]] = defaultdict(lambda: deque(maxlen=COMPARISONS_KEPT))
 
     async def read(self, model: str) -> RolloutDoc | None:
         raw = self._docs.get(model)
@@ -276,6 +318,29 @@ class MemoryRolloutStore:
     async def release_lock(self, owner: str) -> None:
         if self._lock_owner == owner:
             self._lock_owner, self._lock_until = None, 0.0
+
+    async def record_outcomes(self, outcomes: list[Outcome], now: float | None = None) -> None:
+        for o in outcomes:
+            await self.record_outcome(o.model, o.version, o.ok, o.latency_ms, now)
+
+    async def add_comparison(self, entry: ComparisonEntry) -> None:
+        self._comparisons[entry.model].appendleft(entry.model_dump_json())
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[ComparisonEntry]:
+        rows = list(self._comparisons.get(model, ()))[: max(0, limit)]
+        return [ComparisonEntry.model_validate_json(raw) for raw in rows]
+
+
+def _count_tally(pipe: Any, key: str, ok: bool, at: float) -> None:
+    """Queue the updates of a version's tally (``Tally``) for one outcome at ``at`` on ``pipe``."""
+    pipe.hincrby(key, "total", 1)
+    if ok:
+        pipe.hset(key, mapping={"streak": 0, "ok_at": repr(at)})
+    else:
+        pipe.hincrby(key, "streak", 1)
+        pipe.hincrby(key, "failed", 1)
+        pipe.hset(key, "failed_at", repr(at))
+    pipe.expire(key, STATS_TTL_S)
 
 
 _CAS = """
@@ -362,20 +427,13 @@ class RedisRolloutStore:
     ) -> None:
         at = now or time.time()
         key = c.rollout_stats_key(model, version, int(at // STATS_BUCKET_S))
-        tally = c.rollout_tally_key(model, version)
+        tally = c.rollout_tally_key(model, version)  # the breaker's: failures in a row, totals, latest times
         async with self._errors(f"count an outcome of {model}@{version}"):
             pipe = self.redis.pipeline(transaction=False)
             for field, n in _stats_fields(ok, latency_ms).items():
                 pipe.hincrby(key, field, n)
             pipe.expire(key, STATS_TTL_S)
-            pipe.hincrby(tally, "total", 1)
-            if ok:
-                pipe.hset(tally, mapping={"streak": 0, "ok_at": repr(at)})
-            else:
-                pipe.hincrby(tally, "streak", 1)
-                pipe.hincrby(tally, "failed", 1)
-                pipe.hset(tally, "failed_at", repr(at))
-            pipe.expire(tally, STATS_TTL_S)
+            _count_tally(pipe, tally, ok, at)
             await pipe.execute()
 
     async def record_agreement(self, model: str, version: str, score: float, now: float | None = None) -> None:
@@ -425,3 +483,37 @@ class RedisRolloutStore:
     async def release_lock(self, owner: str) -> None:
         async with self._errors("release the rollout controller's lock"):
             await self._release(keys=[c.ROLLOUT_LOCK_KEY], args=[owner])
+
+    async def record_outcomes(self, outcomes: list[Outcome], now: float | None = None) -> None:
+        if not outcomes:
+            return
+        at = now or time.time()
+        bucket = int(at // STATS_BUCKET_S)
+        async with self._errors(f"count {len(outcomes)} outcomes"):
+            pipe = self.redis.pipeline(transaction=False)
+            keys = set()
+            for o in outcomes:
+                key = c.rollout_stats_key(o.model, o.version, bucket)
+                keys.add(key)
+                for field, n in _stats_fields(o.ok, o.latency_ms).items():
+                    pipe.hincrby(key, field, n)
+                _count_tally(pipe, c.rollout_tally_key(o.model, o.version), o.ok, at)
+            for key in keys:
+                pipe.expire(key, STATS_TTL_S)
+            await pipe.execute()
+
+    async def add_comparison(self, entry: ComparisonEntry) -> None:
+        key = c.rollout_comparisons_key(entry.model)
+        async with self._errors(f"record a comparison of {entry.model}"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.lpush(key, entry.model_dump_json())
+            pipe.ltrim(key, 0, COMPARISONS_KEPT - 1)
+            pipe.expire(key, STATS_TTL_S * 24)
+            await pipe.execute()
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[ComparisonEntry]:
+        if limit <= 0:
+            return []
+        async with self._errors(f"read the comparisons of {model}"):
+            rows = await self.redis.lrange(c.rollout_comparisons_key(model), 0, limit - 1)
+        return [ComparisonEntry.model_validate_json(raw) for raw in rows]

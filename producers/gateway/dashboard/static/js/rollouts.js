@@ -147,7 +147,7 @@ export class RolloutsPanel {
     const policy = { ...view.doc.policy, canary_weight: percent / 100 };
     this.act(`Set ${model}'s canary weight to ${fmt.num(percent, 2)} %`,
       `Version ${policy.canary} answers ${fmt.num(percent, 2)} % of ${model}'s requests. Automatic rollout stops for this model: the weight stays where you set it until the next change.`,
-      "Set weight", "PUT", pathOf(model, "traffic"), { policy, rollout: null }, () => {
+      "Set weight", "PUT", pathOf(model, "traffic"), { policy, rollout: null, breaker: view.doc.breaker }, () => {
         form.reset();
         return `${model}: canary ${policy.canary} at ${fmt.num(percent, 2)} %`;
       });
