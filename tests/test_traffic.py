@@ -69,7 +69,8 @@ async def test_a_ten_percent_canary_answers_ten_percent_of_5000_jobs(env: Traffi
 async def test_a_model_without_a_policy_is_routed_as_before(env: TrafficEnv) -> None:
     job_id = await env.submit(env.a, {"x": 1})
     record = await env.done(env.a, job_id)
-    assert record["version"] is None and record["arm"] is None and record["shadow_of"] is None
+    # the worker names the version that answered (its default); no arm, no shadow, no version on the message
+    assert record["version"] == "1" and record["arm"] is None and record["shadow_of"] is None
     assert c.HEADER_VERSION not in env.deliveries[job_id].headers
     assert json.loads(env.deliveries[job_id].data)["version"] is None
     assert await env.store.get(job_id + c.SHADOW_JOB_SUFFIX) is None

@@ -1,6 +1,7 @@
 """Fixtures of the traffic policy tests: a model repository whose model has several versions, each served by the
 echo handler (``runtime: handler``), a gateway on it with API keys, and the real worker of the model with the
-settle hook that counts outcomes per version and compares shadows (``fleet.consumers.version_outcomes``)."""
+settle hook that counts outcomes per version and compares shadows (``fleet.consumers.version_outcomes``); the worker
+serves every version of the repository through the model pool (``fleet.consumers.pool``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from fleet.brokers.base import Broker, Delivery
 from fleet.cli.httpserver import QuietServer
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.pool import ModelPool, ServedVersions
 from fleet.consumers.requests import Job
 from fleet.consumers.version_outcomes import VersionOutcomes
 from fleet.consumers.worker import Worker
@@ -131,17 +133,24 @@ async def traffic_env(
     async def observe(job: Job, record: JobRecord, won: bool) -> None:
         deliveries[record.job_id] = job.delivery
 
-    handler = with_name(EchoHandler, model)()
+    handler = with_name(EchoHandler, model)
+    # one worker serves every version of the repository (the model pool), each on its own echo handler
+    listed = sorted(p.name for p in (settings.model_repository / model).iterdir() if p.is_dir())
+    served = ServedVersions(model, handler.spec.version, lambda _: handler(), lambda: listed)
+    pool = ModelPool(None)
     worker = Worker(
-        handler,
+        handler(),
         broker,
         store,
         settings=WORKER_SETTINGS,
         worker_id=f"traffic-{unique}",
         max_wait_ms=2,
         on_settled=[outcomes.on_settled, observe],
+        pool=pool,
+        versions=served,
     )
     async with app.router.lifespan_context(app), worker, contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(pool.close)
         clients = {}
         for name, key in keys.items():
             transport = httpx.ASGITransport(app=app)
