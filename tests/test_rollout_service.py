@@ -255,6 +255,7 @@ def test_fleet_autoscaler_runs_the_controller_and_stops_cleanly(
     assert "rollout controller" in log.read_text()
 
 
+@pytest.mark.services  # a fleet process (that stops at once)
 @pytest.mark.parametrize(
     ("env", "named"),
     [({"FLEET_ROLLOUT_WINDOW_S": "5"}, "rollout_window_s"), ({"FLEET_ROLLOUT_INTERVAL_S": "0"}, "rollout_interval_s")],
