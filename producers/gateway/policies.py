@@ -44,6 +44,7 @@ from fleet.lifecycle import breaker
 from fleet.lifecycle.traffic import TrafficPolicy, request_key, route
 from fleet.models import resolve_version
 from fleet.producers.gateway.errors import ApiError
+from fleet.producers.gateway.metrics import BREAKER_TURNED
 from fleet.repository.layout import Repository
 from fleet.schemas.jobs import Arm
 from fleet.schemas.models import ModelSpec
@@ -238,6 +239,7 @@ class TrafficPolicies:
             chosen_version, arm = policy.primary, "primary"
             reason = f"{reason}; canary not resolved here: primary {policy.primary}"
         if arm == "canary" and not await self._admit(doc, chosen_version):
+            BREAKER_TURNED.labels(spec.name, chosen_version, "fallback").inc()
             self._log_fallback(spec.name, chosen_version, policy.primary)
             chosen_version, arm, chosen = policy.primary, "primary", primary
             reason = f"{reason}; canary's circuit is open: primary {policy.primary}"
@@ -256,6 +258,7 @@ class TrafficPolicies:
 
     async def _admit_or_refuse(self, doc: RolloutDoc, version: str) -> None:
         if not await self._admit(doc, version):
+            BREAKER_TURNED.labels(doc.model, version, "refused").inc()
             latest = self._docs.get(doc.model, doc)
             state = latest.breakers.get(version, breaker.BreakerState())
             retry_after = breaker.retry_after_header(state, latest.breaker, time.time())
@@ -286,6 +289,8 @@ class TrafficPolicies:
                 written = doc.model_copy(update={"breakers": {**doc.breakers, version: after}})
                 if await self.rollouts.write(written, doc.revision):
                     self._docs[model] = written.model_copy(update={"revision": doc.revision + 1})
+                    if allowed:
+                        BREAKER_TURNED.labels(model, version, "probe").inc()
                     return allowed
         except FleetError as exc:
             logger.warning("breaker of %s@%s: cannot account for a probe (%s); refusing", model, version, exc.message)
