@@ -68,6 +68,10 @@ async def test_the_split_follows_the_draw_and_the_shadow_its_own(tmp_path: Path)
         assert (explicit.version, explicit.arm, explicit.spec.version) == ("3", None, "3")
         with pytest.raises(UnservedVersion):
             await traffic.choose(spec, "9", "t", {}, {})
+        await traffic.put(_doc(primary="1"))  # version 2 is no longer named (3 is the served one)
+        with pytest.raises(UnservedVersion):
+            await traffic.choose(spec, "2", "t", {}, {})
+        assert (await traffic.choose(spec, spec.version, "t", {}, {})).version == spec.version
 
 
 async def test_a_version_that_does_not_resolve_is_not_routed_to(tmp_path: Path) -> None:

@@ -199,8 +199,10 @@ class TrafficPolicies:
         Raises:
             UnservedVersion: neither (404 ``unknown_model``).
         """
+        doc = self._docs.get(name)
+        named = doc is not None and version in (doc.policy.primary, doc.policy.canary, doc.policy.shadow)
         spec = self.known_spec(name, version)
-        if spec is None:
+        if spec is None or (spec is not self.specs[name] and not named):
             raise UnservedVersion(name, version, self.specs[name].version)
         return spec
 
