@@ -105,6 +105,7 @@ class TrafficPolicies:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._fallback_logged: dict[str, float] = {}
+        self._touched: dict[str, float] = {}  # model -> when this process last put or dropped its document
 
     async def __aenter__(self) -> TrafficPolicies:
         await self.refresh()
@@ -126,12 +127,17 @@ class TrafficPolicies:
         """Take a document this process just wrote (or read) as the current one; resolves its versions."""
         await self._know_versions(doc.model, doc.policy)
         self._docs[doc.model] = doc
+        self._touched[doc.model] = time.monotonic()
 
     def drop(self, model: str) -> None:
         self._docs.pop(model, None)
+        self._touched[model] = time.monotonic()
 
     async def refresh(self) -> None:
-        """Read the documents of the served models that have one; a failure keeps the last ones (logged once)."""
+        """Read the documents of the served models that have one; a failure keeps the last ones (logged once). A
+        model this process changed (``put``, ``drop``) since the read began keeps what it changed to: the read may
+        predate the change."""
+        started = time.monotonic()
         try:
             named = set(await self.rollouts.models())
             docs = {}
@@ -148,6 +154,13 @@ class TrafficPolicies:
         if self._failing:
             logger.info("traffic policies: refreshed again")
         self._failing = False
+        for model, at in self._touched.items():
+            if at >= started:
+                current = self._docs.get(model)
+                if current is None:
+                    docs.pop(model, None)
+                else:
+                    docs[model] = current
         self._docs = docs
 
     async def _refresh_loop(self) -> None:
@@ -286,11 +299,12 @@ class TrafficPolicies:
                 state = doc.breakers.get(version, breaker.BreakerState())
                 allowed, after = breaker.allow(state, doc.breaker, time.time())
                 if after == state:
-                    self._docs[model] = doc
+                    self._docs[model], self._touched[model] = doc, time.monotonic()
                     return allowed
                 written = doc.model_copy(update={"breakers": {**doc.breakers, version: after}})
                 if await self.rollouts.write(written, doc.revision):
                     self._docs[model] = written.model_copy(update={"revision": doc.revision + 1})
+                    self._touched[model] = time.monotonic()
                     if allowed:
                         BREAKER_TURNED.labels(model, version, "probe").inc()
                     return allowed
