@@ -166,7 +166,7 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
         assert shadow.tenant == env.tenant_a and shadow.output == {"n": ids.index(job_id)}
     # no client reads a shadow by its id: the submitter, another tenant and an operator key get an unknown id's 404
     shadow_id, unknown = ids[0] + c.SHADOW_JOB_SUFFIX, f"nope-{uuid.uuid4().hex}"
-    for client in (env.a, env.b, env.operator):
+    for client in (env.a, env.b, env.operator, env.b_operator):
         refused, missing = await client.get(f"/v1/jobs/{shadow_id}"), await client.get(f"/v1/jobs/{unknown}")
         assert refused.status_code == missing.status_code == 404
         assert refused.text.replace(shadow_id, "ID") == missing.text.replace(unknown, "ID")
