@@ -178,6 +178,8 @@ async def test_fleet_models_traffic_talks_to_a_served_gateway(env: TrafficEnv) -
         assert flag.exit_code == 2 and "--sticky" in flag.output
         weight = await asyncio.to_thread(cli, "set", "--primary", "1", "--canary", "2", "--weight", "2")
         assert weight.exit_code == 2 and "canary_weight" in weight.output
+        auto = await asyncio.to_thread(cli, "set", "--primary", "1", "--canary", "2", "--weight", "0.05", "--auto")
+        assert auto.exit_code == 0 and '"steps"' in auto.output, auto.output
         cleared = await asyncio.to_thread(cli, "clear")
         assert cleared.exit_code == 0 and "removed" in cleared.output
         missing = await asyncio.to_thread(cli, "show")
