@@ -44,7 +44,7 @@ ROLE_OF = {
     "operator": {"submitter", "operator"},
     "admin": {"submitter", "operator", "admin"},
 }
-ROLE_OF["token"] = ROLE_OF["operator"]
+ROLE_OF["token"] = ROLE_OF["operator"] | {"fleet"}  # only it (or a default-tenant operator key) moves every tenant's
 
 
 def needed_role(path: str) -> str | None:
@@ -54,7 +54,7 @@ def needed_role(path: str) -> str | None:
     if path.startswith("/v1/keys"):
         return "admin"
     if path.startswith("/v1/models/") and path.endswith(OPERATOR_MODEL_ROUTES):
-        return "operator"  # a model's traffic policy and shadow comparisons; its card is any key's
+        return "fleet"  # a model's traffic policy and shadow comparisons (its card is any key's): every tenant's
     return "operator" if path.startswith(OPERATOR_PREFIXES) else "submitter"
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect as ws_connect
 
 from fleet import constants as c
@@ -52,6 +53,16 @@ async def _submit_many(env: TrafficEnv, count: int, make: Any) -> list[str]:
     return ids
 
 
+def routed(model: str, version: str, arm: str) -> float:
+    labels = {"model": model, "version": version, "arm": arm}
+    return REGISTRY.get_sample_value("fleet_gateway_routed_total", labels) or 0.0
+
+
+def turned(model: str, version: str, outcome: str) -> float:
+    labels = {"model": model, "version": version, "outcome": outcome}
+    return REGISTRY.get_sample_value("fleet_gateway_breaker_turned_total", labels) or 0.0
+
+
 # -- the split ------------------------------------------------------------------------------------------------
 async def test_a_ten_percent_canary_answers_ten_percent_of_5000_jobs(env: TrafficEnv) -> None:
     await env.set_policy(primary="1", canary="2", canary_weight=0.1)
@@ -64,6 +75,7 @@ async def test_a_ten_percent_canary_answers_ten_percent_of_5000_jobs(env: Traffi
     window = await env.stores.rollouts.window(env.model, ["1", "2"], 300)
     assert window["1"].requests == versions["1"] and window["2"].requests == versions["2"]
     assert window["2"].failures == 0 and window["2"].p99_ms is not None
+    assert routed(env.model, "2", "canary") == versions["2"] and routed(env.model, "1", "primary") == versions["1"]
 
 
 async def test_a_model_without_a_policy_is_routed_as_before(env: TrafficEnv) -> None:
@@ -155,7 +167,7 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
         assert shadow.tenant == env.tenant_a and shadow.output == {"n": ids.index(job_id)}
     # no client reads a shadow by its id: the submitter, another tenant and an operator key get an unknown id's 404
     shadow_id, unknown = ids[0] + c.SHADOW_JOB_SUFFIX, f"nope-{uuid.uuid4().hex}"
-    for client in (env.a, env.b, env.operator):
+    for client in (env.a, env.b, env.operator, env.b_operator):
         refused, missing = await client.get(f"/v1/jobs/{shadow_id}"), await client.get(f"/v1/jobs/{unknown}")
         assert refused.status_code == missing.status_code == 404
         assert refused.text.replace(shadow_id, "ID") == missing.text.replace(unknown, "ID")
@@ -182,6 +194,7 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
     window = await env.stores.rollouts.window(env.model, ["1", "3"], 300)
     assert window["3"].agreement == 1.0 and window["3"].agreement_samples == 5
     assert window["1"].requests == 5 and window["3"].requests == 5  # the shadow counts for its own version only
+    assert routed(env.model, "3", "shadow") == 5 and routed(env.model, "1", "primary") == 5
     assert (await env.a.get(f"/v1/models/{env.model}/comparisons")).status_code == 403
 
 
@@ -234,6 +247,7 @@ async def test_an_open_canary_breaker_sends_its_share_to_the_primary(env: Traffi
     for n in range(5):
         record = await env.done(env.a, await env.submit(env.a, {"n": n}))
         assert record["version"] == "1" and record["arm"] == "primary"
+    assert turned(env.model, "2", "fallback") == 5
 
 
 async def test_an_open_primary_breaker_answers_503_with_retry_after(env: TrafficEnv) -> None:
@@ -246,6 +260,7 @@ async def test_an_open_primary_breaker_answers_503_with_retry_after(env: Traffic
     error = error_of(response)
     assert error["type"] == "circuit_open" and error["details"]["version"] == "1"
     assert 28 <= int(response.headers["retry-after"]) <= 30
+    assert turned(env.model, "1", "refused") == 1
 
 
 async def test_a_half_open_breaker_lets_one_probe_through(env: TrafficEnv) -> None:
@@ -260,3 +275,4 @@ async def test_a_half_open_breaker_lets_one_probe_through(env: TrafficEnv) -> No
     doc = await env.stores.rollouts.read(env.model)
     assert isinstance(doc, RolloutDoc)
     assert doc.breakers["1"].status == "half_open" and len(doc.breakers["1"].probes) == 1
+    assert turned(env.model, "1", "probe") == 1 and turned(env.model, "1", "refused") == 1

@@ -1,7 +1,8 @@
 """``/v1/models/{name}/traffic`` and ``/comparisons`` as an operator and as an attacker, on NATS + Redis, and ``fleet
-models traffic`` against a served gateway: the role check (a submitter key is 403 on every route, whatever its
-tenant), unknown models (404), versions that do not exist (422 naming them), bad weights, garbage and oversized
-bodies (4xx, nothing written), compare-and-set against a concurrent writer, the audit log and the timeline."""
+models traffic`` against a served gateway: the role check (a submitter key, and an operator key bound to a tenant
+other than the default one, are 403 on every route), unknown models (404), versions that do not exist (422 naming
+them), bad weights, garbage and oversized bodies (4xx, nothing written), compare-and-set against a concurrent
+writer, the audit log and the timeline."""
 
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ async def test_an_operator_sets_shows_and_clears_a_policy(env: TrafficEnv) -> No
     assert "traffic.clear" in {e["action"] for e in audit.json()["entries"] if e.get("target") == env.model}
 
 
-async def test_a_submitter_key_is_refused_on_every_route(env: TrafficEnv) -> None:
+async def test_a_submitter_key_or_a_tenants_operator_key_is_refused_on_every_route(env: TrafficEnv) -> None:
     await env.set_policy(**POLICY)
-    for client in (env.a, env.b):
+    for client in (env.a, env.b, env.b_operator):
         calls = [
             client.get(_path(env)),
             client.put(_path(env), json={"policy": {"primary": "1"}}),
@@ -68,6 +69,8 @@ async def test_a_submitter_key_is_refused_on_every_route(env: TrafficEnv) -> Non
         ]
         for response in await asyncio.gather(*calls):
             assert response.status_code == 403, response.text
+            if client is env.b_operator:
+                assert "every tenant's" in error_of(response)["message"]
     doc = await env.stores.rollouts.read(env.model)
     assert doc is not None and doc.policy.canary_weight == 0.1  # untouched
 
@@ -175,6 +178,8 @@ async def test_fleet_models_traffic_talks_to_a_served_gateway(env: TrafficEnv) -
         assert flag.exit_code == 2 and "--sticky" in flag.output
         weight = await asyncio.to_thread(cli, "set", "--primary", "1", "--canary", "2", "--weight", "2")
         assert weight.exit_code == 2 and "canary_weight" in weight.output
+        auto = await asyncio.to_thread(cli, "set", "--primary", "1", "--canary", "2", "--weight", "0.05", "--auto")
+        assert auto.exit_code == 0 and '"steps"' in auto.output, auto.output
         cleared = await asyncio.to_thread(cli, "clear")
         assert cleared.exit_code == 0 and "removed" in cleared.output
         missing = await asyncio.to_thread(cli, "show")

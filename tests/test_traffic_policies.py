@@ -4,6 +4,7 @@ a Redis that goes away (a private redis-server, stopped): the last policy keeps 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -68,6 +69,10 @@ async def test_the_split_follows_the_draw_and_the_shadow_its_own(tmp_path: Path)
         assert (explicit.version, explicit.arm, explicit.spec.version) == ("3", None, "3")
         with pytest.raises(UnservedVersion):
             await traffic.choose(spec, "9", "t", {}, {})
+        await traffic.put(_doc(primary="1"))  # version 2 is no longer named (3 is the served one)
+        with pytest.raises(UnservedVersion):
+            await traffic.choose(spec, "2", "t", {}, {})
+        assert (await traffic.choose(spec, spec.version, "t", {}, {})).version == spec.version
 
 
 async def test_a_version_that_does_not_resolve_is_not_routed_to(tmp_path: Path) -> None:
@@ -138,3 +143,44 @@ async def test_a_redis_that_goes_away_leaves_the_last_policy_routing(
                 assert versions == ["2", "1", "2", "1"]
         finally:
             await store.close()
+
+
+class PausedReads(MemoryRolloutStore):
+    """The memory store, whose reads wait for ``go`` once ``pause`` is set: a refresh caught mid-read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pause, self.go = False, asyncio.Event()
+
+    async def read(self, model: str) -> RolloutDoc | None:
+        found = await super().read(model)
+        if self.pause:
+            await self.go.wait()
+        return found
+
+
+async def test_a_refresh_that_read_before_a_change_does_not_undo_it(tmp_path: Path) -> None:
+    rollouts = PausedReads()
+    async with policies(tmp_path, rollouts, draws(0.5)) as traffic:
+        old = _doc(primary="1")
+        assert await rollouts.write(old, 0)
+        await traffic.refresh()
+        rollouts.pause = True
+        stale = asyncio.create_task(traffic.refresh())  # reads revision 1, then waits
+        await asyncio.sleep(0.01)
+        new = _doc(primary="2").model_copy(update={"revision": 2})
+        await traffic.put(new)
+        rollouts.go.set()
+        await stale
+        current = traffic.doc(MODEL)
+        assert current is not None and current.policy.primary == "2"
+        rollouts.pause = False
+        traffic.drop(MODEL)
+        assert await rollouts.read(MODEL) is not None  # still stored: only this process dropped it
+        rollouts.pause, rollouts.go = True, asyncio.Event()
+        stale = asyncio.create_task(traffic.refresh())
+        await asyncio.sleep(0.01)
+        traffic.drop(MODEL)
+        rollouts.go.set()
+        await stale
+        assert traffic.doc(MODEL) is None

@@ -10,13 +10,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleet import constants as c
+from fleet.cli.compose import runtimes_of
 from fleet.consumers.requests import Job
 from fleet.consumers.version_outcomes import VersionOutcomes, compare, outcome_of
+from fleet.repository.layout import Repository
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.schemas.manifest import ModelManifest
 from fleet.schemas.wire import RequestMessage
@@ -28,6 +31,7 @@ from fleet.store.manifests import ManifestStore
 from fleet.store.redis import RedisStore
 from fleet.store.rollouts import ComparisonEntry, Outcome, RedisRolloutStore, RolloutStore
 from tests.gateway_helpers import private_server
+from tests.traffic_fixtures import versioned_model
 
 
 class _Unused:
@@ -247,3 +251,10 @@ async def test_every_published_version_is_kept_beside_the_latest(manifests: Mani
     assert sorted(await manifests.versions(name)) == ["1", "2"]
     first = await manifests.read_version(name, "1")
     assert first is not None and first.description == "one"
+
+
+def test_the_runtime_of_a_version_comes_from_its_repository_entry(tmp_path: Path) -> None:
+    runtime_of = runtimes_of(Repository(versioned_model(tmp_path, "rt-model", ("1", "2"))))
+    assert runtime_of("rt-model", "2") == "handler" and runtime_of("rt-model", None) == "handler"
+    assert runtime_of("embed", "1") == "embeddings" and runtime_of("echo", None) is None
+    assert runtime_of("nowhere", "1") is None and runtime_of("rt-model", "9") is None

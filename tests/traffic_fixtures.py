@@ -20,6 +20,7 @@ import uvicorn
 import yaml
 from fastapi import FastAPI
 
+from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery
 from fleet.cli.httpserver import QuietServer
 from fleet.consumers.handlers import with_name
@@ -61,7 +62,9 @@ def versioned_model(root: Path, name: str, versions: tuple[str, ...] = ("1", "2"
 @dataclass
 class TrafficEnv:
     """A gateway (in-process, ASGI) serving ``model`` from a repository of three versions, a worker of it, and
-    clients: the operator token (``token``), an operator key (``operator``) and submitter keys of two tenants."""
+    clients: the operator token (``token``), an operator key of the default tenant (``operator``), one of tenant B
+    (``b_operator``: a tenant's operator, who may not move the fleet's traffic) and submitter keys of tenants A and
+    B."""
 
     app: FastAPI
     broker: Broker
@@ -71,6 +74,7 @@ class TrafficEnv:
     outcomes: VersionOutcomes
     token: httpx.AsyncClient
     operator: httpx.AsyncClient
+    b_operator: httpx.AsyncClient
     a: httpx.AsyncClient
     b: httpx.AsyncClient
     tenant_a: str
@@ -123,7 +127,8 @@ async def traffic_env(
     keys = {
         "a": (await stores.keys.create(tenant_a, "submitter", None))[0],
         "b": (await stores.keys.create(tenant_b, "submitter", None))[0],
-        "operator": (await stores.keys.create(tenant_b, "operator", None))[0],
+        "operator": (await stores.keys.create(c.DEFAULT_TENANT, "operator", None))[0],
+        "b_operator": (await stores.keys.create(tenant_b, "operator", None))[0],
         "token": TOKEN,
     }
     app = create_app(settings, broker=broker, stores=stores, limits=FAST_LIMITS)

@@ -32,7 +32,7 @@ ApiKey = Annotated[
         "--api-key",
         envvar="FLEET_API_KEY",
         show_envvar=True,
-        help="an operator key or the operator token; prefer the variable (a flag shows in ps)",
+        help="the operator token or an operator key of the default tenant; prefer the variable (a flag shows in ps)",
     ),
 ]
 Name = Annotated[str, typer.Argument(help="the model's name")]

@@ -44,6 +44,7 @@ from fleet.lifecycle import breaker
 from fleet.lifecycle.traffic import TrafficPolicy, request_key, route
 from fleet.models import resolve_version
 from fleet.producers.gateway.errors import ApiError
+from fleet.producers.gateway.metrics import BREAKER_TURNED
 from fleet.repository.layout import Repository
 from fleet.schemas.jobs import Arm
 from fleet.schemas.models import ModelSpec
@@ -104,6 +105,7 @@ class TrafficPolicies:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._fallback_logged: dict[str, float] = {}
+        self._touched: dict[str, float] = {}  # model -> when this process last put or dropped its document
 
     async def __aenter__(self) -> TrafficPolicies:
         await self.refresh()
@@ -125,12 +127,17 @@ class TrafficPolicies:
         """Take a document this process just wrote (or read) as the current one; resolves its versions."""
         await self._know_versions(doc.model, doc.policy)
         self._docs[doc.model] = doc
+        self._touched[doc.model] = time.monotonic()
 
     def drop(self, model: str) -> None:
         self._docs.pop(model, None)
+        self._touched[model] = time.monotonic()
 
     async def refresh(self) -> None:
-        """Read the documents of the served models that have one; a failure keeps the last ones (logged once)."""
+        """Read the documents of the served models that have one; a failure keeps the last ones (logged once). A
+        model this process changed (``put``, ``drop``) since the read began keeps what it changed to: the read may
+        predate the change."""
+        started = time.monotonic()
         try:
             named = set(await self.rollouts.models())
             docs = {}
@@ -147,6 +154,13 @@ class TrafficPolicies:
         if self._failing:
             logger.info("traffic policies: refreshed again")
         self._failing = False
+        for model, at in self._touched.items():
+            if at >= started:
+                current = self._docs.get(model)
+                if current is None:
+                    docs.pop(model, None)
+                else:
+                    docs[model] = current
         self._docs = docs
 
     async def _refresh_loop(self) -> None:
@@ -198,8 +212,10 @@ class TrafficPolicies:
         Raises:
             UnservedVersion: neither (404 ``unknown_model``).
         """
+        doc = self._docs.get(name)
+        named = doc is not None and version in (doc.policy.primary, doc.policy.canary, doc.policy.shadow)
         spec = self.known_spec(name, version)
-        if spec is None:
+        if spec is None or (spec is not self.specs[name] and not named):
             raise UnservedVersion(name, version, self.specs[name].version)
         return spec
 
@@ -238,6 +254,7 @@ class TrafficPolicies:
             chosen_version, arm = policy.primary, "primary"
             reason = f"{reason}; canary not resolved here: primary {policy.primary}"
         if arm == "canary" and not await self._admit(doc, chosen_version):
+            BREAKER_TURNED.labels(spec.name, chosen_version, "fallback").inc()
             self._log_fallback(spec.name, chosen_version, policy.primary)
             chosen_version, arm, chosen = policy.primary, "primary", primary
             reason = f"{reason}; canary's circuit is open: primary {policy.primary}"
@@ -256,6 +273,7 @@ class TrafficPolicies:
 
     async def _admit_or_refuse(self, doc: RolloutDoc, version: str) -> None:
         if not await self._admit(doc, version):
+            BREAKER_TURNED.labels(doc.model, version, "refused").inc()
             latest = self._docs.get(doc.model, doc)
             state = latest.breakers.get(version, breaker.BreakerState())
             retry_after = breaker.retry_after_header(state, latest.breaker, time.time())
@@ -281,11 +299,14 @@ class TrafficPolicies:
                 state = doc.breakers.get(version, breaker.BreakerState())
                 allowed, after = breaker.allow(state, doc.breaker, time.time())
                 if after == state:
-                    self._docs[model] = doc
+                    self._docs[model], self._touched[model] = doc, time.monotonic()
                     return allowed
                 written = doc.model_copy(update={"breakers": {**doc.breakers, version: after}})
                 if await self.rollouts.write(written, doc.revision):
                     self._docs[model] = written.model_copy(update={"revision": doc.revision + 1})
+                    self._touched[model] = time.monotonic()
+                    if allowed:
+                        BREAKER_TURNED.labels(model, version, "probe").inc()
                     return allowed
         except FleetError as exc:
             logger.warning("breaker of %s@%s: cannot account for a probe (%s); refusing", model, version, exc.message)

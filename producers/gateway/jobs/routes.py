@@ -77,7 +77,7 @@ from fleet.producers.gateway.errors import (
     validation_message,
 )
 from fleet.producers.gateway.limits import check_wait, read_limited_body
-from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
+from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, ROUTED, SUBMIT_ERRORS
 from fleet.producers.gateway.policies import Choice
 from fleet.producers.gateway.recent_jobs import note_submitted
 from fleet.producers.gateway.state import GatewayState, gateway_state
@@ -206,6 +206,7 @@ async def _mirror(state: GatewayState, record: JobRecord, data: bytes, shadow: M
         if await state.bounded(state.store.create(copy, message)):
             await _publish_new(state, copy, message, "low")
             published = True
+            ROUTED.labels(copy.model, shadow.version, "shadow").inc()
     except Exception as exc:
         logger.warning(
             "job %s: its shadow copy for version %s was not published: %s", record.job_id, shadow.version, exc
@@ -365,6 +366,8 @@ async def _route(request: Request, state: GatewayState, principal: Principal, bo
         return Choice(served_spec(state.specs, body.model))
     name, sep, version = body.model.partition("@")
     spec = served_spec(state.specs, name)
+    if not sep and state.traffic.doc(name) is None:
+        return Choice(spec)  # the hot path of a model without a policy: one dict lookup
     return await state.traffic.choose(spec, version if sep else None, principal.tenant, body.input, request.headers)
 
 
@@ -407,6 +410,8 @@ async def _submit(request: Request, state: GatewayState, principal: Principal, b
     finally:
         state.backlog.published(record.model, published)
     JOBS_SUBMITTED.labels(record.model).inc()
+    if record.version is not None:
+        ROUTED.labels(record.model, record.version, record.arm or "explicit").inc()
     note_submitted(request, record.job_id)
     if found is not None and state.cache is not None:
         state.cache.fill_later(found, record.job_id, state.store)

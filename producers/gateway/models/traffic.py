@@ -15,9 +15,10 @@ recent shadow comparisons.
 - ``GET .../comparisons`` lists the recent comparisons of the model's shadow outputs with its answers, newest first
   (``ComparisonEntry``: both job ids and versions, the outputs' digests, the score).
 
-Every route needs the operator role (a submitter key is 403); a model is the fleet's, not a tenant's, so an
-operator key of any tenant may set it, as it may scale it (``/v1/scaling``). An unknown model is ``404
-unknown_model``; a body over ``MAX_BODY_BYTES``, not JSON or not of the shape is 413, 400 or 422.
+A model's traffic is every tenant's: every route needs the operator token or an operator key of the default
+tenant (as promote and rollback do, ``fleet.producers.gateway.operator``); a submitter key, or an operator key bound
+to another tenant, is 403 (the comparisons name every tenant's jobs). An unknown model is ``404 unknown_model``; a
+body over ``MAX_BODY_BYTES``, not JSON or not of the shape is 413, 400 or 422.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleet import constants as c
 from fleet.errors import ConfigError, UnknownModel
 from fleet.lifecycle.breaker import BreakerConfig
 from fleet.lifecycle.controller import RolloutConfig
@@ -58,6 +60,19 @@ class TrafficUpdate(BaseModel):
 PUT_BODY = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": TrafficUpdate.model_json_schema()}}}
 }
+
+
+async def fleet_operator(principal: Principal = Depends(require_operator)) -> Principal:
+    """FastAPI dependency: the operator token or an operator key of the default tenant; 403 for a key bound to
+    another tenant."""
+    if principal.tenant is not None and principal.tenant != c.DEFAULT_TENANT:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{principal.subject} belongs to tenant {principal.tenant!r}; a model's traffic is every tenant's: use "
+            "the operator token or an operator key of the default tenant",
+        )
+    return principal
 
 
 def _served(state: GatewayState, name: str) -> TrafficPolicies:
@@ -147,7 +162,7 @@ def _describe(policy: TrafficPolicy) -> str:
     summary="A model's traffic policy",
     response_model=RolloutDoc,
     responses=error_responses(401, 403, 404, 503),
-    dependencies=[Depends(require_operator)],
+    dependencies=[Depends(fleet_operator)],
 )
 async def get_traffic(name: str, state: GatewayState = Depends(gateway_state)) -> RolloutDoc:
     """The model's policy, rollout config, controller and breaker state; 404 ``no_traffic_policy`` without one."""
@@ -169,7 +184,7 @@ async def put_traffic(
     name: str,
     request: Request,
     state: GatewayState = Depends(gateway_state),
-    operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(fleet_operator),
 ) -> RolloutDoc:
     """Split the model's jobs between versions (canary weight, sticky key), mirror a share to a shadow version,
     and optionally let the controller move the weight. Every version named must exist (422 naming it)."""
@@ -205,7 +220,7 @@ async def delete_traffic(
     name: str,
     request: Request,
     state: GatewayState = Depends(gateway_state),
-    operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(fleet_operator),
 ) -> Response:
     """Back to plain serving: every job goes to the model's served version. 204 also when there was none."""
     traffic = _served(state, name)
@@ -226,7 +241,7 @@ async def delete_traffic(
     summary="A model's recent shadow comparisons",
     response_model=list[ComparisonEntry],
     responses=error_responses(401, 403, 404, 503),
-    dependencies=[Depends(require_operator)],
+    dependencies=[Depends(fleet_operator)],
 )
 async def list_comparisons(
     name: str,
