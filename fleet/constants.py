@@ -30,6 +30,7 @@ HEADER_MSG_ID = "Nats-Msg-Id"  # JetStream de-duplication header; Kafka uses the
 HEADER_JOB_ID = "fleet-job-id"
 HEADER_MODEL = "fleet-model"
 HEADER_VERSION = "fleet-version"  # on a request: the model version it is for (RequestMessage.version)
+SHADOW_JOB_SUFFIX = ".shadow"  # a shadow copy's job id: the mirrored job's id and this (no client may choose one)
 HEADER_ERROR = "fleet-error"
 HEADER_DELIVERIES = "fleet-deliveries"
 HEADER_DISPATCHER = "fleet-dispatcher"  # on an inbox message: the dispatcher that assigned it
@@ -213,6 +214,13 @@ AUDIT_STREAM_KEY = f"{KEY_PREFIX}:audit"  # the audit log of operator actions: a
 # The manifests of the repository models workers serve: a hash, model name -> {"version", "manifest"} (JSON), so a
 # gateway without the repository folder validates their inputs (fleet.store.manifests).
 MODEL_MANIFESTS_KEY = f"{KEY_PREFIX}:models:manifest"
+
+
+def model_manifest_versions_key(name: str) -> str:
+    """A hash per model, version -> manifest (JSON): every version its workers published, for traffic policies."""
+    return f"{KEY_PREFIX}:models:manifest:{name}"
+
+
 AUDIT_MAX_ENTRIES = 10_000  # the audit stream keeps about this many of the newest entries
 ROLES = ("submitter", "operator", "admin")  # each role holds the ones before it
 DEFAULT_TENANT = "default"  # the tenant of every request when FLEET_AUTH=off
@@ -238,6 +246,20 @@ def rollout_stats_key(model: str, version: str, bucket: int) -> str:
 
 def rollout_compared_key(model: str, job_id: str) -> str:
     return f"{KEY_PREFIX}:rollout:{{{model}}}:compared:{job_id}"
+
+
+def rollout_tally_key(model: str, version: str) -> str:
+    """A version's running tally for its breaker: failures in a row, outcomes and failures in all, and the times of
+    the latest success and failure (a hash, ``fleet.store.rollouts.Tally``)."""
+    return f"{KEY_PREFIX}:rollout:{{{model}}}:tally:{version}"
+
+
+ROLLOUT_LOCK_KEY = f"{KEY_PREFIX}:rollouts:_lock"  # held by the one rollout controller that acts
+
+
+def rollout_comparisons_key(model: str) -> str:
+    """The model's recent shadow comparisons, newest first (a capped list of JSON ``ComparisonEntry``)."""
+    return f"{KEY_PREFIX}:rollout:{{{model}}}:comparisons"
 
 
 # -- per-tenant rate limits and queued-job quotas (fleet.store.quotas) ----------------------------------------
@@ -298,6 +320,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_LONG_POLL_S = 60.0
 DEFAULT_INFER_WAIT_S = 30.0  # how long POST /v1/infer holds a request when it names no ?wait
 DEFAULT_AUTOSCALER_INTERVAL_S = 2.0
+DEFAULT_ROLLOUT_INTERVAL_S = 2.0
+DEFAULT_ROLLOUT_WINDOW_S = 60.0
 DEFAULT_SCALING_DECISIONS_KEPT = 50
 DEFAULT_MAX_QUEUED = 100_000  # requests waiting or in flight per model (FLEET_MAX_QUEUED; 0: unbounded)
 DEFAULT_RECONCILE_AFTER_S = 30.0

@@ -35,6 +35,7 @@ __all__ = [
     "resolve_served",
     "resolve_spec",
     "resolve_specs",
+    "resolve_version",
     "served_spec",
     "use_repository",
 ]
@@ -198,3 +199,32 @@ async def resolve_served(
             spec = entry_spec(RepositoryEntry(name, published[0], Path(), Path(), published[1]))  # no files here
         _add(specs, spec)
     return specs
+
+
+async def resolve_version(
+    name: str, version: str, repository: Repository | None, manifests: ManifestStore
+) -> ModelSpec:
+    """The spec of one version of a served model, for a traffic policy that names it beside the served one: a
+    built-in's one version, the repository's entry ``name@version``, else the manifest a worker serving that version
+    published (``ManifestStore.read_version``).
+
+    Raises:
+        ConfigError: the version is in neither (nor a built-in's; the message names the versions that are), or an
+            entry that is there but does not resolve to a valid spec.
+    """
+    repo = repository or _repository
+    builtin = BUILTIN_SPECS.get(name)
+    if builtin is not None:
+        if version != builtin.version:
+            raise ConfigError(f"model {name!r} is built in and has only version {builtin.version!r}, not {version!r}")
+        return builtin
+    if c.MODEL_NAME_RE.fullmatch(name) and name in repo and version in repo.versions(name):
+        return entry_spec(repo.get(name, version))
+    manifest = await manifests.read_version(name, version)
+    if manifest is None:
+        known = sorted({*(repo.versions(name) if name in repo else []), *await manifests.versions(name)})
+        raise ConfigError(
+            f"model {name!r} has no version {version!r}: it is neither in the repository ({repo.root}) nor published "
+            f"by a worker serving it; known versions: {', '.join(known) or 'none'}"
+        )
+    return entry_spec(RepositoryEntry(name, version, Path(), Path(), manifest))  # no files here

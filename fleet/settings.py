@@ -299,6 +299,20 @@ class FleetSettings(BaseSettings):
         30.0, gt=0, description="rate mode: run enough workers to drain the current backlog within this many seconds"
     )
 
+    # rollout controller (`fleet up` and `fleet autoscaler`: fleet.lifecycle.service)
+    rollout_interval_s: float = Field(
+        c.DEFAULT_ROLLOUT_INTERVAL_S,
+        gt=0,
+        le=3600,
+        description="how often the rollout controller judges each model's canary and breakers",
+    )
+    rollout_window_s: float = Field(
+        c.DEFAULT_ROLLOUT_WINDOW_S,
+        ge=10,
+        le=3600,
+        description="the window of outcomes, latencies and agreement a canary is judged on (at least one 10 s bucket)",
+    )
+
     # start-up (every process)
     startup_timeout_s: float = Field(
         60.0,

@@ -12,7 +12,12 @@ a field compare on a record the route has read anyway, so isolation costs no sto
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fleet import constants as c
+
+if TYPE_CHECKING:
+    from fleet.schemas.jobs import JobRecord
 
 ALL_TENANTS: str | None = None
 """The viewer that reads every tenant (the operator token; internal callers)."""
@@ -31,3 +36,10 @@ def owner(tenant: str | None) -> str:
 def visible(record_tenant: str | None, viewer: str | None) -> bool:
     """True when a caller reading as ``viewer`` may see a record of ``record_tenant``."""
     return viewer is None or (record_tenant or c.DEFAULT_TENANT) == viewer
+
+
+def readable(record: JobRecord, viewer: str | None) -> bool:
+    """True when a caller reading as ``viewer`` may read ``record`` by its id: a record of its tenant that is not a
+    shadow copy (a traffic policy's mirror, whose output is never returned to a client: only the operator token,
+    ``viewer`` None, reads one)."""
+    return visible(record.tenant, viewer) and (record.shadow_of is None or viewer is None)

@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 from websockets.asyncio.client import connect as ws_connect
@@ -415,6 +416,53 @@ class FleetClient:
         ``owned_by``)."""
         answer = await self._request("GET", "/v1/models")
         return list(answer["data"])
+
+    async def rollout(self, model: str) -> dict[str, Any]:
+        """A model's traffic policy, controller state, each version's share, window and breaker, and the latest
+        decisions (``GET /v1/models/{model}/rollout``; operator role). Raises GatewayError 404 without a policy."""
+        return dict(await self._request("GET", f"/v1/models/{quote(model, safe='')}/rollout"))
+
+    async def promote(self, model: str) -> dict[str, Any]:
+        """Promote the model's canary to primary now (operator role); the rollout view after it. Raises
+        GatewayError 409 when the model has no canary, 404 without a traffic policy."""
+        return dict(await self._request("POST", f"/v1/models/{quote(model, safe='')}/promote"))
+
+    async def rollback(self, model: str) -> dict[str, Any]:
+        """Roll the model's canary back to weight 0 now (operator role); the rollout view after it. Raises
+        GatewayError 409 when the model has no canary, 404 without a traffic policy."""
+        return dict(await self._request("POST", f"/v1/models/{quote(model, safe='')}/rollback"))
+
+    async def get_traffic(self, model: str) -> dict[str, Any]:
+        """The model's traffic policy document (operator). Raises GatewayError 404 ``no_traffic_policy`` without
+        one, UnknownModel for a model the gateway does not serve."""
+        answer: dict[str, Any] = await self._request("GET", f"/v1/models/{model}/traffic")
+        return answer
+
+    async def set_traffic(
+        self,
+        model: str,
+        policy: Mapping[str, Any],
+        rollout: Mapping[str, Any] | None = None,
+        breaker: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Set the model's traffic policy (operator; ``fleet.lifecycle.traffic.TrafficPolicy``'s fields, and the
+        optional rollout and breaker configs). Raises InvalidInput (422) naming a bad field or version."""
+        body: dict[str, Any] = {"policy": dict(policy)}
+        if rollout is not None:
+            body["rollout"] = dict(rollout)
+        if breaker is not None:
+            body["breaker"] = dict(breaker)
+        answer: dict[str, Any] = await self._request("PUT", f"/v1/models/{model}/traffic", json=body)
+        return answer
+
+    async def clear_traffic(self, model: str) -> None:
+        """Remove the model's traffic policy (operator): every job goes to its served version again."""
+        await self._request("DELETE", f"/v1/models/{model}/traffic")
+
+    async def comparisons(self, model: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The model's recent shadow comparisons, newest first (operator)."""
+        answer = await self._request("GET", f"/v1/models/{model}/comparisons", params={"limit": limit})
+        return list(answer)
 
     async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).

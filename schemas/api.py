@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleet import constants as c
 from fleet.schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
 from fleet.schemas.jobs import CacheLevel, JobState
 from fleet.schemas.wire import CLIENT_JOB_ID_PATTERN, ENCODING_HELP, EncodingFormat, Priority
@@ -49,6 +50,11 @@ class SubmitRequest(BaseModel):
     def _not_a_step_id(cls, value: str | None) -> str | None:
         if value is not None and _STEP_JOB_ID_RE.match(value):
             raise ValueError(STEP_JOB_ID_RULE)
+        if value is not None and value.endswith(c.SHADOW_JOB_SUFFIX):
+            raise ValueError(
+                f"job ids ending in {c.SHADOW_JOB_SUFFIX!r} are reserved for the shadow copies of traffic policies; "
+                "choose another id (or let Fleet choose)"
+            )
         return value
 
 

@@ -38,12 +38,13 @@ TOKEN = "operator-token-for-tests"
 OPEN = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 OPEN |= {"/dashboard", "/dashboard/", "/v1/operator/access"}  # the static page, and what it asks before login
 OPERATOR_PREFIXES = ("/v1/operator", "/v1/scaling", "/v1/workers", "/v1/deadletters", "/v1/audit")
+OPERATOR_MODEL_ROUTES = ("/traffic", "/comparisons")
 ROLE_OF = {
     "submitter": {"submitter"},
     "operator": {"submitter", "operator"},
     "admin": {"submitter", "operator", "admin"},
 }
-ROLE_OF["token"] = ROLE_OF["operator"]
+ROLE_OF["token"] = ROLE_OF["operator"] | {"fleet"}  # only it (or a default-tenant operator key) moves every tenant's
 
 
 def needed_role(path: str) -> str | None:
@@ -52,6 +53,8 @@ def needed_role(path: str) -> str | None:
         return None
     if path.startswith("/v1/keys"):
         return "admin"
+    if path.startswith("/v1/models/") and path.endswith(OPERATOR_MODEL_ROUTES):
+        return "fleet"  # a model's traffic policy and shadow comparisons (its card is any key's): every tenant's
     return "operator" if path.startswith(OPERATOR_PREFIXES) else "submitter"
 
 

@@ -25,6 +25,7 @@ METRIC_MODULES = [
     "fleet.producers.gateway.metrics",
     "fleet.dispatcher.metrics",
     "fleet.autoscaler.service",
+    "fleet.lifecycle.service",
 ]
 SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", "_count")}
 SERIES = re.compile(r"\b(fleet_[a-z0-9_]+)(\{[^}]*\})?")

@@ -4,6 +4,7 @@ policy document's compare-and-set, the decisions timeline, and the per-version w
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,7 +15,16 @@ from fleet.lifecycle.traffic import TrafficPolicy
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.bundle import Stores
-from fleet.store.rollouts import STATS_BUCKET_S, DecisionEntry, RolloutDoc, RolloutStore, latency_bucket, summarize
+from fleet.store.rollouts import (
+    STATS_BUCKET_S,
+    DecisionEntry,
+    Outcome,
+    RolloutDoc,
+    RolloutStore,
+    Tally,
+    latency_bucket,
+    summarize,
+)
 
 
 @pytest.fixture(params=["memory", "redis", "redis_cluster"])
@@ -91,6 +101,47 @@ async def test_a_comparison_is_claimed_once(rollouts: RolloutStore, unique: str)
     claims = await asyncio.gather(*(rollouts.claim_comparison(f"m-{unique}", "job-1") for _ in range(5)))
     assert sorted(claims) == [False] * 4 + [True]
     assert await rollouts.claim_comparison(f"m-{unique}", "job-2")
+
+
+async def test_a_tally_counts_failures_in_a_row_and_the_latest_times(rollouts: RolloutStore, unique: str) -> None:
+    model = f"m-{unique}"
+    assert await rollouts.tally(model, ["1"]) == {"1": Tally()}
+    for i, ok in enumerate([False, False, True, False, False, False]):
+        await rollouts.record_outcome(model, "2", ok=ok, latency_ms=5.0, now=100.0 + i)
+    tally = (await rollouts.tally(model, ["2"]))["2"]
+    assert (tally.streak, tally.total, tally.failed) == (3, 6, 5)
+    assert (tally.last_ok_at, tally.last_failed_at) == (102.0, 105.0)
+    await rollouts.record_outcome(model, "2", ok=True, latency_ms=None, now=106.5)
+    tally = (await rollouts.tally(model, ["2"]))["2"]
+    assert (tally.streak, tally.total, tally.last_ok_at) == (0, 7, 106.5)
+    # the settle hook's batched form keeps the tallies too
+    batch = [Outcome(model, "2", ok=False, latency_ms=5.0), Outcome(model, "3", ok=True, latency_ms=5.0)] * 2
+    await rollouts.record_outcomes(batch, now=107.0)
+    tallies = await rollouts.tally(model, ["2", "3"])
+    assert (tallies["2"].streak, tallies["2"].total, tallies["2"].failed, tallies["2"].last_failed_at) == (
+        2,
+        9,
+        7,
+        107.0,
+    )
+    assert (tallies["3"].streak, tallies["3"].total, tallies["3"].last_ok_at) == (0, 2, 107.0)
+
+
+async def test_one_controller_holds_the_lock_until_it_releases_it_or_it_lapses(rollouts: RolloutStore) -> None:
+    a, b = f"a-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+    try:
+        assert await rollouts.acquire_lock(a, ttl_s=0.3)
+        assert await rollouts.acquire_lock(a, ttl_s=0.3)  # renewed by its holder
+        assert not await rollouts.acquire_lock(b, ttl_s=0.3)
+        await rollouts.release_lock(b)  # not the holder: nothing happens
+        assert not await rollouts.acquire_lock(b, ttl_s=0.3)
+        await asyncio.sleep(0.4)
+        assert await rollouts.acquire_lock(b, ttl_s=5)  # lapsed
+        await rollouts.release_lock(b)
+        assert await rollouts.acquire_lock(a, ttl_s=5)
+    finally:
+        await rollouts.release_lock(a)
+        await rollouts.release_lock(b)
 
 
 def test_latency_buckets_give_p99_within_ten_percent() -> None:

@@ -1,4 +1,4 @@
-"""`fleet autoscaler`: scales workers on queue lag.
+"""`fleet autoscaler`: scales workers on queue lag, and runs the rollout controller (``fleet.lifecycle.service``).
 
 The flags build one ``ScalingConfig`` that applies to every model served (``--model``, repeatable, or
 ``FLEET_MODELS``); operators change min, max and pause per model later through ``PUT /v1/scaling/{model}``. A pool
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fleet.brokers.base import Broker as BrokerClient
     from fleet.scaling import ScalingStore
     from fleet.settings import FleetSettings
+    from fleet.store.bundle import Stores
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +68,30 @@ def partitions_of(settings: "FleetSettings") -> int | None:
 
 
 @contextlib.asynccontextmanager
-async def broker_and_scaling_store(settings: "FleetSettings") -> "AsyncIterator[tuple[BrokerClient, ScalingStore]]":
+async def broker_and_scaling_store(
+    settings: "FleetSettings",
+) -> "AsyncIterator[tuple[BrokerClient, ScalingStore, Stores]]":
+    """The broker, the scaling store and the stores beside the result store (the rollout controller's), connected
+    with start-up retries."""
     from fleet.brokers import make_broker
     from fleet.scaling import make_scaling_store
     from fleet.startup import Deadline, retry_until
+    from fleet.store import make_store
+    from fleet.store.bundle import Stores
 
     deadline = Deadline.after(settings.startup_timeout_s)
     broker = make_broker(settings)
     scaling = make_scaling_store(settings)
+    store = make_store(settings)
     try:
         await retry_until(deadline, "connect to the broker", broker.connect)
         await retry_until(deadline, "connect to the scaling store", scaling.connect)
+        await retry_until(deadline, "connect to the store", store.connect)
         try:
-            yield broker, scaling
+            yield broker, scaling, Stores.beside(store)
         finally:
             await scaling.close()
+            await store.close()
     finally:
         await broker.close()
 
@@ -92,15 +102,17 @@ async def run_autoscaler(
     backend: "ScalerBackend",
     interval_s: float,
 ) -> None:
-    """Run the autoscaler until SIGINT/SIGTERM; then release the lock and close the backend (workers drain)."""
+    """Run the autoscaler and the rollout controller until SIGINT/SIGTERM; then release their locks and close the
+    backend (workers drain)."""
     from fleet.autoscaler.service import Autoscaler
     from fleet.cli.compose import stop_on_signals
+    from fleet.lifecycle.service import RolloutService
     from fleet.pools import members
 
     stop = asyncio.Event()
     restore = stop_on_signals(stop)
     try:
-        async with broker_and_scaling_store(settings) as (broker, scaling):
+        async with broker_and_scaling_store(settings) as (broker, scaling, stores):
             autoscaler = Autoscaler(
                 broker,
                 scaling,
@@ -111,7 +123,10 @@ async def run_autoscaler(
                 partitions=partitions_of(settings),
                 pools=members(settings.pools),
             )
-            async with autoscaler:
+            rollouts = RolloutService(
+                stores.rollouts, interval_s=settings.rollout_interval_s, window_s=settings.rollout_window_s
+            )
+            async with autoscaler, rollouts:
                 await stop.wait()
     finally:
         restore()
@@ -190,6 +205,10 @@ def register(app: typer.Typer) -> None:
 
         Only one autoscaler acts at a time (a lock in Redis); others wait on standby. Scale-in is graceful: a
         stopped worker finishes its batch and hands the rest back. Needs a real broker and Redis.
+
+        The same process runs the rollout controller (one per Redis, its own lock): it steps each model's canary
+        up or rolls it back, and opens and closes each version's breaker (FLEET_ROLLOUT_INTERVAL_S,
+        FLEET_ROLLOUT_WINDOW_S).
         """
         settings = settings_from(
             broker_url=broker,

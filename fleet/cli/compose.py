@@ -23,14 +23,17 @@ from fleet.consumers.device import resolve_device
 from fleet.consumers.handlers import ModelHandler, resolve_handler
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.version_outcomes import VersionOutcomes
 from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
 from fleet.dags.starter import DagStarter
+from fleet.errors import FleetError
 from fleet.models import resolve_spec
 from fleet.outages import OutageLog, services_of, watch_outages
 from fleet.redaction import redact
 from fleet.repository.entry import RepositoryEntry
 from fleet.repository.layout import Repository
+from fleet.schemas.models import BUILTIN_SPECS
 from fleet.settings import FleetSettings
 from fleet.startup import Deadline, retry_until
 from fleet.store import make_store
@@ -116,7 +119,25 @@ def build_worker(
     handler, device = build_handler(ref, settings)
     worker = Worker(handler, broker, store, settings=settings, device=device, stores=stores, **overrides)  # type: ignore[arg-type]
     worker.settler.on_settled.append(DagRunner(broker, store, stores.dags).on_settled)  # DAG continuation
+    outcomes = VersionOutcomes(store, stores.rollouts, runtimes_of(Repository.from_settings(settings)))
+    worker.settler.on_settled.append(outcomes.on_settled)  # per-version counts and shadow comparisons
     return worker
+
+
+def runtimes_of(repository: Repository) -> Callable[[str, str | None], str | None]:
+    """The runtime whose measure compares a model version's outputs (``fleet.lifecycle.compare``): its repository
+    entry's, ``embeddings`` for the built-in ``embed``, else None (exact equality). Read once per version."""
+
+    @functools.lru_cache(maxsize=256)
+    def runtime_of(model: str, version: str | None) -> str | None:
+        if model in BUILTIN_SPECS:
+            return "embeddings" if model == "embed" else None
+        try:
+            return repository.get(model, version).manifest.runtime
+        except FleetError:  # not a repository model (a handler class): exact equality
+            return None
+
+    return runtime_of
 
 
 def build_handler(ref: str, settings: FleetSettings) -> tuple[ModelHandler[Any, Any], str]:

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # imported by the commands that use them, not by `fleet --hel
     from fleet.repository.layout import Repository
 
 models_app = typer.Typer(
-    help="The model repository: add a folder of weights (sha256 of every file), list, show, verify, sign, pull.",
+    help="The model repository: add a folder of weights (sha256 of every file), list, show, verify, sign, pull; "
+    "a model's canary on a gateway: rollout, promote, rollback.",
     no_args_is_help=True,
 )
 err = Console(stderr=True)
@@ -287,6 +288,11 @@ def register(app: typer.Typer) -> None:
         typer.echo(added.entry.ref)
 
     from fleet.cli.models_synth_cmd import register_synth
+    from fleet.cli.rollout_cmd import register_rollouts
 
     register_synth(models_app)
+    register_rollouts(models_app)
+    from fleet.cli.traffic_cmd import register_traffic
+
+    register_traffic(models_app)
     app.add_typer(models_app, name="models")

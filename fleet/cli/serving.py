@@ -36,6 +36,7 @@ from fleet.cli.httpserver import QuietServer
 from fleet.consumers.worker import Worker
 from fleet.dispatcher.service import Dispatcher
 from fleet.errors import FleetError
+from fleet.lifecycle.service import RolloutService
 from fleet.models import resolve_served, resolve_specs
 from fleet.pools import members, scaling_targets
 from fleet.producers.gateway.access.gate import OperatorGate
@@ -136,6 +137,12 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scali
     )
 
 
+def rollout_service(settings: FleetSettings, stores: Stores) -> RolloutService:
+    """The rollout controller of ``fleet up`` and ``fleet autoscaler``: steps canaries and judges breakers of every
+    model with a traffic policy, every ``rollout_interval_s`` on windows of ``rollout_window_s``."""
+    return RolloutService(stores.rollouts, interval_s=settings.rollout_interval_s, window_s=settings.rollout_window_s)
+
+
 def up_dispatchers(settings: FleetSettings, broker: Broker, store: ResultStore) -> list[Dispatcher]:
     """One dispatcher per model in ``dispatch`` routing (``FLEET_ROUTING``): its workers read their inboxes."""
     names = list(resolve_specs(settings.models, Repository.from_settings(settings)))
@@ -212,7 +219,7 @@ async def _up(
     sock: socket.socket | None,
 ) -> None:
     """``fleet up`` once its broker, stores and DAG starter are there: the scaling store, the dispatchers, the
-    heartbeat tracker, then the gateway with the workers or the autoscaler."""
+    heartbeat tracker and the rollout controller, then the gateway with the workers or the autoscaler."""
     if auth == "keys" and stores.results.scheme == "memory":
         await bootstrap_admin_key(stores.keys)
     scaling = make_scaling_store(settings)
@@ -221,7 +228,7 @@ async def _up(
     try:
         await ensure_models(broker, [d.model for d in dispatchers], deadline)
         await asyncio.gather(*(d.start() for d in dispatchers))
-        async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker:
+        async with WorkerTracker(broker, settings.heartbeat_interval_s) as tracker, rollout_service(settings, stores):
             await _serve_up(settings, broker, stores, scaling, tracker, stop, deadline, sock)
     finally:
         await asyncio.gather(*(d.stop() for d in dispatchers), return_exceptions=True)

@@ -41,14 +41,17 @@ from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.producers.gateway.metrics import MetricsMiddleware
 from fleet.producers.gateway.models import embeddings, listing, rerank
+from fleet.producers.gateway.models import traffic as traffic_routes
 from fleet.producers.gateway.openapi_doc import install_openapi
 from fleet.producers.gateway.operator import deadletters
+from fleet.producers.gateway.operator import rollouts as rollout_routes
 from fleet.producers.gateway.operator import routes as operator_routes
 from fleet.producers.gateway.operator import scaling as scaling_routes
 from fleet.producers.gateway.operator import workers as worker_routes
 from fleet.producers.gateway.operator.beats import BeatListener, Beats
 from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecorder
 from fleet.producers.gateway.operator.feed import OperatorFeed
+from fleet.producers.gateway.policies import TrafficPolicies
 from fleet.producers.gateway.state import GatewayState
 from fleet.readiness import WorkerTracker
 from fleet.repository.layout import Repository
@@ -235,6 +238,8 @@ async def _open_state(
     backlog = await stack.enter_async_context(Backlog(b, bounds, settings.lag_interval_s))
     await stack.enter_async_context(Reconciler(b, s, limits, settings.reconcile_after_s))
     cache = await _open_cache(stack, settings, specs, stores, given.cache_parts)
+    traffic = TrafficPolicies(stores.rollouts, stores.manifests, Repository.from_settings(settings), specs)
+    await stack.enter_async_context(traffic)
     beats, feed = await _open_operator(stack, settings, b, stores, scaling, workers, list(specs))
     return GatewayState(
         settings=settings,
@@ -252,6 +257,7 @@ async def _open_state(
         dag_runner=DagRunner(b, s, stores.dags, specs),
         cache=cache,
         require_ready_workers=given.require_ready_workers,
+        traffic=traffic,
     )
 
 
@@ -389,7 +395,9 @@ def create_app(
     app.include_router(listing.router)
     app.include_router(embeddings.router)
     app.include_router(rerank.router)
+    app.include_router(traffic_routes.router)
     app.include_router(scaling_routes.router)
+    app.include_router(rollout_routes.router)
     app.include_router(dag_routes.router)
     app.include_router(dag_events.router)
     app.include_router(operator_routes.router)

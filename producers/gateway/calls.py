@@ -73,7 +73,7 @@ async def read_job(
         StoreError: as ``store_call``.
     """
     record = await store_call(store, store.get(job_id), timeout_s)
-    if record is None or not tenancy.visible(record.tenant, viewer):
+    if record is None or not tenancy.readable(record, viewer):
         raise JobNotFound(job_id)
     return record
 
@@ -126,7 +126,7 @@ async def long_poll(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     record = await patiently(lambda: store_call(store, store.get(job_id), timeout_s), job_id, deadline)
-    if record is None or not tenancy.visible(record.tenant, viewer):
+    if record is None or not tenancy.readable(record, viewer):
         raise JobNotFound(job_id)
     remaining_s = deadline - loop.time()
     if record.terminal or remaining_s <= 0:
@@ -154,11 +154,13 @@ async def publish_request(
     limits: GatewayLimits,
     msg_id: str | None = None,
     priority: str = c.DEFAULT_PRIORITY,
+    version: str | None = None,
 ) -> None:
     """Publish one request message to the subject of its ``priority`` and wait for the broker's acknowledgement.
 
     The job id is the message id (unless ``msg_id`` is given: a redrive is a new message of the same job), so the
-    broker drops a repeated publish inside its de-duplication window.
+    broker drops a repeated publish inside its de-duplication window. ``version``: the model version the message
+    names (header ``fleet-version``), so a dispatcher routes it without parsing the body.
 
     Raises:
         QueueFull: the broker refused the message for its per-subject limit (nothing was stored).
@@ -166,6 +168,8 @@ async def publish_request(
             failure counts: the gateway must not claim a job is queued unless the broker confirmed it.
     """
     headers = {c.HEADER_JOB_ID: job_id, c.HEADER_MODEL: model}
+    if version is not None:
+        headers[c.HEADER_VERSION] = version
     timeout_s = limits.publish_timeout_s
     try:
         async with asyncio.timeout(timeout_s):

@@ -41,6 +41,10 @@ rate_limited           429     the tenant is over its rate limit (``FLEET_RATE_L
                                (details: tenant, rate, burst, retry_after_s)
 quota_exceeded         429     the tenant holds its bound of queued jobs (``FLEET_TENANT_MAX_QUEUED``); Retry-After
                                (details: tenant, max_queued, queued, retry_after_s)
+no_traffic_policy      404     ``GET /v1/models/{name}/traffic`` of a model without one (details: model)
+traffic_conflict       409     a traffic policy changed ``CAS_TRIES`` times while a change was written (details: model)
+circuit_open           503     the model version that must answer is refused by its circuit breaker; Retry-After
+                               from its cool-down (details: model, version, breaker, retry_after_s)
 broker_unavailable     503     the broker did not acknowledge the publish (Retry-After)
 store_unavailable      503     the result store cannot be reached (Retry-After)
 not_ready              503     ``/readyz``: a dependency does not answer (details: which)

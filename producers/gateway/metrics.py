@@ -19,6 +19,18 @@ JOBS_SUBMITTED = Counter(
 SUBMIT_ERRORS = Counter(
     "fleet_gateway_submit_errors_total", "POST /v1/jobs answered with an error, by error type.", ["type"]
 )
+ROUTED = Counter(
+    "fleet_gateway_routed_total",
+    "Jobs accepted for a model version by its traffic policy, by model, version and arm (primary, canary, shadow: "
+    "a mirrored copy; explicit: the job named its version).",
+    ["model", "version", "arm"],
+)
+BREAKER_TURNED = Counter(
+    "fleet_gateway_breaker_turned_total",
+    "Requests a version's circuit breaker turned, by model, version and outcome: fallback (a canary's request sent "
+    "to the primary), refused (503 circuit_open) or probe (let through half-open).",
+    ["model", "version", "outcome"],
+)
 REJECTED = Counter(
     "fleet_gateway_rejected_total",
     "Submissions refused with 429 queue_full, by model and reason: queue_full (the gateway's bound) or "

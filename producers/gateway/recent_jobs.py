@@ -62,7 +62,7 @@ async def read_recent(
     jobs: list[RecentJob] = []
     for start in range(0, len(wanted), limit):
         records = await store.get_many(wanted[start : start + limit])
-        jobs += [recent_job(r) for r in records if r is not None and tenancy.visible(r.tenant, viewer)]
+        jobs += [recent_job(r) for r in records if r is not None and tenancy.readable(r, viewer)]
         if len(jobs) >= limit:
             break
     return RecentJobs(jobs=jobs[:limit], kept=ids.kept, scope=SCOPE)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from fleet.producers.gateway.jobs.backlog import Backlog
     from fleet.producers.gateway.operator.beats import Beats
     from fleet.producers.gateway.operator.feed import OperatorFeed
+    from fleet.producers.gateway.policies import TrafficPolicies
 
 
 @dataclass(slots=True, kw_only=True)
@@ -41,7 +42,8 @@ class GatewayState:
     (``authenticator``) and how much (``tenant_limiter``, None without limits), the DAG runner (``dag_runner``:
     registers specs, starts and shows runs), the result caches (``cache``; None when no model uses them), the
     workers' heartbeats (``workers`` for ``/readyz``, ``beats`` for the operator), the jobs this gateway accepted
-    lately (``recent_jobs``) and the operator's live feed (``operator_feed``)."""
+    lately (``recent_jobs``), the operator's live feed (``operator_feed``) and the models' traffic policies
+    (``traffic``: which version answers a job; None routes every job plainly)."""
 
     settings: FleetSettings
     broker: Broker
@@ -59,6 +61,7 @@ class GatewayState:
     cache: ResultCache | None = None
     recent_jobs: RecentJobIds = field(default_factory=RecentJobIds)
     require_ready_workers: bool = False
+    traffic: TrafficPolicies | None = None
 
     @property
     def store(self) -> ResultStore:

@@ -88,7 +88,9 @@ class Reconciler:
         else:
             outcome, model = "republished", record.model
             priority = message_priority(message)
-            await publish_request(self.broker, record.model, job_id, message, self.limits, priority=priority)
+            await publish_request(
+                self.broker, record.model, job_id, message, self.limits, priority=priority, version=record.version
+            )
             log.info("job %s was never confirmed published (its gateway stopped); published it again", job_id)
         await self.bounded(self.store.published(job_id))
         RECONCILED.labels(model, outcome).inc()

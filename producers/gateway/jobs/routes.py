@@ -29,6 +29,19 @@ answers the ``409 job_id_conflict`` of any used id, word for word (nothing of th
 input or tenant) and leaves it alone. Job ids are one namespace across tenants (a store key per id), so that a
 used id is a conflict at all is the one thing a submitter learns; it learns the same of its own jobs.
 
+Versions and traffic policies (``fleet.producers.gateway.policies``): once the model is known, its traffic policy
+(if it has one) picks the version that answers and the arm (primary or canary), written on the record, the message
+and its ``fleet-version`` header; the input is validated and the caches keyed with that version's spec. A job that
+names ``name@version`` runs that version (the served one, or one a policy names), outside the split. A version
+whose circuit breaker is open answers ``503 circuit_open`` with ``Retry-After`` (a canary's share falls back to the
+primary instead). When the policy mirrors the job to a shadow version, a second job ``<job_id>.shadow`` is created
+and published after the client's (same tenant and input, arm ``shadow``, ``shadow_of`` the client's job, priority
+``low``, never cached): it is not charged to the tenant's rate or queued-job quota (the operator mirrors it, the
+client did not ask for it), it is skipped when the model's queue is at its bound, and a failure to create or
+publish it is logged, never the client's error. Its record is read by no submitter (``fleet.tenancy.readable``);
+the operator sees the comparison (``GET /v1/models/{name}/comparisons``). A job answered from the caches is not
+mirrored. Client job ids ending in ``.shadow`` are refused (``fleet.schemas.api.SubmitRequest``).
+
 One word per step of a submit: the tenant is *charged* (its rate and queued-job quota, ``access.charge``, where
 the quota store *decides*: ``fleet.store.quotas.Quotas.decide``), the job *reserves* a place under its model's
 queue bound (``Backlog.reserve``, given back by ``Backlog.published``), is *created* in the store and *published*.
@@ -64,7 +77,8 @@ from fleet.producers.gateway.errors import (
     validation_message,
 )
 from fleet.producers.gateway.limits import check_wait, read_limited_body
-from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, SUBMIT_ERRORS
+from fleet.producers.gateway.metrics import CACHE_REQUESTS, JOBS_SUBMITTED, ROUTED, SUBMIT_ERRORS
+from fleet.producers.gateway.policies import Choice
 from fleet.producers.gateway.recent_jobs import note_submitted
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.schemas.api import SubmitRequest, SubmitResponse
@@ -127,10 +141,15 @@ def _digest(value: dict[str, Any]) -> str:
         raise ApiError(422, "invalid_request", f"the input cannot be encoded as JSON: {exc}") from None
 
 
-def new_job(body: SubmitRequest, now: float, tenant: str | None = None) -> tuple[JobRecord, bytes]:
-    """The queued record and the wire message of a new job of ``tenant`` (None: the default tenant)."""
+def new_job(
+    body: SubmitRequest, now: float, tenant: str | None = None, choice: Choice | None = None
+) -> tuple[JobRecord, bytes]:
+    """The queued record and the wire message of a new job of ``tenant`` (None: the default tenant), for the version
+    and arm of ``choice`` (None: the plain route)."""
     tenant = tenancy.stored(tenant)
     job_id = body.job_id or uuid.uuid4().hex
+    version = choice.version if choice is not None else None
+    arm = choice.arm if choice is not None else None
     expires_at = now + body.timeout_s if body.timeout_s else None
     record = JobRecord(
         job_id=job_id,
@@ -141,6 +160,8 @@ def new_job(body: SubmitRequest, now: float, tenant: str | None = None) -> tuple
         deliveries=0,
         input_digest=_digest(body.input),
         tenant=tenant,
+        version=version,
+        arm=arm,
     )
     message = RequestMessage(
         v=1,
@@ -153,8 +174,45 @@ def new_job(body: SubmitRequest, now: float, tenant: str | None = None) -> tuple
         cache=body.cache,
         encoding_format=body.encoding_format,
         tenant=tenant,
+        version=version,
+        arm=arm,
     )
     return record, message.model_dump_json().encode()
+
+
+def shadow_job(record: JobRecord, data: bytes, shadow: ModelSpec) -> tuple[JobRecord, bytes]:
+    """The queued record and message of the shadow copy of the job ``record`` / ``data`` for version ``shadow``."""
+    job_id = record.job_id + c.SHADOW_JOB_SUFFIX
+    fields = {"version": shadow.version, "arm": "shadow", "shadow_of": record.job_id}
+    copy = record.model_copy(update={"job_id": job_id, **fields})
+    message = RequestMessage.model_validate_json(data).model_copy(
+        update={"job_id": job_id, "priority": "low", "cache": False, **fields}
+    )
+    return copy, message.model_dump_json().encode()
+
+
+async def _mirror(state: GatewayState, record: JobRecord, data: bytes, shadow: ModelSpec) -> None:
+    """Create and publish the shadow copy of a published job; never raises (see the module docstring)."""
+    copy, message = shadow_job(record, data, shadow)
+    try:
+        await state.backlog.reserve(copy.model)
+    except QueueFull:
+        logger.info(
+            "job %s: not mirrored to version %s, the queue of %s is full", record.job_id, shadow.version, copy.model
+        )
+        return
+    published = False
+    try:
+        if await state.bounded(state.store.create(copy, message)):
+            await _publish_new(state, copy, message, "low")
+            published = True
+            ROUTED.labels(copy.model, shadow.version, "shadow").inc()
+    except Exception as exc:
+        logger.warning(
+            "job %s: its shadow copy for version %s was not published: %s", record.job_id, shadow.version, exc
+        )
+    finally:
+        state.backlog.published(copy.model, published)
 
 
 async def _forget(state: GatewayState, job_id: str) -> None:
@@ -169,7 +227,9 @@ async def _forget(state: GatewayState, job_id: str) -> None:
 async def _publish(state: GatewayState, record: JobRecord, data: bytes, priority: str) -> None:
     """``publish_request``, with a broker that refused the message for its own bound answered as 429 too."""
     try:
-        await publish_request(state.broker, record.model, record.job_id, data, state.limits, priority=priority)
+        await publish_request(
+            state.broker, record.model, record.job_id, data, state.limits, priority=priority, version=record.version
+        )
     except QueueFull as exc:
         raise state.backlog.refused_by_broker(record.model, exc) from exc
 
@@ -300,15 +360,27 @@ async def _answer_from_cache(
     return SubmitResponse(job_id=record.job_id, status=answered.state, cache=answered.cache)
 
 
+async def _route(request: Request, state: GatewayState, principal: Principal, body: SubmitRequest) -> Choice:
+    """The version that answers the job (and its shadow): by the model's traffic policy, if it has one."""
+    if state.traffic is None:
+        return Choice(served_spec(state.specs, body.model))
+    name, sep, version = body.model.partition("@")
+    spec = served_spec(state.specs, name)
+    if not sep and state.traffic.doc(name) is None:
+        return Choice(spec)  # the hot path of a model without a policy: one dict lookup
+    return await state.traffic.choose(spec, version if sep else None, principal.tenant, body.input, request.headers)
+
+
 async def _submit(request: Request, state: GatewayState, principal: Principal, body: SubmitRequest) -> SubmitResponse:
     settings = state.settings
     if cache_bypassed(request):
         body.cache = False
-    spec = served_spec(state.specs, body.model)
+    choice = await _route(request, state, principal, body)
+    spec = choice.spec
     body.model = spec.name  # name@version routes to the model's subjects and records under its plain name
     validate_input(spec, body.input)
     check_encoding(spec, body.encoding_format)
-    record, data = new_job(body, time.time(), principal.tenant)
+    record, data = new_job(body, time.time(), principal.tenant, choice)
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
     # The tenant's rate and queued-job quota (429 when refused): before a cache lookup, since a hit counts against
@@ -338,9 +410,13 @@ async def _submit(request: Request, state: GatewayState, principal: Principal, b
     finally:
         state.backlog.published(record.model, published)
     JOBS_SUBMITTED.labels(record.model).inc()
+    if record.version is not None:
+        ROUTED.labels(record.model, record.version, record.arm or "explicit").inc()
     note_submitted(request, record.job_id)
     if found is not None and state.cache is not None:
         state.cache.fill_later(found, record.job_id, state.store)
+    if choice.shadow is not None:
+        await _mirror(state, record, data, choice.shadow)
     return SubmitResponse(job_id=record.job_id, status=JobState.queued)
 
 

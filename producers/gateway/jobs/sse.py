@@ -101,7 +101,7 @@ async def events_after_outage(state: GatewayState, job_id: str, viewer: str | No
                 return
             yield KEEP_ALIVE
             await asyncio.sleep(OUTAGE_PAUSE_S)
-    if record is None or not tenancy.visible(record.tenant, viewer):
+    if record is None or not tenancy.readable(record, viewer):
         yield error_event("job_not_found", JobNotFound(job_id).message, {"job_id": job_id})
         return
     async for event in job_events(state, record):

@@ -58,7 +58,7 @@ async def wait_terminal(state: GatewayState, job_id: str, viewer: str | None = t
     """
     store, limits, bounded = state.store, state.limits, state.bounded
     record = await patiently(lambda: bounded(store.get(job_id)), job_id)
-    if record is not None and not tenancy.visible(record.tenant, viewer):
+    if record is not None and not tenancy.readable(record, viewer):
         return None
     chunk_s = limits.ws_wait_chunk_s
     while record is not None and not record.terminal:

@@ -6,5 +6,7 @@
 * ``kinds``: which served models the routes take (from their input and output schemas, no weights);
 * ``runner``: the requests' jobs, submitted and awaited through the jobs feature's public face, so priorities,
   caches, tenants, API keys, rate limits, quotas and metrics apply as for ``POST /v1/infer``;
+* ``traffic``: ``/v1/models/{name}/traffic`` (operator): a model's traffic policy between its versions (canary,
+  sticky A/B, shadow), and ``/v1/models/{name}/comparisons``: the shadow outputs compared with the answers;
 * ``openai_errors``: errors in OpenAI's shape on these routes (the rest of the API keeps its own).
 """

@@ -68,6 +68,9 @@ async def requeue(state: GatewayState, request: RequestMessage) -> None:
         created_at=now,
         deliveries=0,
         input_digest=input_digest(request.input),
+        version=request.version,
+        arm=request.arm,
+        shadow_of=request.shadow_of,
     )
     store, bounded = state.store, state.bounded
     await bounded(store.delete(request.job_id))
@@ -76,7 +79,14 @@ async def requeue(state: GatewayState, request: RequestMessage) -> None:
     try:
         limits, priority = state.limits, request.priority
         await publish_request(
-            state.broker, request.model, request.job_id, data, limits, msg_id=msg_id, priority=priority
+            state.broker,
+            request.model,
+            request.job_id,
+            data,
+            limits,
+            msg_id=msg_id,
+            priority=priority,
+            version=request.version,
         )
     except BaseException:
         await bounded(store.delete(request.job_id))

@@ -6,6 +6,7 @@ import { RunView } from "./dag.js";
 import { confirmAction } from "./dialog.js";
 import { el, fmt, setText, syncRows } from "./dom.js";
 import { JobLookup, renderRecent } from "./jobs.js";
+import { ROLLOUTS_EVERY_MS, RolloutsPanel } from "./rollouts.js";
 
 const $ = (id) => document.getElementById(id);
 const WORKER_STATES = { starting: "warming", ready: "serving", draining: "draining", degraded: "degraded" };
@@ -27,6 +28,8 @@ const state = {
   auditTimer: null,
   recentTimer: null,
   recent: null, // the latest GET /v1/operator/jobs answer
+  rollouts: null, // the latest GET /v1/rollouts answer
+  rolloutsTimer: null,
 };
 window.fleetDashboard = state; // for the browser tests and for poking at in devtools
 
@@ -51,6 +54,7 @@ function showLogin(message = "") {
   if (state.stream) state.stream.abort();
   clearInterval(state.auditTimer);
   clearInterval(state.recentTimer);
+  clearInterval(state.rolloutsTimer);
   $("main").hidden = true;
   $("login").hidden = false;
   $("logout").hidden = true;
@@ -91,6 +95,9 @@ function connect(attempt = 0) {
   clearInterval(state.recentTimer);
   refreshRecent();
   state.recentTimer = setInterval(refreshRecent, RECENT_EVERY_MS);
+  clearInterval(state.rolloutsTimer);
+  refreshRollouts();
+  state.rolloutsTimer = setInterval(refreshRollouts, ROLLOUTS_EVERY_MS);
   let first = true;
   stream("/v1/operator/stream", (name, data) => {
     if (name !== "snapshot") return;
@@ -489,6 +496,22 @@ function renderAudit() {
     setText(cells[5], JSON.stringify(e.details));
   });
   setText($("audit-empty"), entries.length ? "" : "No operator actions recorded yet.");
+}
+
+// --- rollouts: versions, shares, breakers and the controller's decisions (GET /v1/rollouts, polled) -------------
+
+const rollouts = new RolloutsPanel($("rollouts"), (...args) => act(...args).then(refreshRollouts));
+
+async function refreshRollouts() {
+  try {
+    state.rollouts = await get("/v1/rollouts");
+    rollouts.render(state.rollouts);
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.isAuth) return refused(exc);
+    setText($("rollouts-error"), `Cannot read the rollouts: ${describe(exc)}`);
+    return;
+  }
+  setText($("rollouts-error"), "");
 }
 
 // --- jobs: the lookup and the recent jobs (GET /v1/operator/jobs, polled) -----------------------------------
