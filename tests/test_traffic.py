@@ -24,10 +24,10 @@ from websockets.asyncio.client import connect as ws_connect
 from fleet import constants as c
 from fleet.lifecycle.breaker import BreakerState
 from fleet.producers.sdk import ws_url
-from fleet.store.rollouts import RolloutDoc
+from fleet.store.rollouts import RolloutDoc, WindowStats
 from tests.gateway_helpers import error_of
 from tests.infra import eventually
-from tests.traffic_fixtures import TrafficEnv, env_fixture, without_lifespan  # noqa: F401  (fixtures)
+from tests.traffic_fixtures import DEFAULT_VERSION, TrafficEnv, env_fixture, without_lifespan  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.services
 
@@ -44,6 +44,21 @@ async def _versions(env: TrafficEnv, job_ids: list[str]) -> Counter[str]:
     await eventually(all_terminal, 60, "every job terminal")
     assert all(r.state.value == "succeeded" for r in records)
     return Counter(r.version for r in records)
+
+
+async def _counted(env: TrafficEnv, expected: dict[str, int]) -> dict[str, WindowStats]:
+    """The versions' windows once the settle hook counted ``expected`` requests of each (a terminal record is
+    written before its hook runs, so the counts may trail the records a moment)."""
+    window: dict[str, WindowStats] = {}
+
+    async def counted() -> bool:
+        nonlocal window
+        await env.outcomes.drain()
+        window = await env.stores.rollouts.window(env.model, list(expected), 300)
+        return {v: window[v].requests for v in expected} == expected
+
+    await eventually(counted, 20, f"outcomes counted {expected}")
+    return window
 
 
 async def _submit_many(env: TrafficEnv, count: int, make: Any) -> list[str]:
@@ -71,9 +86,7 @@ async def test_a_ten_percent_canary_answers_ten_percent_of_5000_jobs(env: Traffi
     assert set(versions) == {"1", "2"}
     share = versions["2"] / 5000
     assert 0.08 <= share <= 0.12, versions
-    await env.outcomes.drain()
-    window = await env.stores.rollouts.window(env.model, ["1", "2"], 300)
-    assert window["1"].requests == versions["1"] and window["2"].requests == versions["2"]
+    window = await _counted(env, {"1": versions["1"], "2": versions["2"]})
     assert window["2"].failures == 0 and window["2"].p99_ms is not None
     assert routed(env.model, "2", "canary") == versions["2"] and routed(env.model, "1", "primary") == versions["1"]
 
@@ -81,8 +94,8 @@ async def test_a_ten_percent_canary_answers_ten_percent_of_5000_jobs(env: Traffi
 async def test_a_model_without_a_policy_is_routed_as_before(env: TrafficEnv) -> None:
     job_id = await env.submit(env.a, {"x": 1})
     record = await env.done(env.a, job_id)
-    # the worker names the version that answered (its default); no arm, no shadow, no version on the message
-    assert record["version"] == "1" and record["arm"] is None and record["shadow_of"] is None
+    # no version on the message: the worker's default answered, and its record says which
+    assert record["version"] == DEFAULT_VERSION and record["arm"] is None and record["shadow_of"] is None
     assert c.HEADER_VERSION not in env.deliveries[job_id].headers
     assert json.loads(env.deliveries[job_id].data)["version"] is None
     assert await env.store.get(job_id + c.SHADOW_JOB_SUFFIX) is None
@@ -164,7 +177,7 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
     await eventually(shadows_done, 20, "every shadow terminal")
     for job_id, shadow in zip(ids, shadows, strict=True):
         assert shadow is not None and shadow.version == "3" and shadow.arm == "shadow" and shadow.shadow_of == job_id
-        assert shadow.tenant == env.tenant_a and shadow.output == {"n": ids.index(job_id)}
+        assert shadow.tenant == env.tenant_a and shadow.output == {"n": ids.index(job_id), "by": "3"}
     # no client reads a shadow by its id: the submitter, another tenant and an operator key get an unknown id's 404
     shadow_id, unknown = ids[0] + c.SHADOW_JOB_SUFFIX, f"nope-{uuid.uuid4().hex}"
     for client in (env.a, env.b, env.operator, env.b_operator):
@@ -179,9 +192,9 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
     taken = await env.a.post("/v1/jobs", json={"model": env.model, "input": {}, "job_id": "mine.shadow"})
     assert taken.status_code == 422 and "shadow" in error_of(taken)["message"]
     # the operator sees the comparisons: both digests and the score
-    await env.outcomes.drain()
 
     async def compared() -> bool:
+        await env.outcomes.drain()
         return len(await env.stores.rollouts.comparisons(env.model)) == 5
 
     await eventually(compared, 10, "five comparisons")
@@ -189,13 +202,30 @@ async def test_shadow_outputs_are_stored_compared_and_never_returned(env: Traffi
     assert listed.status_code == 200, listed.text
     entries = listed.json()
     assert {e["job_id"] for e in entries} == set(ids)
-    assert all(e["score"] == 1.0 and e["output_digest"] == e["shadow_output_digest"] for e in entries)
+    # version 3 answers otherwise: each comparison saw it (exact equality, the handler runtime's measure)
+    assert all(e["score"] == 0.0 and e["output_digest"] != e["shadow_output_digest"] for e in entries)
+    assert all(e["runtime"] is None or e["runtime"] == "handler" for e in entries)
     assert all(e["version"] == "1" and e["shadow_version"] == "3" for e in entries)
-    window = await env.stores.rollouts.window(env.model, ["1", "3"], 300)
-    assert window["3"].agreement == 1.0 and window["3"].agreement_samples == 5
-    assert window["1"].requests == 5 and window["3"].requests == 5  # the shadow counts for its own version only
+    window = await _counted(env, {"1": 5, "3": 5})  # the shadow counts for its own version only
+    assert window["3"].agreement == 0.0 and window["3"].agreement_samples == 5
     assert routed(env.model, "3", "shadow") == 5 and routed(env.model, "1", "primary") == 5
     assert (await env.a.get(f"/v1/models/{env.model}/comparisons")).status_code == 403
+
+
+async def test_a_shadow_that_answers_alike_agrees(env: TrafficEnv) -> None:
+    await env.set_policy(primary="1", shadow="2", shadow_share=1.0)
+    ids = [await env.submit(env.a, {"same": n}) for n in range(3)]
+    for job_id in ids:
+        await env.done(env.a, job_id)
+
+    async def compared() -> bool:
+        await env.outcomes.drain()
+        return len(await env.stores.rollouts.comparisons(env.model)) == 3
+
+    await eventually(compared, 20, "three comparisons")
+    entries = await env.stores.rollouts.comparisons(env.model)
+    assert all(e.score == 1.0 and e.output_digest == e.shadow_output_digest for e in entries)
+    assert (await env.stores.rollouts.window(env.model, ["2"], 300))["2"].agreement == 1.0
 
 
 async def test_websockets_push_the_primary_and_treat_its_shadow_as_unknown(env: TrafficEnv) -> None:

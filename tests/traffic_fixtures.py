@@ -1,12 +1,15 @@
 """Fixtures of the traffic policy tests: a model repository whose model has several versions, each served by the
-echo handler (``runtime: handler``), a gateway on it with API keys, and the real worker of the model with the
-settle hook that counts outcomes per version and compares shadows (``fleet.consumers.version_outcomes``); the worker
-serves every version of the repository through the model pool (``fleet.consumers.pool``)."""
+echo handler (``runtime: handler``), a gateway on it with API keys, and the real worker of the model serving all
+three versions through a model pool (``fleet.consumers.pool``; it writes the version that answered into each
+record), with the settle hook that counts outcomes per version and compares shadows
+(``fleet.consumers.version_outcomes``). Version ``ODD_VERSION`` answers differently (its output also says
+``"by": "3"``), so a shadow of it disagrees with an echo."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -32,6 +35,7 @@ from fleet.consumers.worker import Worker
 from fleet.producers.gateway import create_app
 from fleet.producers.gateway.policies import TrafficPolicies
 from fleet.schemas.jobs import JobRecord
+from fleet.schemas.models import EchoOutput
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
@@ -40,6 +44,20 @@ from tests.infra import connected_pair, settings_for
 
 ECHO_REF = "fleet.consumers.handlers.echo:EchoHandler"
 TOKEN = "operator-token-for-traffic-tests"
+VERSIONS = ("1", "2", "3")
+ODD_VERSION = DEFAULT_VERSION = "3"  # the highest, as a repository model's default
+
+
+class VersionedEcho(EchoHandler):
+    """Echo as one version of a model; ``ODD_VERSION`` adds ``"by": "3"`` to each output."""
+
+    def __init__(self, *, version: str = DEFAULT_VERSION, **options: Any) -> None:
+        super().__init__(**options)
+        self.version = version
+
+    def output_json(self, output: EchoOutput, encoding: str = "float") -> Any:
+        plain = super().output_json(output, encoding)
+        return {**plain, "by": self.version} if self.version == ODD_VERSION else plain
 
 
 def versioned_model(root: Path, name: str, versions: tuple[str, ...] = ("1", "2", "3")) -> Path:
@@ -138,13 +156,12 @@ async def traffic_env(
     async def observe(job: Job, record: JobRecord, won: bool) -> None:
         deliveries[record.job_id] = job.delivery
 
-    handler = with_name(EchoHandler, model)
-    # one worker serves every version of the repository (the model pool), each on its own echo handler
-    listed = sorted(p.name for p in (settings.model_repository / model).iterdir() if p.is_dir())
-    served = ServedVersions(model, handler.spec.version, lambda _: handler(), lambda: listed)
+    cls = with_name(VersionedEcho, model)
+    cls.spec = dataclasses.replace(cls.spec, version=DEFAULT_VERSION)
     pool = ModelPool(None)
+    served = ServedVersions(model, DEFAULT_VERSION, lambda version: cls(version=version), lambda: list(VERSIONS))
     worker = Worker(
-        handler(),
+        cls(),
         broker,
         store,
         settings=WORKER_SETTINGS,
@@ -154,8 +171,10 @@ async def traffic_env(
         pool=pool,
         versions=served,
     )
-    async with app.router.lifespan_context(app), worker, contextlib.AsyncExitStack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(pool.close)
+        await stack.enter_async_context(app.router.lifespan_context(app))
+        await stack.enter_async_context(worker)
         clients = {}
         for name, key in keys.items():
             transport = httpx.ASGITransport(app=app)

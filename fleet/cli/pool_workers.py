@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from fleet.cli.compose import (
     ensure_models,
     publish_manifest,
     run_workers,
+    runtimes_of,
     startup_deadline,
     stop_on_signals,
 )
@@ -32,14 +34,18 @@ from fleet.consumers.device import resolve_device
 from fleet.consumers.handlers import HandlerClass, entry_handler, resolve_handler
 from fleet.consumers.handlers.base import ModelHandler
 from fleet.consumers.pool import ModelPool, ServedVersions, budget_bytes, parse_budget
+from fleet.consumers.version_outcomes import VersionOutcomes
 from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, FleetError
 from fleet.models import builtin_of, is_import_path
 from fleet.repository.layout import Repository, split_ref
 from fleet.settings import FleetSettings
+from fleet.startup import Deadline, retry_until
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +122,35 @@ def build_pool_worker(
     stores: Stores | None = None,
     **overrides: Any,
 ) -> Worker:
-    """A worker of ``served`` through ``pool`` that continues DAG runs as it settles their steps (``handler``: the
-    default version's, not loaded: it weighs input costs)."""
+    """A worker of ``served`` through ``pool`` that continues DAG runs as it settles their steps and counts each
+    version's outcomes and shadow comparisons (``fleet.consumers.version_outcomes``; ``handler``: the default
+    version's, not loaded: it weighs input costs)."""
     stores = stores or Stores.beside(store)
     worker = Worker(handler, broker, store, settings=settings, stores=stores, pool=pool, versions=served, **overrides)
     worker.settler.on_settled.append(DagRunner(broker, store, stores.dags).on_settled)
+    outcomes = VersionOutcomes(store, stores.rollouts, runtimes_of(Repository.from_settings(settings)))
+    worker.settler.on_settled.append(outcomes.on_settled)
     return worker
+
+
+async def publish_other_versions(stores: Stores, plan: PoolPlan, repository: Repository, deadline: Deadline) -> None:
+    """Publish the manifest of each version an unpinned repository model serves beside its default (before the
+    default's, which must be the one published last: ``ManifestStore.read`` gives the latest), so that a gateway
+    without the repository folder knows every version a traffic policy may name. A version whose manifest is
+    refused is logged and skipped: its jobs fail on their own when they ask for it."""
+    for served in plan.served:
+        if served.listed is None:
+            continue
+        for version in served.listed():
+            if version == served.default:
+                continue
+            try:
+                entry = repository.get(served.name, version)
+            except FleetError as exc:
+                log.warning("model %s version %s is not published: %s", served.name, version, exc.message)
+                continue
+            publish = functools.partial(stores.manifests.publish, entry.name, entry.version, entry.manifest)
+            await retry_until(deadline, f"publish the manifest of {entry.ref}", publish)
 
 
 async def run_pool_worker(
@@ -144,6 +173,7 @@ async def run_pool_worker(
     try:
         async with connected(settings, deadline) as (broker, store):
             stores = Stores.beside(store)
+            await publish_other_versions(stores, plan, Repository.from_settings(settings), deadline)
             for handler in plan.handlers:
                 await publish_manifest(stores, handler, deadline)
             async with dag_starter(broker, stores, f"fleet worker --models {','.join(names)}", deadline):
