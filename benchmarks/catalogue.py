@@ -105,6 +105,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         EXTRACT,
     ),
     Benchmark(
+        "multimodel",
+        "benchmarks.bench_multimodel",
+        (),
+        "Memory (PSS) and jobs/s of N replicas of `embed` in one process against N `fleet worker` processes (N = 4 "
+        "and 8, over NATS + Redis); and 8 models on 2 multi-model workers whose memory budget holds 4 against 8 "
+        "dedicated workers under Zipf traffic: cold loads per 1,000 jobs, p50 and p99.",
+    ),
+    Benchmark(
         "models",
         "benchmarks.bench_models",
         (),
