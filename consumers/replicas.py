@@ -17,6 +17,7 @@ refuses N > 1 otherwise, and for a model computed inline on the event loop (``Mo
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,6 +60,20 @@ def check_replicas(handler: ModelHandler[Any, Any], replicas: int) -> None:
         )
 
 
+_thread = threading.local()
+
+
+def in_replica() -> bool:
+    """Whether the calling thread is one of several replica threads of a worker: a handler keeps its per-call state
+    per thread there (any handler instance it runs, a model pool's included)."""
+    return bool(getattr(_thread, "replica", False))
+
+
+def _start_replica(handler: ModelHandler[Any, Any], threads: int) -> None:
+    _thread.replica = True
+    handler.start_replica(threads)
+
+
 def model_executor(handler: ModelHandler[Any, Any], replicas: int, name: str) -> ThreadPoolExecutor:
     """The threads a worker computes its batches in: one per replica; each replica thread starts with
     ``handler.start_replica(replica_threads(replicas))`` when there are several."""
@@ -66,5 +81,5 @@ def model_executor(handler: ModelHandler[Any, Any], replicas: int, name: str) ->
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
     threads = replica_threads(replicas)
     return ThreadPoolExecutor(
-        max_workers=replicas, thread_name_prefix=name, initializer=handler.start_replica, initargs=(threads,)
+        max_workers=replicas, thread_name_prefix=name, initializer=_start_replica, initargs=(handler, threads)
     )

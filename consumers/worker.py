@@ -60,7 +60,7 @@ from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
 from fleet.encoding import DEFAULT_ENCODING
-from fleet.errors import BrokerError, FleetError, InvalidInput
+from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput
 from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
 from fleet.schemas.jobs import JobError
@@ -185,7 +185,14 @@ class Worker:
         replicas: int | None = None,
     ) -> None:
         self.replicas = replicas or settings.replicas
-        check_replicas(handler, self.replicas)
+        try:
+            check_replicas(handler, self.replicas)
+        except ConfigError as exc:
+            if replicas is not None:
+                raise
+            # FLEET_REPLICAS covers every model of a process (fleet up): one that cannot run replicas runs one
+            log.info("worker of %s: one replica, not %d: %s", handler.spec.name, self.replicas, exc.message)
+            self.replicas = 1
         self.handler = handler
         self.spec = handler.spec
         self.model = self.spec.name
@@ -351,6 +358,8 @@ class Worker:
         await cancel_and_wait(self._aux_tasks)
         self._release_gc()
         self.breaker.close()
+        with contextlib.suppress(KeyError):
+            metrics.REPLICAS_BUSY.remove(self.model, self.worker_id)
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
 
     async def _mark_draining(self) -> None:

@@ -7,7 +7,6 @@ import collections
 import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -127,9 +126,17 @@ def test_replicas_are_refused_for_a_handler_not_declared_safe() -> None:
 
 
 def test_a_worker_is_not_built_with_replicas_its_handler_cannot_run() -> None:
-    settings = FleetSettings(replicas=3)
+    settings = FleetSettings()
     with pytest.raises(ConfigError, match="does not declare replica_safe"):
-        Worker(with_name(Items, "plain")(), make_broker(settings), make_store(settings), settings=settings)
+        Worker(with_name(Items, "plain")(), make_broker(settings), make_store(settings), settings=settings, replicas=3)
+
+
+def test_the_replicas_setting_leaves_a_model_that_cannot_run_them_at_one() -> None:
+    """FLEET_REPLICAS covers every model of a process (fleet up serves echo beside embed)."""
+    settings = FleetSettings(replicas=3)
+    broker, store = make_broker(settings), make_store(settings)
+    assert Worker(EchoHandler(), broker, store, settings=settings).replicas == 1
+    assert Worker(with_name(Overlapping, "safe")(), broker, store, settings=settings).replicas == 3
 
 
 def test_replica_threads_share_the_cores() -> None:
@@ -176,13 +183,32 @@ def test_each_replica_of_a_runtime_has_its_own_tokenizer_and_computes_the_same(t
 def test_a_tokenizer_copy_follows_a_reload(tiny_embedder) -> None:
     handler = tiny_embedder(device="cpu")
     handler.load()
-    with ThreadPoolExecutor(1, initializer=handler.start_replica, initargs=(1,)) as pool:
-        before = pool.submit(lambda: id(handler.thread_tokenizer())).result()
+
+    def in_a_replica() -> tuple[int, int, int]:
+        before = id(handler.thread_tokenizer())
         handler.load()  # a model pool may load the handler again
-        after = pool.submit(lambda: id(handler.thread_tokenizer())).result()
-        same = pool.submit(lambda: id(handler.thread_tokenizer())).result()
-    assert before != after == same
+        return before, id(handler.thread_tokenizer()), id(handler.thread_tokenizer())
+
+    executor = model_executor(handler, 2, "tiny")
+    try:
+        before, after, same = executor.submit(in_a_replica).result()
+    finally:
+        executor.shutdown(wait=True)
+    assert before != after == same and after != id(handler.tokenizer)
     assert id(handler.thread_tokenizer()) == id(handler.tokenizer)  # a thread that is no replica uses the loaded one
+
+
+def test_a_handler_not_built_with_the_executor_copies_its_tokenizer_in_a_replica_thread(tiny_embedder) -> None:
+    """A model pool's handler is not the one the executor started the replicas with: it copies all the same."""
+    first, pooled = tiny_embedder(device="cpu"), tiny_embedder(device="cpu")
+    first.load()
+    pooled.load()
+    executor = model_executor(first, 2, "tiny")
+    try:
+        copy_id = executor.submit(lambda: id(pooled.thread_tokenizer())).result()
+    finally:
+        executor.shutdown(wait=True)
+    assert copy_id != id(pooled.tokenizer)
 
 
 async def test_replicas_of_a_tiny_runtime_serve_end_to_end(tiny_embedder, unique) -> None:

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from fleet.consumers.device import is_cuda, resolve_device, torch_dtype_for
 from fleet.consumers.handlers.base import ModelHandler
+from fleet.consumers.replicas import in_replica
 from fleet.consumers.runtimes.passes import default_tokens_per_forward, estimate_tokens
 from fleet.errors import ConfigError
 from fleet.repository.entry import RepositoryEntry
@@ -201,15 +202,15 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         torch.set_num_threads(max(1, threads))  # this thread's OpenMP team (torch keeps the count per thread)
         if is_cuda(self.device):
             torch.cuda.set_stream(torch.cuda.Stream(device=self.device))  # the current stream is per thread
-        self.thread_tokenizer(own=True)
+        self.thread_tokenizer()
 
-    def thread_tokenizer(self, *, own: bool = False) -> Any:
-        """The tokenizer this thread uses: a replica thread's own copy (made by ``start_replica``, remade if the
-        handler was loaded again since), else the loaded one."""
+    def thread_tokenizer(self) -> Any:
+        """The tokenizer this thread uses: in a replica thread (``fleet.consumers.replicas.in_replica``) its own
+        copy, made on first use and again if the handler was loaded again since; elsewhere the loaded one."""
         local = self._replica
         if getattr(local, "source", None) is self.tokenizer:
             return local.tokenizer
-        if not own and not hasattr(local, "source"):
+        if not in_replica() or self.tokenizer is None:
             return self.tokenizer
         local.source, local.tokenizer = self.tokenizer, copy.deepcopy(self.tokenizer)
         return local.tokenizer
