@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import REGISTRY
 
+from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
 from fleet.consumers.breaker import PROBE_BATCH, WorkerBreaker, outcome_of
 from fleet.consumers.handlers import with_name
@@ -17,6 +18,7 @@ from fleet.consumers.worker import Worker
 from fleet.lifecycle.breaker import BreakerConfig
 from fleet.schemas.jobs import JobError, JobState
 from fleet.settings import FleetSettings
+from fleet.store import make_store
 from fleet.store.base import ResultStore
 from tests.handlers_for_tests import Items, Sick
 from tests.infra import connected_pair, eventually, publish_requests, settings_for, wait_terminal
@@ -163,3 +165,17 @@ async def test_an_open_breaker_hands_back_held_work_unstarted_and_unblamed(infra
 
 async def _calls_at_least(worker: Worker, n: int) -> bool:
     return len(worker.handler.calls) >= n  # type: ignore[attr-defined]
+
+
+def test_an_open_breaker_offers_the_dispatchers_no_slot_and_a_half_open_one_a_single_item() -> None:
+    settings = FleetSettings(worker_breaker=BreakerConfig(consecutive_failures=1, cool_down_s=60))
+    broker, store = make_broker(settings), make_store(settings)
+    worker = Worker(with_name(Items, "slots")(), broker, store, settings=settings, routing="dispatch", max_batch=8)
+    clock = Clock()
+    worker.breaker = WorkerBreaker(settings.worker_breaker, model="slots", worker_id=worker.worker_id, clock=clock)
+    assert worker._free_slots() == 8
+    worker.breaker.record("failure")
+    assert worker._free_slots() == 0
+    clock.now += 60
+    assert worker._free_slots() == PROBE_BATCH
+    assert worker.breaker.take_probe() and worker._free_slots() == 0, "the probe's place is taken"
