@@ -525,23 +525,26 @@ class Worker:
         metrics.REPLICAS_BUSY.labels(self.model, self.worker_id).set(len(self._runs))
         probe = admission in self._probes
         self._probes.discard(admission)
-        admitted = await admission
-        if probe and not admitted:
-            self.breaker.cancel_probe()  # nothing to try the model with: the next batch probes
-        for run, jobs in enumerate(split(admitted) if admitted else ()):  # one, unless crashes.split bounds some
-            # a drain finishes the run computing, not the ones after it; an open breaker starts none
-            if (run and self._stopping.is_set()) or not (probe or self.breaker.closed):
-                await asyncio.gather(*(self.settler.release(job.delivery) for job in jobs))
-                continue
-            try:
-                jobs = await self.admission.start(jobs)
-                if jobs:
-                    await self._run_batch(jobs)
-                elif probe:
-                    self.breaker.cancel_probe()
-            except Exception:
-                log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
-                await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
+        try:
+            admitted = await admission
+            for run, jobs in enumerate(split(admitted) if admitted else ()):  # one, unless crashes.split bounds some
+                # a drain finishes the run computing, not the ones after it; an open breaker starts none
+                if (run and self._stopping.is_set()) or not (probe or self.breaker.closed):
+                    await asyncio.gather(*(self.settler.release(job.delivery) for job in jobs))
+                    continue
+                try:
+                    await self._start_and_run(jobs)
+                except Exception:
+                    log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
+                    await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
+        finally:
+            if probe:  # a probe that ran moved the breaker on; one whose jobs ended elsewhere frees its place
+                self.breaker.cancel_probe()
+
+    async def _start_and_run(self, jobs: list[Job]) -> None:
+        jobs = await self.admission.start(jobs)
+        if jobs:
+            await self._run_batch(jobs)
 
     async def _heartbeat_loop(self) -> None:
         while not self._aux_stop.is_set():
