@@ -35,8 +35,9 @@ of each job's time from publish to its record's ``finished_at``, and the residen
 needs the multi-model worker (``fleet worker --models ... --memory-budget``); on a checkout without it, it stops with
 a message saying so, after part ``replicas`` has written its figures.
 
-Services come from FLEET_BENCH_{NATS,REDIS}_URL or are started as in the tests. Writes
-``benchmarks/results/multimodel.json`` (``--quick``: ``benchmarks/results/quick/multimodel.json``, not committed).
+Services come from FLEET_BENCH_{NATS,REDIS}_URL or are started as in the tests. Each part writes its own file as it
+ends: ``benchmarks/results/multimodel.json`` (replicas) and ``multimodel-pool.json`` (pool); ``--quick`` writes them
+under ``benchmarks/results/quick/`` (not committed).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_embed import query_texts
-from benchmarks.common import RESULTS_DIR, percentiles_ms, services, show, stop_processes, write_result
+from benchmarks.common import RESULTS_DIR, SHOWN, percentiles_ms, services, show, stop_processes, write_result
 from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker
@@ -445,18 +446,19 @@ def free_port() -> int:
 
 
 # -- main ---------------------------------------------------------------------------------------------------------
+RESULT_OF = {"replicas": "multimodel", "pool": "multimodel-pool"}  # one result file per part
+
+
 async def main(args: argparse.Namespace) -> None:
-    figures: dict[str, Any] = {"params": {k: v for k, v in vars(args).items() if k != "repo"}}
-    out = RESULTS_DIR / "quick" / "multimodel.json" if args.quick else None  # a smoke run's file is not committed
+    params = {k: v for k, v in vars(args).items() if k != "repo"}
+    parts = {"replicas": replicas_part, "pool": pool_part}
     with services() as urls:
-        try:
-            if "replicas" in args.parts:
-                figures["replicas"] = await replicas_part(urls, args)
-            if "pool" in args.parts:
-                figures["pool"] = await pool_part(urls, args)
-        finally:
-            if len(figures) > 1:
-                print(f"wrote {write_result('multimodel', figures, out)}")
+        for part in args.parts:
+            figures = {"params": params, part: await parts[part](urls, args)}
+            name = RESULT_OF[part]
+            out = RESULTS_DIR / "quick" / f"{name}.json" if args.quick else None  # a smoke run's: not committed
+            print(f"wrote {write_result(name, figures, out)}")
+            SHOWN.clear()  # the next part's file holds its own tables
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
