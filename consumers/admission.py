@@ -94,7 +94,17 @@ class Admission:
         settler = self.settler
         model, worker_id, size = settler.model, settler.worker_id, len(jobs)
         items = [  # crashes.start_of, inlined: this runs once per job
-            Start(job.job_id or "", model, worker_id, job.attempt, job.unread, _tenant(job), size, job.strikes)
+            Start(
+                job.job_id or "",
+                model,
+                worker_id,
+                job.attempt,
+                job.unread,
+                _tenant(job),
+                size,
+                job.strikes,
+                job.version,
+            )
             for job in jobs
         ]
         try:

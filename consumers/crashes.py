@@ -119,4 +119,4 @@ def start_of(job: Job, model: str, worker_id: str, batch_size: int) -> Start:
     """The ``start_many`` item that marks a run already started (its record exists: not ``unread``) with another
     ``batch_size``; its runs and strikes stay as they are. A terminal record is left alone, as by any start."""
     tenant = job.request.tenant if job.request is not None else None
-    return Start(job.job_id or "", model, worker_id, job.attempt, False, tenant, batch_size, job.strikes)
+    return Start(job.job_id or "", model, worker_id, job.attempt, False, tenant, batch_size, job.strikes, job.version)

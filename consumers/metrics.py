@@ -28,3 +28,27 @@ BREAKER_TRANSITIONS = Counter(
     ["model", "to"],
 )
 REPLICAS_BUSY = Gauge("fleet_worker_replicas_busy", "Replicas of a worker computing a batch now", ["model", "worker"])
+
+# The model pool of a multi-model worker (fleet.consumers.pool), by model and version.
+MODEL_LOADS = Counter("fleet_worker_model_loads_total", "Model versions loaded and warmed up", ["model", "version"])
+MODEL_UNLOADS = Counter(
+    "fleet_worker_model_unloads_total",
+    "Model versions unloaded (evicted for the budget, or at stop)",
+    ["model", "version"],
+)
+MODEL_LOAD_FAILURES = Counter(
+    "fleet_worker_model_load_failures_total",
+    "Model version loads that failed or were refused (larger than the budget)",
+    ["model", "version"],
+)
+MODEL_LOAD_SECONDS = Histogram(
+    "fleet_worker_model_load_seconds",
+    "Time to load and warm up a model version",
+    ["model", "version"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+MODEL_LOADED_BYTES = Gauge(
+    "fleet_worker_model_loaded_bytes",
+    "Budgeted bytes of a loaded model version (0 when unloaded)",
+    ["model", "version"],
+)

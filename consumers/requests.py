@@ -35,6 +35,7 @@ class Job:
     unread: bool = False  # admission did not read its record (a DAG step's first delivery: it has none yet)
     strikes: int = 0  # runs counted against it so far (``fleet.consumers.crashes``), this one not included
     bound: int | None = None  # the most jobs this run may start with (``fleet.consumers.crashes``; None: any)
+    version: str | None = None  # the model version it runs with (set by the worker just before its start)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

@@ -251,7 +251,16 @@ class Settler:
         assert job.job_id is not None
         tenant = tenant_of(job)
         worker_id = self.worker_id
-        return Finish(job.job_id, state, self.model, output=output, error=error, worker_id=worker_id, tenant=tenant)
+        return Finish(
+            job.job_id,
+            state,
+            self.model,
+            output=output,
+            error=error,
+            worker_id=worker_id,
+            tenant=tenant,
+            version=job.version,
+        )
 
     async def _store_and_settle(self, items: list[tuple[Job, Finish]], patient: bool) -> None:
         if not items:

@@ -25,6 +25,12 @@ An admitted batch computes as one run, unless it holds jobs redelivered from a w
 computed in a batch of many: ``fleet.consumers.crashes`` then splits it into smaller runs (bisection), each started and
 computed in turn. A worker told to stop marks the run it is computing as a draining worker's (best effort, one
 store call), so that if it is killed before the run ends, the run does not count against its jobs.
+
+Versions: a worker of one handler serves its spec's version (loaded at start). A worker given the process's
+``ModelPool`` (``fleet.consumers.pool``; ``fleet worker --models``) loads nothing at start: each run is grouped by the
+version its requests name, and each group is started and computed on that version's handler, which the pool loads
+on demand and keeps from eviction while the group computes. Either way the version is stamped on each job before
+its start, so the running and the terminal record name it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -55,12 +62,14 @@ from fleet.consumers.drain import DrainListener
 from fleet.consumers.handlers.base import ModelHandler
 from fleet.consumers.idle import IdleAnnouncer
 from fleet.consumers.outage import StoreOutage
+from fleet.consumers.pool.pool import ModelPool
+from fleet.consumers.pool.versions import ServedVersions, by_version
 from fleet.consumers.replicas import check_replicas, model_executor
 from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
 from fleet.encoding import DEFAULT_ENCODING
-from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput
+from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, ModelUnavailable
 from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
 from fleet.schemas.jobs import JobError
@@ -160,11 +169,21 @@ class Worker:
         stores: the process's stores beside ``store`` (``fleet.store.bundle.Stores``); the worker releases its
             tenants' queued-job places in ``stores.quotas`` when limits bound them. ``fleet up`` passes the bundle
             it shares with the gateway; None builds one when needed.
-        replicas: batches computed at once on the one loaded handler (``fleet.consumers.replicas``); default
+        pool: the process's ``ModelPool`` (``fleet.consumers.pool``), shared with its other workers: the worker
+            then loads nothing at start, and each batch's versions are loaded on demand through the pool (``handler``
+            is only asked for input costs). None: ``handler`` is loaded at start and serves its one version.
+        versions: with a pool, the versions this worker serves (``ServedVersions``; default: ``handler``'s one).
+        replicas: batches computed at once, on the one loaded copy of the model (``fleet.consumers.replicas``); default
             ``settings.replicas``. Raises ``ConfigError`` when the handler cannot run that many.
 
-    ``state`` is ``starting`` until the model is loaded and warmed up, then ``ready`` (``degraded`` while the store
-    cannot be reached), ``draining`` and ``stopped``; heartbeats carry it.
+    A batch's jobs run with the version each request names (``RequestMessage.version``; none: the default, the
+    handler's spec version); a job for a version the worker does not serve fails (``unserved_version``), one whose
+    version cannot be loaded fails with the pool's ``model_unavailable``; both are not retried. Every record the
+    worker starts or finishes names the version.
+
+    ``state`` is ``starting`` until the model is loaded and warmed up (with a pool: until subscribed; models load
+    on their first work), then ``ready`` (``degraded`` while the store cannot be reached), ``draining`` and
+    ``stopped``; heartbeats carry it, and ``loaded``, the versions loaded and warm.
     """
 
     def __init__(
@@ -182,6 +201,8 @@ class Worker:
         on_settled: list[OnSettled] | None = None,
         on_drain: Callable[[], object] | None = None,
         stores: Stores | None = None,
+        pool: ModelPool | None = None,
+        versions: ServedVersions | None = None,
         replicas: int | None = None,
     ) -> None:
         self.replicas = replicas or settings.replicas
@@ -196,6 +217,9 @@ class Worker:
         self.handler = handler
         self.spec = handler.spec
         self.model = self.spec.name
+        self.version = self.spec.version  # of a job that names none
+        self.pool = pool
+        self.versions = versions or ServedVersions(self.model, self.version, lambda _: type(handler)(device=device))
         self.broker = broker
         self.store = store
         self.settings = settings
@@ -250,6 +274,7 @@ class Worker:
         self._compute_task: asyncio.Task[None] | None = None
         self._computing: dict[int, list[Job]] = {}  # the runs on the device now, by id of their job list
         self._aux_tasks: list[asyncio.Task[None]] = []
+        self._beats: set[asyncio.Task[None]] = set()  # heartbeats sent when the pool loads or unloads a model
         self._stopped = False
         self._taken = asyncio.Event()
         self._aux_stop = asyncio.Event()  # heartbeats and keep-alives run through the drain, then stop
@@ -289,8 +314,11 @@ class Worker:
             await self.broker.ensure_model(self.model)  # a broker misconfiguration surfaces before a slow load
             self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
             t0 = time.perf_counter()
-            await asyncio.to_thread(self.handler.load)
-            await asyncio.to_thread(self.handler.warmup)
+            if self.pool is None:
+                await asyncio.to_thread(self.handler.load)
+                await asyncio.to_thread(self.handler.warmup)
+            else:  # models load on their first work; loads and unloads are heard of at once
+                self.pool.on_change.append(self._on_pool_change)
             log.info("worker %s: %s ready in %.1fs", self.worker_id, self.model, time.perf_counter() - t0)
             YOUNG_GC.acquire(self.batch_ceiling)
             self._gc_tuned = True
@@ -349,10 +377,14 @@ class Worker:
                 await self._sub.close()
         self.state = "stopped"
         await self._send_heartbeat()
-        try:
-            await asyncio.to_thread(self.handler.close)  # not behind a batch still running past the deadline
-        except Exception:
-            log.exception("worker %s: model close failed", self.worker_id)
+        if self.pool is not None:  # the pool's models are the process's: its owner closes it
+            with contextlib.suppress(ValueError):
+                self.pool.on_change.remove(self._on_pool_change)
+        else:
+            try:
+                await asyncio.to_thread(self.handler.close)  # not behind a batch still running past the deadline
+            except Exception:
+                log.exception("worker %s: model close failed", self.worker_id)
         self._model_thread.shutdown(wait=False)
         self._aux_stop.set()
         await cancel_and_wait(self._aux_tasks)
@@ -533,7 +565,10 @@ class Worker:
                     await asyncio.gather(*(self.settler.release(job.delivery) for job in jobs))
                     continue
                 try:
-                    await self._start_and_run(jobs)
+                    if self.pool is None:
+                        await self._start_and_run(jobs)
+                    else:
+                        await self._run_versions(jobs)
                 except Exception:
                     log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
                     await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
@@ -542,9 +577,64 @@ class Worker:
                 self.breaker.cancel_probe()
 
     async def _start_and_run(self, jobs: list[Job]) -> None:
+        """One version, the handler's: stamp it on the jobs (a job naming another fails), start them and run."""
+        version = self.version
+        unserved: list[Job] | None = None
+        for job in jobs:  # no allocation on the normal path: a job names no version, or this one
+            asked = job.request.version if job.request is not None else None
+            if asked is None or asked == version:
+                job.version = version
+            elif unserved is None:
+                unserved = [job]
+            else:
+                unserved.append(job)
+        if unserved is not None:
+            jobs = [job for job in jobs if job.version is not None]
+            await self._unserved(unserved)
         jobs = await self.admission.start(jobs)
         if jobs:
             await self._run_batch(jobs)
+
+    async def _run_versions(self, jobs: list[Job]) -> None:
+        """With a pool: each version's jobs of the batch run on that version's handler, loaded on demand."""
+        pool = self.pool
+        assert pool is not None
+        for i, (version, group) in enumerate(by_version(jobs, self.version).items()):
+            if i and self._stopping.is_set():  # a drain finishes the group computing; no load starts for the rest
+                await asyncio.gather(*(self.settler.release(job.delivery) for job in group))
+                continue
+            if not self.versions.serves(version):
+                await self._unserved(group, version)
+                continue
+            for job in group:
+                job.version = version
+            try:
+                async with pool.use((self.model, version), partial(self.versions.make, version)) as handler:
+                    group = await self.admission.start(group)
+                    if group:
+                        await self._run_batch(group, handler)
+            except ModelUnavailable as exc:  # raised by the pool before anything started: the jobs fail at once
+                error = JobError(type="model_unavailable", message=exc.message, retriable=False)
+                await self.settler.reject([(job, error) for job in group])
+
+    async def _unserved(self, jobs: list[Job], version: str | None = None) -> None:
+        rejected = []
+        for job in jobs:
+            asked = version or (job.request.version if job.request is not None else None) or self.version
+            rejected.append((job, self.versions.unserved(asked)))
+        await self.settler.reject(rejected)
+
+    def _on_pool_change(self) -> None:
+        if self._state == "ready":
+            task = asyncio.create_task(self._send_heartbeat(), name=f"{self.worker_id}-loaded")
+            self._beats.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._beats.discard)
+
+    def loaded(self) -> list[str]:
+        """The versions of this worker's model loaded and warm."""
+        if self.pool is not None:
+            return self.pool.loaded(self.model)
+        return [self.version] if self._state in ("ready", "draining") else []
 
     async def _heartbeat_loop(self) -> None:
         while not self._aux_stop.is_set():
@@ -564,6 +654,7 @@ class Worker:
             state=self.state,  # type: ignore[arg-type]
             routing=self.routing,
             in_flight=len(self.held),
+            loaded=self.loaded(),
             replicas=self.replicas,
             breaker=self.breaker.status,
             **self.stats.snapshot(),  # type: ignore[arg-type]
@@ -576,12 +667,13 @@ class Worker:
             log.warning("worker %s: heartbeat not sent: %s", self.worker_id, exc)
 
     # -- one batch ------------------------------------------------------------------------------------------
-    async def _run_batch(self, jobs: list[Job]) -> None:
-        """Compute running jobs, then hand their results to a settle task and return for the next batch."""
+    async def _run_batch(self, jobs: list[Job], handler: ModelHandler[Any, Any] | None = None) -> None:
+        """Compute running jobs (on ``handler``, default the worker's), then hand their results to a settle task
+        and return for the next batch."""
         t0 = time.perf_counter()
         self._computing[id(jobs)] = jobs
         try:
-            results = await self._predict(jobs)
+            results = await self._predict(jobs, handler or self.handler)
         finally:
             del self._computing[id(jobs)]
         if self.breaker.config is not None:
@@ -662,28 +754,28 @@ class Worker:
         if not task.cancelled() and task.exception() is not None:
             log.error("worker %s: settling a batch failed", self.worker_id, exc_info=task.exception())
 
-    async def _predict(self, jobs: list[Job]) -> list[Any]:
+    async def _predict(self, jobs: list[Job], handler: ModelHandler[Any, Any]) -> list[Any]:
         """Outputs (JSON-ready) or ``JobError`` per job; a failing batch is split until the bad item is alone."""
         inputs = [job.input for job in jobs]
         try:
-            if self.spec.inline:  # microseconds of work: a thread hop would cost more
-                outputs = self.handler.run(inputs)
+            if handler.spec.inline:  # microseconds of work: a thread hop would cost more
+                outputs = handler.run(inputs)
             else:
                 loop = asyncio.get_running_loop()
-                outputs = await loop.run_in_executor(self._model_thread, self.handler.run, inputs)  # checks types
+                outputs = await loop.run_in_executor(self._model_thread, handler.run, inputs)  # checks types
         except Exception as exc:
             if len(jobs) == 1:
                 return [self._error_from(exc)]
             mid = len(jobs) // 2
             log.info("worker %s: batch of %d raised %r; splitting to isolate it", self.worker_id, len(jobs), exc)
-            return await self._predict(jobs[:mid]) + await self._predict(jobs[mid:])
-        return [self._to_json(out, _encoding(job)) for job, out in zip(jobs, outputs, strict=True)]
+            return await self._predict(jobs[:mid], handler) + await self._predict(jobs[mid:], handler)
+        return [self._to_json(handler, out, _encoding(job)) for job, out in zip(jobs, outputs, strict=True)]
 
-    def _to_json(self, output: BaseModel | Exception, encoding: str) -> Any:
+    def _to_json(self, handler: ModelHandler[Any, Any], output: BaseModel | Exception, encoding: str) -> Any:
         if isinstance(output, Exception):
             return self._error_from(output)
         try:
-            data = self.handler.output_json(output, encoding)
+            data = handler.output_json(output, encoding)
         except Exception as exc:  # e.g. a value JSON cannot hold: the job fails, the worker goes on
             return JobError(type="invalid_output", message=f"the model's output does not serialise: {exc}")
         where = non_finite_at(data)

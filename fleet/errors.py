@@ -16,6 +16,8 @@ FleetError
  +-- UnknownDag(name, version)   no such DAG (or version) is registered
  +-- UnknownRun(run_id)          no such DAG run (never started, or its record expired)
  +-- ModelError(message)         the model raised while computing; retriable unless it says otherwise
+ +-- ModelUnavailable(model, version, cause)  a worker's model pool could not load that version (a failed load,
+                                 a model larger than the budget): its jobs fail at once, not retried
  +-- ServiceUnavailable(service, hint)  a test or start-up dependency that is not running
  +-- ScalerError(backend, target)  a scaler backend could not read or set replicas; retriable unless it says otherwise
  +-- StartupTimeout(what, attempts, waited_s)  a broker or store still unreachable at the start-up deadline
@@ -157,6 +159,18 @@ class ModelError(FleetError):
     def __init__(self, message: str, *, retriable: bool = True) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class ModelUnavailable(FleetError):
+    """A worker's model pool cannot serve ``model`` at ``version`` now: its load failed (``cause``), or it alone is
+    larger than the worker's memory budget. Not retriable: the jobs that needed it fail with this message."""
+
+    def __init__(self, model: str, version: str, cause: str, retry_in_s: float | None = None) -> None:
+        again = f"; the worker tries to load it again in {retry_in_s:.0f} s" if retry_in_s else ""
+        super().__init__(f"model {model!r} version {version!r} cannot be loaded: {cause}{again}")
+        self.model = model
+        self.version = version
+        self.cause = cause
 
 
 class ServiceUnavailable(FleetError):

@@ -162,6 +162,21 @@ class FleetSettings(BaseSettings):
         "level starves)",
     )
 
+    # multi-model workers (fleet.consumers.pool)
+    pools: Annotated[dict[str, tuple[str, ...]], NoDecode] = Field(
+        default_factory=dict,
+        description="named sets of models one worker process serves (`fleet worker --pool NAME`): "
+        '\'nlp=a+b@2+c,vision=d\' or a JSON object {"nlp": ["a", "b@2"]}',
+    )
+    memory_budget: str | None = Field(
+        None,
+        description="what a multi-model worker's loaded models may take in all: bytes, a size (2GiB, 500MB) or a "
+        "fraction of the device's memory (0.5); unset: no budget",
+    )
+    model_retry_after_s: float = Field(
+        30.0, gt=0, le=86_400, description="a multi-model worker's back-off after a model failed to load"
+    )
+
     # direct assignment (dispatcher)
     routing: Annotated[dict[str, Literal["pull", "dispatch"]], NoDecode] = Field(
         default_factory=dict,
@@ -324,6 +339,21 @@ class FleetSettings(BaseSettings):
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _parse_pools(cls, value: object) -> object:
+        pairs = parse_pairs(value, "pools", "POOL=model+model@version")
+        if not isinstance(pairs, dict):
+            return pairs
+        out: dict[str, object] = {}
+        for name, models in pairs.items():
+            if isinstance(models, str):
+                models = [m.strip() for m in models.split("+") if m.strip()]
+            if not isinstance(models, list | tuple) or not models:
+                raise ValueError(f"pools: pool {name!r} needs models like 'a+b@2', got {models!r}")
+            out[name] = tuple(models)
+        return out
 
     @field_validator("routing", mode="before")
     @classmethod

@@ -88,6 +88,11 @@ class WorkerView(BaseModel):
     latency_ewma_ms: float | None = Field(description="null: no job finished yet (idle since it started)")
     latency_p99_ms: float | None = Field(description="null: no job finished yet")
     heartbeat_age_s: float
+    loaded: list[str] = Field(
+        default_factory=list,
+        description="the model versions loaded and warm in the worker (a multi-model worker "
+        "loads on demand: empty until its first job)",
+    )
 
 
 class DispatcherView(BaseModel):

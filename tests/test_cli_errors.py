@@ -32,7 +32,18 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("up-unreachable", ("up", "--models", "echo", *DOWN), "could not connect to the broker"),
     ("up-bad-log-level", ("up", "--log-level", "LOUD"), "log_level"),
     # worker
-    ("worker-missing-model", ("worker",), "Missing option '--model'"),
+    ("worker-missing-model", ("worker",), "name the model to serve: --model NAME"),
+    ("worker-model-and-models", ("worker", "--model", "echo", "--models", "echo,sleep", *DOWN), "not both"),
+    ("worker-budget-one-model", ("worker", "--model", "echo", "--memory-budget", "1GiB", *DOWN), "--memory-budget"),
+    (
+        "worker-bad-budget",
+        ("worker", "--models", "echo,sleep", "--memory-budget", "lots", *DOWN),
+        "--memory-budget 'lots' is not a size",
+    ),
+    ("worker-model-named-twice", ("worker", "--models", "echo,sleep,echo", *DOWN), "model 'echo' is named twice"),
+    ("worker-models-unknown", ("worker", "--models", "echo,nope", *DOWN), "unknown model 'nope'"),
+    ("worker-unknown-pool", ("worker", "--pool", "nlp", *DOWN), "--pool 'nlp' is not a pool"),
+    ("worker-models-unreachable", ("worker", "--models", "echo,sleep", *DOWN), "could not connect to the broker"),
     ("worker-unknown-model", ("worker", "--model", "nope", *DOWN), "unknown model 'nope'"),
     (
         "worker-bad-import-path",

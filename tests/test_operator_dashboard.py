@@ -183,6 +183,11 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     shown = {rows.nth(i).locator("td").nth(1).inner_text() for i in range(rows.count())}
     assert shown >= {"sleep", "gate"}
     expect(page.locator('#workers tbody tr[data-state="serving"]').first).to_be_visible()
+    # each worker's loaded versions, from its heartbeats: a worker of one model loads it at its start
+    echo_row = page.locator('#workers tbody tr[data-state="serving"]', has_text="echo").first
+    expect(echo_row.locator('td[data-role="loaded"]')).to_have_text("v1")
+    ready = [w for w in up.api.get("/v1/operator/snapshot").json()["workers"] if w["state"] == "ready"]
+    assert ready and all(w["loaded"] == ["1"] for w in ready), ready
     assert page.evaluate("sessionStorage.getItem('fleet.operatorToken')") == TOKEN
     # the cards start collapsed: the head line and the reason, no controls until opened
     expect(card(page, "echo").locator('[data-action="pause"]')).to_be_hidden()

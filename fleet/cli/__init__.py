@@ -73,13 +73,30 @@ def up(
 @app.command()
 def worker(
     model: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--model",
             "-m",
             help="built-in model name, repository model 'name' or 'name@version', or 'package.module:Handler'",
         ),
-    ],
+    ] = None,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            help="serve several models in one process, loaded on demand within --memory-budget: 'a,b@2,c' (an "
+            "unpinned repository model serves each of its versions)"
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None, typer.Option(help="serve a named set of models of the settings (FLEET_POOLS), like --models")
+    ] = None,
+    memory_budget: Annotated[
+        str | None,
+        typer.Option(
+            help="with --models/--pool: what the loaded models may take in all: bytes, 2GiB, 500MB, or a fraction "
+            "of the device's memory (0.5) (env FLEET_MEMORY_BUDGET)"
+        ),
+    ] = None,
     broker: Broker = None,
     store: Store = None,
     max_batch: Annotated[int | None, typer.Option(help="largest micro-batch (env FLEET_MAX_BATCH)")] = None,
@@ -123,11 +140,19 @@ def worker(
     app_dir: AppDir = None,
     log_level: LogLevel = None,
 ) -> None:
-    """Serve one model: pull micro-batches, compute, store results, ack. SIGTERM drains gracefully.
+    """Serve one model (--model), or several in one process within a memory budget (--models, --pool): pull
+    micro-batches, compute, store results, ack. SIGTERM drains gracefully.
 
     A broker or store that does not answer at start-up is retried until FLEET_STARTUP_TIMEOUT_S (60 s).
     """
     use_app_dir(app_dir)
+    several = models is not None or pool is not None
+    if model is not None and several:
+        raise fail("give --model for one model, or --models/--pool for several, not both")
+    if model is None and not several:
+        raise fail("name the model to serve: --model NAME (or several: --models a,b@2,c)")
+    if memory_budget is not None and not several:
+        raise fail("--memory-budget bounds a worker of several models: use --models a,b (or --pool NAME)")
     settings = settings_from(
         broker_url=broker,
         store_url=store,
@@ -136,7 +161,8 @@ def worker(
         device=device,
         slowness=slowness,
         log_level=log_level,
-        models=model,
+        models=model or models,
+        memory_budget=memory_budget,
         replicas=replicas,
     )
     if breaker is not None:
@@ -148,8 +174,19 @@ def worker(
         )
     if routing not in (None, "pull", "dispatch"):
         raise fail(f"--routing must be 'pull' or 'dispatch', not {routing!r}")
+    if several:
+        from fleet.cli.pool_workers import plan_pool, pool_refs, run_pool_worker
+        from fleet.errors import FleetError
+
+        try:
+            plan = plan_pool(settings, pool_refs(settings, models, pool), settings.memory_budget)
+        except FleetError as exc:
+            raise fail(exc.message) from None
+        run(run_pool_worker(settings, plan, metrics_port=metrics_port, worker_id=worker_id, routing=routing), settings)
+        return
     from fleet.cli.compose import run_worker
 
+    assert model is not None
     run(run_worker(settings, model, metrics_port=metrics_port, worker_id=worker_id, routing=routing), settings)
 
 

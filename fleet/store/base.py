@@ -9,6 +9,8 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
 * ``finish`` is one atomic compare-and-set: the first terminal state wins and never changes again; the winner's
   record is announced to waiters. It returns ``(True, record)`` for the winner, ``(False, current)`` otherwise.
 * ``get_many`` reads a batch of records in one round trip (``None`` for an unknown job), in order.
+* ``start_many`` / ``finish_many`` write an item's ``version`` (the model version that runs or answered the job) into
+  its record; an item without one leaves the record's version as it was.
 * ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
   order); a worker uses them so that the store costs a handful of round trips per batch, not per job. They leave a
   record of another model or another tenant than the item's untouched (``transitions.foreign``): ``start_many``
@@ -51,6 +53,8 @@ class Start:
     """How many jobs the run starts with (``fleet.consumers.crashes``: 0 marks a draining worker's runs)."""
     strikes: int = 0
     """The job's runs counted against it so far (``fleet.consumers.crashes``); a record keeps the larger count."""
+    version: str | None = None
+    """The model version the run computes with: written into the record (None: the record keeps its own)."""
 
 
 @dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x
@@ -64,6 +68,7 @@ class Finish:
     error: JobError | None = None
     worker_id: str | None = None
     tenant: str | None = None  # written into a record the finish creates (a job that had none)
+    version: str | None = None  # the model version that answered (None: the record keeps its own)
 
 
 class ResultStore(Protocol):

@@ -94,6 +94,7 @@ class MemoryStore:
         tenant: str | None = None,
         batch_size: int | None = None,
         strikes: int = 0,
+        version: str | None = None,
     ) -> JobRecord:
         current = await self.get(job_id)
         record = transitions.started(
@@ -106,6 +107,7 @@ class MemoryStore:
             tenant=tenant,
             batch_size=batch_size,
             strikes=strikes,
+            version=version,
         )
         if record is not current:
             self._write(job_id, transitions.record_json(record))
@@ -121,6 +123,7 @@ class MemoryStore:
         error: JobError | None = None,
         worker_id: str | None = None,
         tenant: str | None = None,
+        version: str | None = None,
     ) -> tuple[bool, JobRecord]:
         current = await self.get(job_id)
         if current is not None and current.terminal:
@@ -135,6 +138,7 @@ class MemoryStore:
             worker_id=worker_id,
             now=time.time(),
             tenant=tenant,
+            version=version,
         )
         raw = transitions.record_json(record)
         self._write(job_id, raw)
@@ -160,6 +164,7 @@ class MemoryStore:
                     tenant=it.tenant,
                     batch_size=it.batch_size,
                     strikes=it.strikes,
+                    version=it.version,
                 )
             )
         return records
@@ -180,6 +185,7 @@ class MemoryStore:
                     error=i.error,
                     worker_id=i.worker_id,
                     tenant=i.tenant,
+                    version=i.version,
                 )
             )
         return results

@@ -414,6 +414,7 @@ class RedisStore:
                 tenant=it.tenant,
                 batch_size=it.batch_size,
                 strikes=it.strikes,
+                version=it.version,
             )
 
         unread = {it.job_id for it in items if it.unread}
@@ -439,6 +440,7 @@ class RedisStore:
                 worker_id=it.worker_id,
                 now=now,
                 tenant=it.tenant,
+                version=it.version,
             )
 
         return await self._cas_many(items, step, publish=True)

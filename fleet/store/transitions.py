@@ -74,6 +74,9 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
         "cache": None,
         "cache_similarity": None,
         "tenant": None,
+        "version": None,
+        "arm": None,
+        "shadow_of": None,
     }
     values.update(fields)
     return trusted(values)
@@ -118,11 +121,12 @@ def started(
     tenant: str | None = None,
     batch_size: int | None = None,
     strikes: int = 0,
+    version: str | None = None,
 ) -> JobRecord:
     """The record after a worker picked the job up; a terminal ``current`` is returned unchanged. ``tenant`` (the
     request message's) is written only into a record created here: an existing record keeps its own.
     ``batch_size`` and ``strikes`` are the run's (``fleet.consumers.crashes``); a record keeps the larger strike
-    count."""
+    count. ``version``: the model version the run computes with (None: the record keeps its own)."""
     if current is None:
         return _fresh(
             job_id,
@@ -134,6 +138,7 @@ def started(
             tenant=tenant,
             batch_size=batch_size,
             strikes=strikes or None,
+            version=version,
         )
     if current.state in TERMINAL_STATES:
         return current
@@ -145,6 +150,8 @@ def started(
     values["deliveries"] = deliveries
     values["batch_size"] = batch_size
     values["strikes"] = max(strikes, values.get("strikes") or 0) or None
+    if version is not None:
+        values["version"] = version
     return trusted(values)
 
 
@@ -159,9 +166,10 @@ def finished(
     worker_id: str | None,
     now: float,
     tenant: str | None = None,
+    version: str | None = None,
 ) -> JobRecord:
     """The terminal record that replaces a non-terminal ``current`` (or stands alone when there is none, then of
-    ``tenant``)."""
+    ``tenant``); ``version`` names the model version that answered (None: the record keeps its own)."""
     if state.__class__ is not JobState:
         state = JobState(state)
     if state not in TERMINAL_STATES:
@@ -179,6 +187,7 @@ def finished(
             finished_at=now,
             worker_id=worker_id,
             tenant=tenant,
+            version=version,
         )
     values = dict(current.__dict__)
     values["state"] = state
@@ -187,4 +196,6 @@ def finished(
     values["finished_at"] = now
     if worker_id is not None:
         values["worker_id"] = worker_id
+    if version is not None:
+        values["version"] = version
     return trusted(values)

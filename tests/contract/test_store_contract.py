@@ -246,6 +246,31 @@ async def test_start_many_handles_absent_queued_and_terminal_jobs_in_order(store
     assert (await store.get(waiting)) == records[1]
 
 
+async def test_start_and_finish_many_write_the_version_and_keep_the_records_when_given_none(
+    store: ResultStore,
+) -> None:
+    absent, chosen, plain = new_id(), new_id(), new_id()
+    await store.create(queued(chosen, version="2", arm="canary"))  # a traffic policy's choice
+    await store.create(queued(plain))
+    started = await store.start_many(
+        [Start(absent, "echo", "w", 1, version="3"), Start(chosen, "echo", "w", 1), Start(plain, "echo", "w", 1)]
+    )
+    assert [r.version for r in started] == ["3", "2", None]
+    finished = await store.finish_many(
+        [
+            Finish(absent, JobState.succeeded, "echo", output=1),
+            Finish(chosen, JobState.succeeded, "echo", output=2, version="2"),
+            Finish(plain, JobState.failed, "echo", error=JobError(type="x", message="y"), version="1"),
+        ]
+    )
+    assert [(won, r.version) for won, r in finished] == [(True, "3"), (True, "2"), (True, "1")]
+    assert finished[1][1].arm == "canary"
+    assert [(await store.get(job_id)).version for job_id in (absent, chosen, plain)] == ["3", "2", "1"]  # type: ignore[union-attr]
+    fresh = new_id()
+    won, record = (await store.finish_many([Finish(fresh, JobState.succeeded, "echo", output=0, version="7")]))[0]
+    assert won and record.version == "7" and (await store.get(fresh)) == record
+
+
 async def test_an_unread_start_finds_a_record_that_exists_after_all(store_factory: StoreFactory) -> None:
     """A DAG step's first delivery starts without a read: the start itself must see what is there, also when
     another process wrote it (so nothing this store remembers helps)."""

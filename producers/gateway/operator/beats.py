@@ -93,6 +93,7 @@ class Beats:
                 latency_ewma_ms=hb.latency_ewma_ms if hb.items else None,  # idle since start: no latency, not 0 ms
                 latency_p99_ms=hb.latency_p99_ms if hb.items else None,
                 heartbeat_age_s=round(now - seen, 3),
+                loaded=hb.loaded,
             )
             for hb, seen in sorted(self.workers.values(), key=lambda item: (item[0].model, item[0].worker_id))
         ]

@@ -337,6 +337,12 @@ function launching(snap) {
   })));
 }
 
+// The versions a worker holds loaded and warm ("v1, v2"); a multi-model worker that loaded none yet says so.
+function loadedVersions(w) {
+  const loaded = w.loaded || [];
+  return loaded.length ? loaded.map((v) => `v${v}`).join(", ") : "– (none yet)";
+}
+
 function renderWorkers(snap) {
   const tbody = $("workers").querySelector("tbody");
   const rows = [...snap.workers, ...launching(snap)].sort((a, b) => a.model.localeCompare(b.model));
@@ -344,11 +350,11 @@ function renderWorkers(snap) {
     tbody,
     rows,
     (w) => w.worker_id,
-    (w) => el("tr", {}, ...Array.from({ length: 10 }, () => el("td")),
+    (w) => el("tr", {}, ...Array.from({ length: 11 }, () => el("td")),
       el("td", {}, w.launching ? "" : el("button", { type: "button", onclick: () => drain(w.worker_id) }, "Drain"))),
     (row, w) => {
       if (w.launching) {
-        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–"];
+        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–", "–"];
         cells.forEach((text, i) => setText(row.children[i], text));
         row.children[3].className = "state state-warming";
         row.children[3].title = "started by the autoscaler, still loading: its first heartbeat names it";
@@ -358,8 +364,10 @@ function renderWorkers(snap) {
       const shown = WORKER_STATES[w.state] || w.state;
       const idle = "– (no job yet)";
       const cells = [w.worker_id, w.model, w.device, shown, w.in_flight, w.items, w.items ? fmt.num(w.mean_batch_size, 1) : "–",
-        w.items ? fmt.ms(w.latency_ewma_ms) : idle, fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s)];
+        w.items ? fmt.ms(w.latency_ewma_ms) : idle, fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s),
+        loadedVersions(w)];
       cells.forEach((text, i) => setText(row.children[i], text ?? "–"));
+      row.children[10].dataset.role = "loaded";
       row.children[3].className = `state state-${shown}`;
       row.dataset.state = shown;
       row.querySelector("button").disabled = shown === "draining";
