@@ -105,6 +105,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         EXTRACT,
     ),
     Benchmark(
+        "multimodel",
+        "benchmarks.bench_multimodel",
+        ("--parts", "replicas"),
+        "Memory (PSS and RSS) and jobs/s of N replicas of `embed` in one process against N `fleet worker` processes "
+        "(N = 4 and 8, end to end over NATS + Redis, the same threads per batch on both sides).",
+    ),
+    Benchmark(
+        "multimodel-pool",
+        "benchmarks.bench_multimodel",
+        ("--parts", "pool"),
+        "8 MiniLM-sized models on 2 multi-model workers whose memory budget holds 4, against 8 dedicated workers, "
+        "under Zipf traffic over NATS + Redis: cold loads per 1,000 jobs, p50 and p99, memory.",
+    ),
+    Benchmark(
         "models",
         "benchmarks.bench_models",
         (),

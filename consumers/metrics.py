@@ -19,6 +19,15 @@ BATCH_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 IN_FLIGHT = Gauge("fleet_worker_in_flight", "Messages held by workers (fetched, not yet settled)", ["model"])
+BREAKER_STATE = Gauge(
+    "fleet_worker_breaker_state", "A worker's circuit breaker: 0 closed, 1 half-open, 2 open", ["model", "worker"]
+)
+BREAKER_TRANSITIONS = Counter(
+    "fleet_worker_breaker_transitions_total",
+    "Circuit breaker transitions of workers, by the state entered",
+    ["model", "to"],
+)
+REPLICAS_BUSY = Gauge("fleet_worker_replicas_busy", "Replicas of a worker computing a batch now", ["model", "worker"])
 
 # The model pool of a multi-model worker (fleet.consumers.pool), by model and version.
 MODEL_LOADS = Counter("fleet_worker_model_loads_total", "Model versions loaded and warmed up", ["model", "version"])

@@ -15,6 +15,12 @@ partition's messages can only go to this worker anyway, one more is fetched whil
 Heartbeats and ack-deadline extensions run in their own tasks, so a long batch neither looks dead nor gets
 redelivered.
 
+With ``replicas`` N > 1 (``fleet.consumers.replicas``) the compute loop takes a batch whenever one of N replica
+slots is free and computes it in a task of its own: N batches compute at once in N model threads on one copy of
+the weights, still at most one batch taken ahead of them, and their results settle as each ends (N + 1 settle
+slots). With a circuit breaker (``fleet.consumers.breaker``) each run's outcome is recorded; while it is open the
+worker takes no work and hands back, unstarted or unblamed, what it holds.
+
 An admitted batch computes as one run, unless it holds jobs redelivered from a worker that disappeared while they
 computed in a batch of many: ``fleet.consumers.crashes`` then splits it into smaller runs (bisection), each started and
 computed in turn. A worker told to stop marks the run it is computing as a draining worker's (best effort, one
@@ -38,7 +44,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Literal
 
@@ -51,6 +56,7 @@ from fleet.consumers import metrics
 from fleet.consumers.admission import Admission
 from fleet.consumers.batch_control import BatchLimits, ControlState, ControlWindow, control, initial_state
 from fleet.consumers.batcher import BatchBounds, BatchCollector
+from fleet.consumers.breaker import WorkerBreaker, outcome_of
 from fleet.consumers.crashes import DRAINING, split, start_of
 from fleet.consumers.drain import DrainListener
 from fleet.consumers.handlers.base import ModelHandler
@@ -58,11 +64,12 @@ from fleet.consumers.idle import IdleAnnouncer
 from fleet.consumers.outage import StoreOutage
 from fleet.consumers.pool.pool import ModelPool
 from fleet.consumers.pool.versions import ServedVersions, by_version
+from fleet.consumers.replicas import check_replicas, model_executor
 from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
 from fleet.encoding import DEFAULT_ENCODING
-from fleet.errors import BrokerError, FleetError, InvalidInput, ModelUnavailable
+from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, ModelUnavailable
 from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
 from fleet.schemas.jobs import JobError
@@ -70,12 +77,12 @@ from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
-from fleet.tasks import cancel_and_wait
+from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
 IDLE_FETCH_TIMEOUT_S = 1.0
-SETTLE_CONCURRENCY = 2  # batches whose results may be written while the next batch computes
+SETTLE_CONCURRENCY = 2  # batches whose results may be written while the next batch computes (+1 per replica more)
 YOUNG_GC_THRESHOLD = 10_000  # at least this many new container objects between two young garbage collections
 YOUNG_GC_OBJECTS_PER_ITEM = 50  # ... and room for this many per item of a batch (a job in flight holds ~30)
 DRAIN_MARK_TIMEOUT_S = 1.0  # for marking the run in flight as a draining worker's; a drain never waits longer
@@ -166,6 +173,8 @@ class Worker:
             then loads nothing at start, and each batch's versions are loaded on demand through the pool (``handler``
             is only asked for input costs). None: ``handler`` is loaded at start and serves its one version.
         versions: with a pool, the versions this worker serves (``ServedVersions``; default: ``handler``'s one).
+        replicas: batches computed at once, on the one loaded copy of the model (``fleet.consumers.replicas``); default
+            ``settings.replicas``. Raises ``ConfigError`` when the handler cannot run that many.
 
     A batch's jobs run with the version each request names (``RequestMessage.version``; none: the default, the
     handler's spec version); a job for a version the worker does not serve fails (``unserved_version``), one whose
@@ -194,7 +203,17 @@ class Worker:
         stores: Stores | None = None,
         pool: ModelPool | None = None,
         versions: ServedVersions | None = None,
+        replicas: int | None = None,
     ) -> None:
+        self.replicas = replicas or settings.replicas
+        try:
+            check_replicas(handler, self.replicas)
+        except ConfigError as exc:
+            if replicas is not None:
+                raise
+            # FLEET_REPLICAS covers every model of a process (fleet up): one that cannot run replicas runs one
+            log.info("worker of %s: one replica, not %d: %s", handler.spec.name, self.replicas, exc.message)
+            self.replicas = 1
         self.handler = handler
         self.spec = handler.spec
         self.model = self.spec.name
@@ -245,11 +264,15 @@ class Worker:
         self._queue: asyncio.Queue[asyncio.Task[list[Job]] | None] = asyncio.Queue(maxsize=1)  # None: wake up
         self._admissions: set[asyncio.Task[list[Job]]] = set()
         self._settling: set[asyncio.Task[None]] = set()
-        self._settle_slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
+        self._settle_slots = asyncio.Semaphore(SETTLE_CONCURRENCY + self.replicas - 1)
+        self._replica_slots = asyncio.Semaphore(self.replicas)
+        self._runs: set[asyncio.Task[None]] = set()  # replicas computing an admitted batch
+        self._probes: set[asyncio.Task[list[Job]]] = set()  # admissions of half-open probes (the breaker's)
+        self.breaker = WorkerBreaker(settings.worker_breaker, model=self.model, worker_id=self.worker_id)
         self._sub: Subscription | None = None
         self._fetch_task: asyncio.Task[None] | None = None
         self._compute_task: asyncio.Task[None] | None = None
-        self._computing: list[Job] = []  # the run on the device now
+        self._computing: dict[int, list[Job]] = {}  # the runs on the device now, by id of their job list
         self._aux_tasks: list[asyncio.Task[None]] = []
         self._beats: set[asyncio.Task[None]] = set()  # heartbeats sent when the pool loads or unloads a model
         self._stopped = False
@@ -261,9 +284,9 @@ class Worker:
         self._batch_size = metrics.BATCH_SIZE.labels(self.model)
         self._batch_seconds = metrics.BATCH_SECONDS.labels(self.model)
         self._announcer: IdleAnnouncer | None = None
-        # One thread of its own for the model's batches: they run one at a time, in order, and never wait behind
-        # the loop's default executor (load, warm-up and close use that one).
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.worker_id}-model")
+        # Threads of its own for the model's batches, one per replica: they never wait behind the loop's default
+        # executor (load, warm-up and close use that one).
+        self._model_thread = model_executor(handler, self.replicas, f"{self.worker_id}-model")
         self._gc_tuned = False
 
     @property
@@ -326,7 +349,7 @@ class Worker:
             self.broker,
             model=self.model,
             worker_id=self.worker_id,
-            free_slots=lambda: 0 if self._stopping.is_set() else self.max_batch - len(self.held),
+            free_slots=self._free_slots,
             heartbeat_interval_s=self.settings.heartbeat_interval_s,
         )
         self.held.on_release = self._announcer.poke
@@ -366,13 +389,17 @@ class Worker:
         self._aux_stop.set()
         await cancel_and_wait(self._aux_tasks)
         self._release_gc()
+        self.breaker.close()
+        with contextlib.suppress(KeyError):
+            metrics.REPLICAS_BUSY.remove(self.model, self.worker_id)
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
 
     async def _mark_draining(self) -> None:
         """Mark the run computing as a draining worker's (``fleet.consumers.crashes``): killed before it ends (a grace
         period that runs out), it does not count against its jobs. Best effort: a run left unmarked only counts
         as any run does."""
-        items = [start_of(job, self.model, self.worker_id, DRAINING) for job in self._computing if job.job_id]
+        computing = [job for run in self._computing.values() for job in run]
+        items = [start_of(job, self.model, self.worker_id, DRAINING) for job in computing if job.job_id]
         if not items:
             return
         try:
@@ -406,10 +433,12 @@ class Worker:
         self._queue.put_nowait(None)  # wakes the compute loop so it sees the stop
 
     async def _finish_in_flight(self, deadline_s: float) -> None:
-        """Wait for the batch computing and the results being written; the compute task may add a settle task."""
+        """Wait for the batches computing and the results being written; they may add settle tasks."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
-        while pending := [t for t in (self._compute_task, *self._settling) if t is not None and not t.done()]:
+        while pending := [
+            t for t in (self._compute_task, *self._runs, *self._settling) if t is not None and not t.done()
+        ]:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 log.warning("worker %s: drain deadline of %.1fs passed; handing work back", self.worker_id, deadline_s)
@@ -428,7 +457,12 @@ class Worker:
         assert self._sub is not None
         collector = BatchCollector(self._sub, self._cost_of, on_fetch=self.held.add)
         while not self._stopping.is_set():
-            bounds = BatchBounds(self.max_batch, self.max_wait_ms / 1000, self.max_batch_cost)
+            limit = self.breaker.fetch_limit()  # None: closed; 0: open; else the size of a half-open probe
+            if limit == 0:
+                await self._breaker_pause(collector)
+                continue
+            max_batch = self.max_batch if limit is None else min(limit, self.max_batch)
+            bounds = BatchBounds(max_batch, self.max_wait_ms / 1000, self.max_batch_cost)
             try:
                 batch = await collector.collect(bounds, IDLE_FETCH_TIMEOUT_S)
             except BrokerError as exc:
@@ -446,6 +480,8 @@ class Worker:
             admission = asyncio.create_task(self._admit_batch(batch), name=f"{self.worker_id}-admit")
             self._admissions.add(admission)
             admission.add_done_callback(self._admissions.discard)
+            if limit is not None and self.breaker.take_probe():
+                self._probes.add(admission)
             # Hand over, then wait until the compute loop takes the batch: at most one batch is taken ahead of
             # the one computing, so a worker never hoards work its peers could be doing. On Kafka no peer could
             # (a partition belongs to one member of the group), so there the next fetch, whose delivery-count
@@ -477,17 +513,55 @@ class Worker:
             await asyncio.gather(*(self.settler.release(d, 1.0) for d in batch))
             return []
 
+    async def _breaker_pause(self, collector: BatchCollector) -> None:
+        """While the breaker is open: hand back what was fetched ahead, wait for the cool-down (or a stop)."""
+        for delivery in collector.carried():
+            await self.settler.release(delivery)
+        collector.carry.clear()
+        await wait_event(self._stopping, min(max(self.breaker.wait_s(), 0.05), IDLE_FETCH_TIMEOUT_S))
+
+    def _free_slots(self) -> int:
+        """What the idle announcer may offer the dispatchers: nothing while stopping or while the breaker is open,
+        one item for a half-open probe."""
+        limit = self.breaker.fetch_limit()
+        if self._stopping.is_set() or limit == 0:
+            return 0
+        free = self.max_batch - len(self.held)
+        return free if limit is None else min(limit, free)
+
     async def _compute_loop(self) -> None:
+        """Take a batch whenever a replica is free, and compute it in a task of its own (``_compute``)."""
         while True:
+            await self._replica_slots.acquire()
             admission = await self._queue.get()
             self._taken.set()
             if admission is None:
+                self._replica_slots.release()
                 if self._stopping.is_set():
                     return
                 continue
+            run = asyncio.create_task(self._compute(admission), name=f"{self.worker_id}-replica")
+            self._runs.add(run)
+            run.add_done_callback(self._ran)
+
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        self._runs.discard(task)
+        self._replica_slots.release()
+        metrics.REPLICAS_BUSY.labels(self.model, self.worker_id).set(len(self._runs))
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s: a replica's batch failed", self.worker_id, exc_info=task.exception())
+
+    async def _compute(self, admission: asyncio.Task[list[Job]]) -> None:
+        """One replica: an admitted batch's runs, in turn. While the breaker is open a batch that is not its probe
+        is handed back unstarted (nothing counts against its jobs)."""
+        metrics.REPLICAS_BUSY.labels(self.model, self.worker_id).set(len(self._runs))
+        probe = admission in self._probes
+        self._probes.discard(admission)
+        try:
             admitted = await admission
             for run, jobs in enumerate(split(admitted) if admitted else ()):  # one, unless crashes.split bounds some
-                if run and self._stopping.is_set():  # a drain finishes the run computing, not the ones after it
+                # a drain finishes the run computing, not the ones after it; an open breaker starts none
+                if (run and self._stopping.is_set()) or not (probe or self.breaker.closed):
                     await asyncio.gather(*(self.settler.release(job.delivery) for job in jobs))
                     continue
                 try:
@@ -498,6 +572,9 @@ class Worker:
                 except Exception:
                     log.exception("worker %s: batch failed unexpectedly; handing it back", self.worker_id)
                     await asyncio.gather(*(self.settler.release(job.delivery, 1.0) for job in jobs))
+        finally:
+            if probe:  # a probe that ran moved the breaker on; one whose jobs ended elsewhere frees its place
+                self.breaker.cancel_probe()
 
     async def _start_and_run(self, jobs: list[Job]) -> None:
         """One version, the handler's: stamp it on the jobs (a job naming another fails), start them and run."""
@@ -578,6 +655,8 @@ class Worker:
             routing=self.routing,
             in_flight=len(self.held),
             loaded=self.loaded(),
+            replicas=self.replicas,
+            breaker=self.breaker.status,
             **self.stats.snapshot(),  # type: ignore[arg-type]
         )
 
@@ -592,11 +671,15 @@ class Worker:
         """Compute running jobs (on ``handler``, default the worker's), then hand their results to a settle task
         and return for the next batch."""
         t0 = time.perf_counter()
-        self._computing = jobs
+        self._computing[id(jobs)] = jobs
         try:
             results = await self._predict(jobs, handler or self.handler)
         finally:
-            self._computing = []
+            del self._computing[id(jobs)]
+        if self.breaker.config is not None:
+            jobs, results = await self._after_outcome(jobs, results)
+            if not jobs:
+                return
         compute_ms = (time.perf_counter() - t0) * 1000
         self.stats.record_batch(len(jobs), compute_ms)
         if self._control is not None:
@@ -607,6 +690,33 @@ class Worker:
         task = asyncio.create_task(self.settler.results(jobs, results))
         self._settling.add(task)
         task.add_done_callback(self._settled)
+
+    async def _after_outcome(self, jobs: list[Job], results: list[Any]) -> tuple[list[Job], list[Any]]:
+        """Record the run's outcome; with the breaker open, hand back the jobs that failed with a model error
+        (unblamed: the worker is sick, not they) and keep the rest to settle."""
+        self.breaker.record(outcome_of(results))
+        if self.breaker.closed:
+            return jobs, results
+        if self._announcer is not None:
+            self._announcer.poke()  # retract the free slots it offered
+        failed = [
+            job for job, r in zip(jobs, results, strict=True) if isinstance(r, JobError) and r.type == "model_error"
+        ]
+        if not failed:
+            return jobs, results
+        items = [start_of(job, self.model, self.worker_id, DRAINING) for job in failed if job.job_id]
+        try:
+            async with asyncio.timeout(DRAIN_MARK_TIMEOUT_S):
+                await self.store.start_many(items)
+        except Exception as exc:  # left unmarked, the runs are judged as any vanished run is
+            log.info("worker %s: runs handed back by the breaker are not marked (%s)", self.worker_id, exc)
+        await asyncio.gather(*(self.settler.release(job.delivery) for job in failed))
+        kept = [
+            (job, r)
+            for job, r in zip(jobs, results, strict=True)
+            if not (isinstance(r, JobError) and r.type == "model_error")
+        ]
+        return [job for job, _ in kept], [r for _, r in kept]
 
     def _adapt(self, jobs: list[Job], compute_ms: float) -> None:
         """Feed the controller's window; at the end of a window, put its knobs in force."""

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fleet import constants as c
 from fleet.errors import ConfigError
+from fleet.lifecycle.breaker import BreakerConfig
 from fleet.limit_policy import LimitPolicy, build_policy, parse_rate, parse_tenant_limits
 from fleet.pools import check_pools
 from fleet.priorities import check_weights
@@ -152,6 +153,19 @@ class FleetSettings(BaseSettings):
         "the model's declaration; e.g. 'embed=8192' or a JSON object",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="batches a worker computes at once on one copy of its model's weights (threads; "
+        "fleet.consumers.replicas)",
+    )
+    worker_breaker: BreakerConfig | None = Field(
+        None,
+        description="a worker's circuit breaker (fleet.consumers.breaker): when its batches keep failing with model "
+        "errors it stops taking work until a probe succeeds; a JSON object of BreakerConfig's fields, e.g. "
+        "'{\"consecutive_failures\": 3}' ('{}': the defaults); unset: no breaker",
+    )
     slowness: float = Field(1.0, gt=0, description="per-worker service-time factor of the sleep model")
 
     # broker

@@ -142,3 +142,48 @@ class Gate(ModelHandler[GateIn, GateOut]):
             else ModelError(f"gate {item.key} is closed", retriable=False)
             for item in batch
         ]
+
+
+class Overlapping(Items):
+    """``Items`` safe for replicas that records how many of its batches were computing at once (``peak``), and
+    which threads computed them."""
+
+    replica_safe = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.running = 0
+        self.peak = 0
+        self.threads: set[str] = set()
+        self.started_threads: list[int] = []
+
+    def start_replica(self, threads: int) -> None:
+        with self._lock:
+            self.started_threads.append(threads)
+
+    def predict(self, batch: list[ItemIn]) -> list[ItemOut | Exception]:
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            self.threads.add(threading.current_thread().name)
+        try:
+            return super().predict(batch)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+class Sick(Items):
+    """``Items`` whose every batch raises while ``sick`` is set (a worker whose device broke), until healed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sick = threading.Event()
+        self.sick.set()
+
+    def predict(self, batch: list[ItemIn]) -> list[ItemOut | Exception]:
+        if self.sick.is_set():
+            with self._lock:
+                self.calls.append([])
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().predict(batch)

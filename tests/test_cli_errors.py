@@ -56,6 +56,18 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("worker-memory-broker", ("worker", "--model", "echo"), "needs a real broker and store"),
     ("worker-bad-max-batch", ("worker", "--model", "echo", "--max-batch", "0", *DOWN), "max_batch"),
     ("worker-unreachable-broker", ("worker", "--model", "echo", *DOWN), "could not connect to the broker"),
+    ("worker-bad-replicas", ("worker", "--model", "sleep", "--replicas", "0", *DOWN), "--replicas"),
+    ("worker-too-many-replicas", ("worker", "--model", "sleep", "--replicas", "65", *DOWN), "--replicas"),
+    (
+        "worker-replicas-of-an-inline-model",
+        ("worker", "--model", "echo", "--replicas", "4", *DOWN),
+        "model 'echo' computes inline on the worker's event loop, so replicas (4) cannot run it at once",
+    ),
+    (
+        "worker-replicas-of-an-unsafe-handler",
+        ("worker", "--model", "tests.handlers_for_tests:Items", "--replicas", "2", *DOWN),
+        "does not declare replica_safe = True",
+    ),
     # gateway
     ("gateway-unreachable", ("gateway", "--models", "echo", *DOWN), "could not connect to the broker"),
     ("gateway-memory", ("gateway",), "needs a real broker and store"),
@@ -174,6 +186,12 @@ def test_each_command_answers_bad_input_with_one_message(argv: tuple[str, ...], 
     lines.write_text('{"a": 1}\n')
     argv = tuple(a.format(lines=lines, tmp=tmp_path / "out") for a in argv)
     check(run_fleet(*argv, env=ONCE, stdin='{"a": 1}\n'), expected)
+
+
+@pytest.mark.services
+def test_a_worker_breaker_with_bad_thresholds_is_named() -> None:
+    env = {**ONCE, "FLEET_WORKER_BREAKER": '{"consecutive_failures": 0}'}
+    check(run_fleet("worker", "--model", "sleep", "--breaker", *DOWN, env=env), "worker_breaker.consecutive_failures")
 
 
 @pytest.mark.services

@@ -53,11 +53,17 @@ class ModelHandler(ABC, Generic[InT, OutT]):
     5. ``close()`` at shutdown: release the device memory.
 
     Threading: ``load``, ``warmup``, ``predict`` and ``close`` are synchronous and are called from one worker
-    thread at a time, never concurrently for one handler instance, and never on the event loop; they may block
-    (device compute, ``time.sleep``) for as long as a batch takes.
+    thread at a time, never on the event loop; they may block (device compute, ``time.sleep``) for as long as a
+    batch takes. The one exception is replicas (``fleet worker --replicas N``): a handler whose class sets
+    ``replica_safe = True`` has ``predict`` called from N threads at once, on one copy of its weights; each of
+    those threads calls ``start_replica`` once before its first batch. A handler that keeps mutable state per call
+    (a tokenizer's settings, a scratch buffer) makes it per thread there; the worker refuses replicas of a handler
+    that does not declare itself safe.
     """
 
     spec: ClassVar[ModelSpec]
+    replica_safe: ClassVar[bool] = False
+    """``predict`` may run in several threads at once on this one instance (``fleet.consumers.replicas``)."""
 
     def __init__(self, *, device: str = "cpu", slowness: float = 1.0, **options: Any) -> None:
         """Args:
@@ -80,6 +86,15 @@ class ModelHandler(ABC, Generic[InT, OutT]):
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def start_replica(self, threads: int) -> None:
+        """Called once in each replica's thread, before its first batch, when a worker runs several replicas.
+
+        Args:
+            threads: the intra-op threads this replica may use (the worker's cores shared among its replicas);
+                torch's thread count and CUDA's current stream are per thread, so a torch handler sets them here.
+                The default does nothing.
+        """
 
     def load(self) -> None:
         """Load weights onto ``self.device``. Called once before any ``predict``, off the event loop.

@@ -42,6 +42,7 @@ class SleepHandler(ModelHandler[SleepInput, SleepOutput]):
     the operating system comes on top and is not reported)."""
 
     spec = SLEEP
+    replica_safe = True  # time.sleep and a shared random.Random (its draws are atomic under the GIL)
 
     def __init__(self, *, device: str = "cpu", slowness: float = 1.0, rng_seed: int | None = None) -> None:
         """Args:

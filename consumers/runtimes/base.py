@@ -17,7 +17,9 @@ A runtime subclass names its Auto class and implements ``predict`` with the pass
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 
 from fleet.consumers.device import is_cuda, resolve_device, torch_dtype_for
 from fleet.consumers.handlers.base import ModelHandler
+from fleet.consumers.replicas import in_replica
 from fleet.consumers.runtimes.passes import default_tokens_per_forward, estimate_tokens
 from fleet.errors import ConfigError
 from fleet.repository.entry import RepositoryEntry
@@ -90,6 +93,7 @@ class RuntimeHandler(ModelHandler[Any, Any]):
 
     entry: ClassVar[RepositoryEntry]
     auto_class: ClassVar[str] = "AutoModel"
+    replica_safe = True  # torch modules in inference mode are; the tokenizer is copied per replica thread
 
     def __init__(
         self, *, device: str = "cpu", slowness: float = 1.0, max_tokens_per_forward: int | None = None
@@ -106,6 +110,7 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         self.tokenizer: Any = None
         self.pad_id = 0
         self.type_ids = False  # the model takes token_type_ids (BERT-like), so pairs mark their second segment
+        self._replica = threading.local()  # a replica thread's own tokenizer (start_replica)
 
     @staticmethod
     def parse_options(entry: RepositoryEntry) -> Any:
@@ -179,9 +184,36 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         """Read what the runtime needs from the loaded model (labels, sizes); the default reads nothing."""
 
     def loaded(self) -> tuple[Any, Any]:
+        """The model and this thread's tokenizer."""
         if self.model is None or self.tokenizer is None:
             raise RuntimeError(f"{type(self).__name__}.load() must be called before predict")
-        return self.model, self.tokenizer
+        return self.model, self.thread_tokenizer()
+
+    # -- replicas -----------------------------------------------------------------------------------------------
+    def start_replica(self, threads: int) -> None:
+        """A replica thread: its own intra-op thread count, its own CUDA stream (kernels of replicas overlap on
+        the device), and its own tokenizer copy. The weights stay one copy, shared.
+
+        A Hugging Face fast tokenizer keeps its truncation and padding settings in the instance and changes them
+        during a call; two threads calling one instance can collide (tokenizers raises "Already borrowed"), and
+        their settings could differ. A copy is small next to the weights (the vocabulary, ~1 MB for BERT's)."""
+        import torch
+
+        torch.set_num_threads(max(1, threads))  # this thread's OpenMP team (torch keeps the count per thread)
+        if is_cuda(self.device):
+            torch.cuda.set_stream(torch.cuda.Stream(device=self.device))  # the current stream is per thread
+        self.thread_tokenizer()
+
+    def thread_tokenizer(self) -> Any:
+        """The tokenizer this thread uses: in a replica thread (``fleet.consumers.replicas.in_replica``) its own
+        copy, made on first use and again if the handler was loaded again since; elsewhere the loaded one."""
+        local = self._replica
+        if getattr(local, "source", None) is self.tokenizer:
+            return local.tokenizer
+        if not in_replica() or self.tokenizer is None:
+            return self.tokenizer
+        local.source, local.tokenizer = self.tokenizer, copy.deepcopy(self.tokenizer)
+        return local.tokenizer
 
     # -- tokens -------------------------------------------------------------------------------------------------
     def encode(self, texts: list[str], pairs: list[str] | None = None, *, offsets: bool = False) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from fleet.cli.common import (
     run,
     settings_from,
     use_app_dir,
+    with_breaker,
 )
 from fleet.errors import FleetError
 from fleet.telemetry import configure_logging
@@ -120,6 +121,22 @@ def worker(
             help="serve /metrics, /healthz (liveness) and /readyz (200 once the model is warm) on this port",
         ),
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="batches computed at once in this process on one copy of the weights (threads; env FLEET_REPLICAS)",
+        ),
+    ] = None,
+    breaker: Annotated[
+        bool | None,
+        typer.Option(
+            "--breaker/--no-breaker",
+            help="stop taking work while batches keep failing with model errors, probe after a cool-down "
+            "(env FLEET_WORKER_BREAKER: a JSON object of its thresholds)",
+        ),
+    ] = None,
     app_dir: AppDir = None,
     log_level: LogLevel = None,
 ) -> None:
@@ -146,7 +163,10 @@ def worker(
         log_level=log_level,
         models=model or models,
         memory_budget=memory_budget,
+        replicas=replicas,
     )
+    if breaker is not None:
+        settings = with_breaker(settings, breaker)
     if settings.broker_scheme == "memory" or settings.store_scheme == "memory":
         raise fail(
             "a standalone worker needs a real broker and store: pass --broker nats://... or kafka://... and "

@@ -102,6 +102,15 @@ def settings_from(**flags: Any) -> FleetSettings:
     return settings
 
 
+def with_breaker(settings: FleetSettings, on: bool) -> FleetSettings:
+    """``--breaker``: the worker's circuit breaker on (the thresholds of FLEET_WORKER_BREAKER, else the defaults);
+    ``--no-breaker``: off."""
+    from fleet.lifecycle.breaker import BreakerConfig
+
+    config = (settings.worker_breaker or BreakerConfig()) if on else None
+    return settings.model_copy(update={"worker_breaker": config})
+
+
 def use_model_repository(settings: FleetSettings) -> None:
     """Make the settings' model repository absolute (a relative one is taken from the app folder, and so reaches the
     processes a command starts unchanged) and this process's default for resolving model references."""

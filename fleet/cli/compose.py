@@ -23,6 +23,7 @@ from fleet.consumers.device import resolve_device
 from fleet.consumers.handlers import ModelHandler, resolve_handler
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.handlers.sleep import SleepHandler
+from fleet.consumers.replicas import check_replicas
 from fleet.consumers.version_outcomes import VersionOutcomes
 from fleet.consumers.worker import Worker
 from fleet.dags.runner import DagRunner
@@ -212,6 +213,7 @@ async def run_worker(
     ``/readyz`` on that port from the start (``/readyz`` 503 until the model is warm)."""
     deadline = startup_deadline(settings)
     handler, _ = build_handler(ref, settings)  # a bad model, option or device fails before anything connects
+    check_replicas(handler, settings.replicas)  # ... and replicas of a handler that cannot run them
     probe = WorkerProbe(resolve_spec(ref, Repository.from_settings(settings)).name)
     server = serve_probes(probe, metrics_port) if metrics_port is not None else None  # /healthz from the start
     stop = asyncio.Event()
