@@ -38,7 +38,7 @@ TOKEN = "operator-token-for-tests"
 OPEN = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 OPEN |= {"/dashboard", "/dashboard/", "/v1/operator/access"}  # the static page, and what it asks before login
 OPERATOR_PREFIXES = ("/v1/operator", "/v1/scaling", "/v1/workers", "/v1/deadletters", "/v1/audit")
-OPERATOR_MODEL_ROUTES = ("/traffic", "/comparisons")
+OPERATOR_MODEL_ROUTES = ("/traffic", "/comparisons", "/rollout", "/promote", "/rollback")
 ROLE_OF = {
     "submitter": {"submitter"},
     "operator": {"submitter", "operator"},
@@ -53,8 +53,10 @@ def needed_role(path: str) -> str | None:
         return None
     if path.startswith("/v1/keys"):
         return "admin"
-    if path.startswith("/v1/models/") and path.endswith(OPERATOR_MODEL_ROUTES):
-        return "fleet"  # a model's traffic policy and shadow comparisons (its card is any key's): every tenant's
+    if (path.startswith("/v1/models/") and path.endswith(OPERATOR_MODEL_ROUTES)) or path == "/v1/rollouts":
+        return (
+            "fleet"  # a model's traffic policy, rollout and shadow comparisons (its card is any key's): every tenant's
+        )
     return "operator" if path.startswith(OPERATOR_PREFIXES) else "submitter"
 
 

@@ -171,6 +171,20 @@ async def require_operator(
     return await authenticator(request).authenticate(request.headers.get("authorization"), OPERATOR)
 
 
+async def require_fleet_operator(principal: Principal = Depends(require_operator)) -> Principal:
+    """FastAPI dependency of the routes that read or move what is every tenant's (a model's traffic policy, its
+    rollout, its comparisons): the operator token or an operator key of the default tenant; 403 for an operator key
+    bound to another tenant."""
+    if principal.tenant is not None and principal.tenant != c.DEFAULT_TENANT:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{principal.subject} belongs to tenant {principal.tenant!r}; a model's traffic is every tenant's: use "
+            "the operator token or an operator key of the default tenant",
+        )
+    return principal
+
+
 async def require_admin(request: Request, _bearer: HTTPAuthorizationCredentials | None = Depends(BEARER)) -> Principal:
     """FastAPI dependency of the key management routes: a principal with the admin role."""
     return await authenticator(request).authenticate(request.headers.get("authorization"), ADMIN)

@@ -28,12 +28,11 @@ import time
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleet import constants as c
 from fleet.errors import ConfigError, UnknownModel
 from fleet.lifecycle.breaker import BreakerConfig
 from fleet.lifecycle.controller import RolloutConfig
 from fleet.lifecycle.traffic import TrafficPolicy
-from fleet.producers.gateway.access import Principal, record_action, require_operator
+from fleet.producers.gateway.access import Principal, record_action, require_fleet_operator
 from fleet.producers.gateway.client_json import parse_json
 from fleet.producers.gateway.errors import ApiError, error_responses, validation_errors, validation_message
 from fleet.producers.gateway.limits import read_limited_body
@@ -60,19 +59,6 @@ class TrafficUpdate(BaseModel):
 PUT_BODY = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": TrafficUpdate.model_json_schema()}}}
 }
-
-
-async def fleet_operator(principal: Principal = Depends(require_operator)) -> Principal:
-    """FastAPI dependency: the operator token or an operator key of the default tenant; 403 for a key bound to
-    another tenant."""
-    if principal.tenant is not None and principal.tenant != c.DEFAULT_TENANT:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"{principal.subject} belongs to tenant {principal.tenant!r}; a model's traffic is every tenant's: use "
-            "the operator token or an operator key of the default tenant",
-        )
-    return principal
 
 
 def _served(state: GatewayState, name: str) -> TrafficPolicies:
@@ -162,7 +148,7 @@ def _describe(policy: TrafficPolicy) -> str:
     summary="A model's traffic policy",
     response_model=RolloutDoc,
     responses=error_responses(401, 403, 404, 503),
-    dependencies=[Depends(fleet_operator)],
+    dependencies=[Depends(require_fleet_operator)],
 )
 async def get_traffic(name: str, state: GatewayState = Depends(gateway_state)) -> RolloutDoc:
     """The model's policy, rollout config, controller and breaker state; 404 ``no_traffic_policy`` without one."""
@@ -184,7 +170,7 @@ async def put_traffic(
     name: str,
     request: Request,
     state: GatewayState = Depends(gateway_state),
-    operator: Principal = Depends(fleet_operator),
+    operator: Principal = Depends(require_fleet_operator),
 ) -> RolloutDoc:
     """Split the model's jobs between versions (canary weight, sticky key), mirror a share to a shadow version,
     and optionally let the controller move the weight. Every version named must exist (422 naming it)."""
@@ -220,7 +206,7 @@ async def delete_traffic(
     name: str,
     request: Request,
     state: GatewayState = Depends(gateway_state),
-    operator: Principal = Depends(fleet_operator),
+    operator: Principal = Depends(require_fleet_operator),
 ) -> Response:
     """Back to plain serving: every job goes to the model's served version. 204 also when there was none."""
     traffic = _served(state, name)
@@ -241,7 +227,7 @@ async def delete_traffic(
     summary="A model's recent shadow comparisons",
     response_model=list[ComparisonEntry],
     responses=error_responses(401, 403, 404, 503),
-    dependencies=[Depends(fleet_operator)],
+    dependencies=[Depends(require_fleet_operator)],
 )
 async def list_comparisons(
     name: str,

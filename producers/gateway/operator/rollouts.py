@@ -23,7 +23,7 @@ from fleet import constants as c
 from fleet.errors import UnknownModel
 from fleet.lifecycle.breaker import BreakerState, retry_after_s
 from fleet.lifecycle.service import manual
-from fleet.producers.gateway.access import Principal, record_action, require_operator
+from fleet.producers.gateway.access import Principal, record_action, require_fleet_operator
 from fleet.producers.gateway.errors import ApiError, error_responses
 from fleet.producers.gateway.state import GatewayState, gateway_state
 from fleet.store.rollouts import DecisionEntry, RolloutDoc, RolloutStore, WindowStats
@@ -68,18 +68,6 @@ class RolloutView(BaseModel):
 
 def _rollouts(state: GatewayState) -> RolloutStore:
     return state.stores.rollouts
-
-
-def fleet_operator(principal: Principal) -> Principal:
-    """403 for an operator key bound to a tenant other than the default one (see the module docstring)."""
-    if principal.tenant is not None and principal.tenant != c.DEFAULT_TENANT:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"{principal.subject} belongs to tenant {principal.tenant!r}; a model's traffic is every tenant's: use "
-            "the operator token or an operator key of the default tenant",
-        )
-    return principal
 
 
 async def _doc(state: GatewayState, model: str) -> RolloutDoc:
@@ -142,7 +130,7 @@ async def view_of(state: GatewayState, doc: RolloutDoc, decisions: int) -> Rollo
     summary="Every model's versions, traffic shares, breakers and decisions",
     response_model=list[RolloutView],
     responses=error_responses(401, 403, 503),
-    dependencies=[Depends(require_operator)],
+    dependencies=[Depends(require_fleet_operator)],
 )
 async def list_rollouts(
     decisions: int = Query(DEFAULT_DECISIONS, ge=0, le=200, description="latest decisions per model"),
@@ -162,7 +150,7 @@ async def list_rollouts(
     summary="A model's versions, traffic shares, breakers and decisions",
     response_model=RolloutView,
     responses=error_responses(401, 403, 404, 503),
-    dependencies=[Depends(require_operator)],
+    dependencies=[Depends(require_fleet_operator)],
 )
 async def get_rollout(
     name: ModelName,
@@ -177,7 +165,6 @@ async def get_rollout(
 async def _carry_out(
     request: Request, state: GatewayState, principal: Principal, name: str, action: Literal["promote", "roll_back"]
 ) -> RolloutView:
-    fleet_operator(principal)
     rollouts = _rollouts(state)
     words = "promote" if action == "promote" else "roll back"
     for _ in range(CAS_ATTEMPTS):
@@ -212,7 +199,7 @@ async def promote(
     request: Request,
     name: ModelName,
     state: GatewayState = Depends(gateway_state),
-    operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_fleet_operator),
 ) -> RolloutView:
     """The canary becomes the primary at once, whatever its measurements say (also after the controller rolled it
     back); the timeline and the audit log name who asked. 409 when the model has no canary."""
@@ -230,7 +217,7 @@ async def rollback(
     request: Request,
     name: ModelName,
     state: GatewayState = Depends(gateway_state),
-    operator: Principal = Depends(require_operator),
+    operator: Principal = Depends(require_fleet_operator),
 ) -> RolloutView:
     """The canary's weight goes to 0 at once (it stays named, for the dashboard) and the controller leaves it
     there; the timeline and the audit log name who asked. 409 when the model has no canary."""
