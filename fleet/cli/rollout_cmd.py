@@ -11,40 +11,11 @@ the operator role) or cannot be reached, 2 for a bad argument.
 """
 
 # No ``from __future__ import annotations``: typer evaluates the commands' annotations.
-import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
 
 import typer
 
 from fleet.cli.common import fail
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-Name = Annotated[str, typer.Argument(help="the model's name")]
-Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
-ApiKey = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        envvar="FLEET_API_KEY",
-        show_envvar=True,
-        help="an operator API key or the operator token; prefer the variable (a flag shows in ps)",
-    ),
-]
-
-
-def _call(url: str, api_key: str | None, ask: Callable[[Any], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    from fleet.errors import FleetError
-    from fleet.producers.sdk import FleetClient
-
-    async def run() -> dict[str, Any]:
-        async with FleetClient(url, api_key=api_key) as fleet:
-            return await ask(fleet)
-
-    try:
-        return asyncio.run(run())
-    except FleetError as exc:
-        raise fail(exc.message, 1) from None
+from fleet.cli.model_ops import DEFAULT_URL, ApiKey, Name, Url, call
 
 
 def _pct(fraction: float) -> str:
@@ -61,21 +32,21 @@ def _check(name: str) -> None:
 def promote(name: Name, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
     """Promote NAME's canary to primary now, whatever its measurements say."""
     _check(name)
-    view = _call(url, api_key, lambda fleet: fleet.promote(name))
+    view = call(url, api_key, lambda fleet: fleet.promote(name))
     typer.echo(f"{name}: {view['decisions'][0]['reason']}; primary is now {view['doc']['policy']['primary']}")
 
 
 def rollback(name: Name, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
     """Roll NAME's canary back to weight 0 now; the primary answers everything."""
     _check(name)
-    view = _call(url, api_key, lambda fleet: fleet.rollback(name))
+    view = call(url, api_key, lambda fleet: fleet.rollback(name))
     typer.echo(f"{name}: {view['decisions'][0]['reason']}; primary {view['doc']['policy']['primary']} answers all")
 
 
 def rollout(name: Name, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
     """Show NAME's versions (role, share, requests, error rate, p99, agreement, breaker) and its latest decisions."""
     _check(name)
-    view = _call(url, api_key, lambda fleet: fleet.rollout(name))
+    view = call(url, api_key, lambda fleet: fleet.rollout(name))
     rows = [("version", "role", "share", "requests", "errors", "p99 ms", "agreement", "breaker")]
     for v in view["versions"]:
         agreement = "-" if v["agreement"] is None else f"{v['agreement']:.3f} ({v['agreement_samples']})"

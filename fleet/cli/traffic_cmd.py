@@ -11,32 +11,17 @@ gateway.
 """
 
 # No ``from __future__ import annotations``: typer evaluates the commands' annotations.
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import typer
 
 from fleet.cli.common import fail
-from fleet.errors import FleetError
+from fleet.cli.model_ops import DEFAULT_URL, ApiKey, Name, Url, call
 
 traffic_app = typer.Typer(
     help="A model's traffic policy on the gateway: canary weight, sticky A/B, shadow.", no_args_is_help=True
 )
-
-Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
-ApiKey = Annotated[
-    str | None,
-    typer.Option(
-        "--api-key",
-        envvar="FLEET_API_KEY",
-        show_envvar=True,
-        help="the operator token or an operator key of the default tenant; prefer the variable (a flag shows in ps)",
-    ),
-]
-Name = Annotated[str, typer.Argument(help="the model's name")]
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def sticky_of(value: str) -> dict[str, Any]:
@@ -78,19 +63,6 @@ def _problem(error: Any) -> str:
     return f"{where}: {str(error['msg']).removeprefix('Value error, ')}"
 
 
-def _call(url: str, api_key: str | None, action: Callable[[Any], Awaitable[Any]]) -> Any:
-    from fleet.producers.sdk import FleetClient
-
-    async def run() -> Any:
-        async with FleetClient(url, api_key=api_key) as fleet:
-            return await action(fleet)
-
-    try:
-        return asyncio.run(run())
-    except FleetError as exc:
-        raise fail(exc.message, 1) from None
-
-
 def _print(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
@@ -98,7 +70,7 @@ def _print(value: Any) -> None:
 @traffic_app.command("show")
 def show_cmd(name: Name, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
     """Print the model's traffic policy, controller and breaker state (JSON)."""
-    _print(_call(url, api_key, lambda fleet: fleet.get_traffic(name)))
+    _print(call(url, api_key, lambda fleet: fleet.get_traffic(name)))
 
 
 @traffic_app.command("set")
@@ -121,13 +93,13 @@ def set_cmd(
     """Set the model's traffic policy (printed back as the gateway stored it)."""
     policy = policy_of(primary, canary, weight, shadow, shadow_share, sticky)
     rollout: dict[str, Any] | None = {} if auto else None
-    _print(_call(url, api_key, lambda fleet: fleet.set_traffic(name, policy, rollout)))
+    _print(call(url, api_key, lambda fleet: fleet.set_traffic(name, policy, rollout)))
 
 
 @traffic_app.command("clear")
 def clear_cmd(name: Name, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
     """Remove the model's traffic policy: every job goes to its served version again."""
-    _call(url, api_key, lambda fleet: fleet.clear_traffic(name))
+    call(url, api_key, lambda fleet: fleet.clear_traffic(name))
     typer.echo(f"{name}: traffic policy removed")
 
 
@@ -139,7 +111,7 @@ def comparisons_cmd(
     api_key: ApiKey = None,
 ) -> None:
     """Print the model's recent shadow comparisons (JSON lines: both jobs, versions, digests, score)."""
-    for entry in _call(url, api_key, lambda fleet: fleet.comparisons(name, limit)):
+    for entry in call(url, api_key, lambda fleet: fleet.comparisons(name, limit)):
         typer.echo(json.dumps(entry, sort_keys=True))
 
 
