@@ -96,6 +96,10 @@ class WorkerView(BaseModel):
         description="the model versions loaded and warm in the worker (a multi-model worker "
         "loads on demand: empty until its first job)",
     )
+    replicas: int = Field(1, description="batches of the model the worker computes at once on one copy of weights")
+    breaker: str = Field(
+        "closed", description="the worker's circuit breaker for the model: closed, open (takes no work) or half_open"
+    )
 
 
 class DispatcherView(BaseModel):

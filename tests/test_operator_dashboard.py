@@ -186,6 +186,9 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     # each worker's loaded versions, from its heartbeats: a worker of one model loads it at its start
     echo_row = page.locator('#workers tbody tr[data-state="serving"]', has_text="echo").first
     expect(echo_row.locator('td[data-role="loaded"]')).to_have_text("v1")
+    expect(echo_row.locator('td[data-role="replicas"]')).to_have_text("1")
+    expect(echo_row.locator('td[data-role="breaker"]')).to_have_text("closed")  # its heartbeat's breaker
+    expect(echo_row).to_have_attribute("data-breaker", "closed")
     ready = [w for w in up.api.get("/v1/operator/snapshot").json()["workers"] if w["state"] == "ready"]
     assert ready and all(w["loaded"] == ["1"] for w in ready), ready
     assert page.evaluate("sessionStorage.getItem('fleet.operatorToken')") == TOKEN

@@ -55,6 +55,15 @@ def test_beats_count_completions_from_a_baseline_and_forget_stopped_and_silent_w
     assert not beats.knows_worker("w1") and beats.worker_views() == []
 
 
+def test_a_worker_view_carries_its_loaded_versions_replicas_and_breaker() -> None:
+    beats = Beats(heartbeat_interval_s=1.0)
+    beats.observe_worker(heartbeat("w1", "embed", loaded=["1", "2"], replicas=4, breaker="open"))
+    beats.observe_worker(heartbeat("w2", "embed"))
+    views = {v.worker_id: v for v in beats.worker_views()}
+    assert (views["w1"].loaded, views["w1"].replicas, views["w1"].breaker) == (["1", "2"], 4, "open")
+    assert (views["w2"].loaded, views["w2"].replicas, views["w2"].breaker) == ([], 1, "closed")
+
+
 def test_dispatcher_views() -> None:
     beats = Beats(heartbeat_interval_s=1.0)
     beats.observe_dispatcher(

@@ -94,6 +94,8 @@ class Beats:
                 latency_p99_ms=hb.latency_p99_ms if hb.items else None,
                 heartbeat_age_s=round(now - seen, 3),
                 loaded=hb.loaded,
+                replicas=hb.replicas,
+                breaker=hb.breaker,
             )
             for hb, seen in sorted(self.workers.values(), key=lambda item: (item[0].model, item[0].worker_id))
         ]

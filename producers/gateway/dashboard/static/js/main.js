@@ -348,6 +348,9 @@ function launching(snap) {
   })));
 }
 
+// A worker's circuit breaker (its heartbeat's "breaker"), in words.
+const BREAKER_STATES = { closed: "closed", open: "open (takes no work)", half_open: "half-open (probing)" };
+
 // The versions a worker holds loaded and warm ("v1, v2"); a multi-model worker that loaded none yet says so.
 function loadedVersions(w) {
   const loaded = w.loaded || [];
@@ -361,11 +364,11 @@ function renderWorkers(snap) {
     tbody,
     rows,
     (w) => w.worker_id,
-    (w) => el("tr", {}, ...Array.from({ length: 11 }, () => el("td")),
+    (w) => el("tr", {}, ...Array.from({ length: 13 }, () => el("td")),
       el("td", {}, w.launching ? "" : el("button", { type: "button", onclick: () => drain(w.worker_id) }, "Drain"))),
     (row, w) => {
       if (w.launching) {
-        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–", "–"];
+        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–", "–", "–", "–"];
         cells.forEach((text, i) => setText(row.children[i], text));
         row.children[3].className = "state state-warming";
         row.children[3].title = "started by the autoscaler, still loading: its first heartbeat names it";
@@ -376,9 +379,13 @@ function renderWorkers(snap) {
       const idle = "– (no job yet)";
       const cells = [w.worker_id, w.model, w.device, shown, w.in_flight, w.items, w.items ? fmt.num(w.mean_batch_size, 1) : "–",
         w.items ? fmt.ms(w.latency_ewma_ms) : idle, fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s),
-        loadedVersions(w)];
+        loadedVersions(w), w.replicas ?? 1, BREAKER_STATES[w.breaker] || w.breaker || "closed"];
       cells.forEach((text, i) => setText(row.children[i], text ?? "–"));
       row.children[10].dataset.role = "loaded";
+      row.children[11].dataset.role = "replicas";
+      row.children[12].dataset.role = "breaker";
+      row.children[12].className = `breaker breaker-${w.breaker || "closed"}`;
+      row.dataset.breaker = w.breaker || "closed";
       row.children[3].className = `state state-${shown}`;
       row.dataset.state = shown;
       row.querySelector("button").disabled = shown === "draining";
