@@ -1,6 +1,7 @@
 """Several models per worker, and replicas that share weights, against one model per worker process.
 
     python -m benchmarks.bench_multimodel [--parts replicas,pool] [--quick] [--counts 4,8] [--jobs N]
+                                          [--sides pull,dispatch,dedicated] [--affinity-wait-s S]
 
 Part ``replicas``: ``embed`` served by one ``fleet worker --model embed --replicas N`` process against N ``fleet worker
 --model embed`` processes, for each N of ``--counts``, over NATS + Redis:
@@ -20,24 +21,33 @@ theirs.
 
 Part ``pool``: 8 models (the four task runtimes, MiniLM-sized with random weights, two seeds each; ``--quick``: the
 tests' tiny models) in a model repository built in a temporary folder. Zipf traffic (exponent ``--zipf``, ranks in a
-seeded random order of the models) arrives at ``--rate`` jobs/s, open loop, to:
+seeded random order of the models) arrives at ``--rate`` jobs/s, open loop, to each side of ``--sides`` in turn:
 
-* 2 multi-model workers, ``fleet worker --models m0,...,m7 --memory-budget B``, where B holds 4 of the 8 models (4.5
-  times one model's parameter bytes): models load on demand and the least recently used is evicted;
-* 8 dedicated workers, ``fleet worker --model mK``, one per model, each loaded at its start.
+* ``pull``: 2 multi-model workers, ``fleet worker --models m0,...,m7 --memory-budget B``, where B holds 4 of the 8
+  models (4.5 times one model's parameter bytes): models load on demand and the least recently used is evicted. In
+  pull routing both workers compete for every model's requests, so each one's budget keeps turning over;
+* ``dispatch``: the same 2 multi-model workers with ``--routing dispatch`` and one ``fleet dispatcher --model m0 ...
+  --model m7 --policy jiq-amnesia`` process: affinity routing (``fleet.dispatcher.affinity``) sends a model's
+  requests to a worker whose heartbeat lists it loaded, and to a cold one only when no warm one can start the job
+  within ``--affinity-wait-s`` (``FLEET_AFFINITY_WAIT_S``);
+* ``dedicated``: 8 dedicated workers, ``fleet worker --model mK``, one per model, each loaded at its start.
 
 The first ``--warmup`` jobs of the traffic are served and not counted (a pool worker imports torch on its first
 load, and its first loads are the budget filling up); then ``--pool-jobs`` are measured.
 
-It reports cold loads per 1,000 jobs (the multi-model workers' ``fleet_worker_model_loads_total`` on their
-``/metrics``, all of which happen under traffic; a dedicated worker's one load happens before traffic), p50 and p99
-of each job's time from publish to its record's ``finished_at``, and the resident memory (PSS) of each side. This part
-needs the multi-model worker (``fleet worker --models ... --memory-budget``); on a checkout without it, it stops with
-a message saying so, after part ``replicas`` has written its figures.
+It reports, for each side, cold loads per 1,000 jobs (the multi-model workers' ``fleet_worker_model_loads_total`` on
+their ``/metrics``, all of which happen under traffic; a dedicated worker's one load happens before traffic), p50 and
+p99 of each job's time from publish to its record's ``finished_at``, and the resident memory (PSS) of its processes
+(on side ``dispatch`` the dispatcher's included, and also given alone), then the ratios of the sides run: each pool
+side against the dedicated workers, and the cold loads of pull against dispatch. This part needs the multi-model
+worker (``fleet worker --models ... --memory-budget``), and side ``dispatch`` the dispatcher's affinity routing; on a
+checkout without them, it stops with a message saying so, after part ``replicas`` has written its figures.
 
 Services come from FLEET_BENCH_{NATS,REDIS}_URL or are started as in the tests. Each part writes its own file as it
-ends: ``benchmarks/results/multimodel.json`` (replicas) and ``multimodel-pool.json`` (pool); ``--quick`` writes them
-under ``benchmarks/results/quick/`` (not committed).
+ends: ``benchmarks/results/multimodel.json`` (replicas) and ``multimodel-pool.json`` (pool: the figures of side pull
+under ``multi``, of dispatch under ``dispatch`` with its dispatcher's cold assignments and memory, of dedicated under
+``dedicated``: a run of fewer ``--sides`` writes only theirs); ``--quick`` writes them under
+``benchmarks/results/quick/`` (not committed).
 """
 
 from __future__ import annotations
@@ -64,7 +74,7 @@ from fleet.brokers.base import Broker
 from fleet.brokers.events import validated
 from fleet.consumers.replicas import replica_threads, usable_cores
 from fleet.producers.publish import publish_all
-from fleet.schemas.wire import Heartbeat, RequestMessage
+from fleet.schemas.wire import DispatcherBeat, Heartbeat, RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
@@ -75,6 +85,8 @@ LOG_DIR = RESULTS_DIR / "bench_multimodel_logs"
 POOL_MODELS = 8
 POOL_HOLDS = 4.5  # the budget in model sizes: 4 fit, a 5th does not
 RUNTIMES = ("embeddings", "classification", "token-classification", "rerank")
+SIDES = ("pull", "dispatch", "dedicated")  # the sides of part pool, in the order they run
+DISPATCH_POLICY = "jiq-amnesia"
 
 
 # -- processes and their memory ---------------------------------------------------------------------------------
@@ -154,6 +166,34 @@ class Readiness:
         for stream in self._streams:
             await stream.close()  # ends the readers (cancelling a NATS read is not reliable)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class DispatcherWatch(Readiness):
+    """The live workers each model's dispatcher sees, from its beats on ``fleet.ctl.dispatcher.<model>``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[str, int] = {}
+
+    async def start(self, broker: Broker, models: list[str]) -> None:
+        for model in models:
+            stream = await broker.listen(c.dispatcher_subject(model))
+            self._streams.append(stream)
+            self._tasks.append(asyncio.create_task(self._watch(stream)))
+
+    async def _watch(self, stream: Any) -> None:
+        async for beat in validated(stream, DispatcherBeat, "dispatcher heartbeat"):
+            self.live[beat.model] = beat.live_workers
+
+    async def wait_live(
+        self, models: list[str], workers: int, procs: list[subprocess.Popen[bytes]], timeout_s: float
+    ) -> None:
+        started = time.monotonic()
+        while any(self.live.get(m, 0) < workers for m in models):
+            check_alive(procs)
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"the dispatcher did not see {workers} workers of each model; logs in {LOG_DIR}")
+            await asyncio.sleep(0.05)
 
 
 async def drain(
@@ -316,6 +356,9 @@ def zipf_choices(models: int, jobs: int, exponent: float, seed: int) -> list[int
     return [order[rank] for rank in rng.choices(range(models), weights=weights, k=jobs)]
 
 
+COLD_ASSIGNMENTS = "fleet_dispatcher_cold_assignments_total"
+
+
 def scrape(port: int, metric: str) -> float:
     """The sum of ``metric``'s samples on a worker's ``/metrics``."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -331,40 +374,59 @@ async def traffic(
     args: argparse.Namespace,
     tag: str,
     ports: list[int],
+    dispatcher_port: int | None = None,
 ) -> dict[str, Any]:
-    """Open-loop Zipf traffic to the models while the processes serve them: latencies, loads, memory."""
+    """Open-loop Zipf traffic to the models while the processes serve them: latencies, loads, memory.
+
+    ``dispatcher_port``: the workers are in dispatch routing, and one ``fleet dispatcher`` of every model runs beside
+    them with its ``/metrics`` on that port; its memory counts in the side's, and is also given alone."""
     texts = query_texts(512, args.words)
     choices = zipf_choices(len(names), args.warmup + args.pool_jobs, args.zipf, seed=7)
     env = worker_env(urls, replica_threads(len(argvs)))
     env["FLEET_MODEL_REPOSITORY"] = str(args.repo)
+    env["FLEET_AFFINITY_WAIT_S"] = str(args.affinity_wait_s)
+    helpers = []
+    if dispatcher_port is not None:
+        models = [arg for name in names for arg in ("--model", name)]
+        helpers.append(["dispatcher", *models, "--policy", DISPATCH_POLICY, "--port", str(dispatcher_port)])
     broker, store = await connect(urls)
     try:
         for name in names:
             await broker.ensure_model(name)
-        readiness = Readiness()
+        readiness, dispatchers = Readiness(), DispatcherWatch()
         await readiness.start(broker, names)
-        with fleet_processes(argvs, env, tag) as procs:
+        await dispatchers.start(broker, names if helpers else [])
+        with fleet_processes([*argvs, *helpers], env, tag) as procs:
             await readiness.wait(ready, procs, timeout_s=600)
+            if helpers:  # every model's dispatcher sees both workers before traffic starts
+                await dispatchers.wait_live(names, len(argvs), procs, timeout_s=120)
             # the warm-up (torch's import on a pool's first load, the first loads) is served, then not counted
             warm = await send(broker, names, runtimes, texts, choices[: args.warmup], args.rate)
             await wait_records(store, list(warm), timeout_s=600)
             loads_before = sum(scrape(p, "fleet_worker_model_loads_total") for p in ports)
+            cold_before = scrape(dispatcher_port, COLD_ASSIGNMENTS) if dispatcher_port is not None else 0.0
             sent = await send(broker, names, runtimes, texts, choices[args.warmup :], args.rate)
             records = await wait_records(store, list(sent), timeout_s=300)
             loads = sum(scrape(p, "fleet_worker_model_loads_total") for p in ports) - loads_before
+            cold = scrape(dispatcher_port, COLD_ASSIGNMENTS) - cold_before if dispatcher_port is not None else 0.0
             memory = memory_of(procs)
+            helper_memory = memory_of(procs[len(argvs) :]) if helpers else None
         await readiness.stop()
+        await dispatchers.stop()
         done = [r for r in records if r is not None and r.state == "succeeded" and r.finished_at]
         if len(done) < len(records):
             raise SystemExit(f"{len(records) - len(done)} of {len(records)} jobs did not succeed ({tag})")
         latencies = [r.finished_at - sent[r.job_id] for r in done]
-        return {
+        figures: dict[str, Any] = {
             "jobs": len(done),
             "cold_loads": loads,
             "cold_loads_per_1000": loads / len(done) * 1000,
             "latency": percentiles_ms(latencies),
             **memory,
         }
+        if helper_memory is not None:
+            figures["dispatcher"] = {"cold_assignments": cold, **helper_memory}
+        return figures
     finally:
         await store.close()
         await broker.close()
@@ -386,54 +448,126 @@ async def send(
     return sent
 
 
+def dispatch_available() -> str | None:
+    """Why side ``dispatch`` cannot run on this checkout (None: it can)."""
+    try:
+        from fleet.dispatcher import affinity  # noqa: F401 (a probe)
+    except ImportError:
+        return (
+            "side dispatch needs the dispatcher's affinity routing (fleet.dispatcher.affinity), which this checkout "
+            "lacks; run it on a checkout that has it, or leave dispatch out of --sides"
+        )
+    return None
+
+
 async def pool_part(urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    why = pool_available()
+    why = pool_available() if {"pull", "dispatch"} & set(args.sides) else None
+    why = why or (dispatch_available() if "dispatch" in args.sides else None)
     if why is not None:
         raise SystemExit(why)
     root = Path(tempfile.mkdtemp(prefix="bench-multimodel-"))
+    sides: dict[str, dict[str, Any]] = {}
     try:
         args.repo = root
         names, runtimes, size = build_models(root, args.quick, args.batch)
         budget = int(POOL_HOLDS * size)
         base = ["--max-batch", str(args.batch), "--max-wait-ms", "5"]
-        ports = [free_port(), free_port()]
-        pooled = [
-            ["worker", "--models", ",".join(names), "--memory-budget", str(budget), "--metrics-port", str(p), *base]
-            for p in ports
-        ]
-        multi = await traffic(urls, names, runtimes, pooled, 2 * len(names), args, "pool", ports)
-        print(f"2 multi-model workers: {multi}")
-        dedicated = [["worker", "--model", name, *base] for name in names]
-        single = await traffic(urls, names, runtimes, dedicated, len(names), args, "dedicated", [])
-        print(f"8 dedicated workers: {single}")
+        for side in args.sides:
+            if side == "dedicated":
+                dedicated = [["worker", "--model", name, *base] for name in names]
+                sides[side] = await traffic(urls, names, runtimes, dedicated, len(names), args, side, [])
+                print(f"8 dedicated workers: {sides[side]}")
+                continue
+            ports = [free_port(), free_port()]
+            pool = ["worker", "--models", ",".join(names), "--memory-budget", str(budget), "--routing", side, *base]
+            pooled = [[*pool, "--metrics-port", str(p)] for p in ports]
+            tag = "pool" if side == "pull" else "pool-dispatch"
+            sides[side] = await traffic(
+                urls,
+                names,
+                runtimes,
+                pooled,
+                2 * len(names),
+                args,
+                tag,
+                ports,
+                dispatcher_port=free_port() if side == "dispatch" else None,
+            )
+            print(f"2 multi-model workers, {side} routing: {sides[side]}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     kind = "tiny" if args.quick else "MiniLM-sized"
+    against = " against ".join(SIDE_TITLES[side] for side in args.sides)
     show(
-        f"8 {kind} models, Zipf {args.zipf} at {args.rate:g} jobs/s ({args.pool_jobs:,} jobs): 2 multi-model workers "
-        f"(budget {mib(budget)}, holds 4) against 8 dedicated workers",
-        [
-            ("cold loads per 1,000 jobs, 2 multi-model workers", f"{multi['cold_loads_per_1000']:.1f}", ""),
-            ("cold loads per 1,000 jobs, 8 dedicated workers", "0 (each loads its model before traffic)", ""),
-            (
-                "p99 ms, multi-model / dedicated",
-                f"{multi['latency']['p99_ms']:,.0f} vs {single['latency']['p99_ms']:,.0f}",
-                "",
-            ),
-            (
-                "p50 ms, multi-model / dedicated",
-                f"{multi['latency']['p50_ms']:,.0f} vs {single['latency']['p50_ms']:,.0f}",
-                "",
-            ),
-            (
-                "PSS, 2 multi-model / 8 dedicated processes",
-                f"{multi['pss_bytes'] / single['pss_bytes']:.2f} ({mib(multi['pss_bytes'])} vs "
-                f"{mib(single['pss_bytes'])})",
-                "",
-            ),
-        ],
+        f"8 {kind} models, Zipf {args.zipf} at {args.rate:g} jobs/s ({args.pool_jobs:,} jobs): {against} "
+        f"(budget {mib(budget)}, holds 4; affinity wait {args.affinity_wait_s:g} s)",
+        pool_rows(sides),
     )
-    return {"budget_bytes": budget, "model_bytes": size, "models": names, "multi": multi, "dedicated": single}
+    figures: dict[str, Any] = {"budget_bytes": budget, "model_bytes": size, "models": names}
+    for side, key in (("pull", "multi"), ("dispatch", "dispatch"), ("dedicated", "dedicated")):
+        if side in sides:
+            figures[key] = sides[side]
+    return figures
+
+
+SIDE_TITLES = {
+    "pull": "2 multi-model workers (pull)",
+    "dispatch": "2 multi-model workers (dispatch, affinity)",
+    "dedicated": "8 dedicated workers",
+}
+SIDE_NAMES = {"pull": "pool-pull", "dispatch": "pool-dispatch", "dedicated": "dedicated"}
+
+
+def pool_rows(sides: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The table of part pool: each side's figures, then the ratios of the sides that ran."""
+    rows: list[tuple[str, str, str]] = []
+    for side, figures in sides.items():
+        loads = (
+            "0 (each loads its model before traffic)"
+            if side == "dedicated"
+            else f"{figures['cold_loads_per_1000']:.1f}"
+        )
+        rows.append((f"cold loads per 1,000 jobs, {SIDE_TITLES[side]}", loads, ""))
+    for side, figures in sides.items():
+        latency = figures["latency"]
+        rows.append((f"p50 / p99 ms, {SIDE_TITLES[side]}", f"{latency['p50_ms']:,.0f} / {latency['p99_ms']:,.0f}", ""))
+    for side, figures in sides.items():
+        extra = ""
+        if "dispatcher" in figures:
+            extra = f" (the dispatcher's {mib(figures['dispatcher']['pss_bytes'])} included)"
+        rows.append((f"PSS, {SIDE_TITLES[side]}", mib(figures["pss_bytes"]) + extra, ""))
+    dedicated = sides.get("dedicated")
+    for side in ("pull", "dispatch"):
+        if side not in sides or dedicated is None:
+            continue
+        mine, name = sides[side], SIDE_NAMES[side]
+        for measure in ("p50_ms", "p99_ms"):
+            rows.append(
+                (
+                    f"{measure.removesuffix('_ms')} ms, {name} / dedicated",
+                    f"{mine['latency'][measure] / dedicated['latency'][measure]:.1f}x "
+                    f"({mine['latency'][measure]:,.0f} vs {dedicated['latency'][measure]:,.0f})",
+                    "",
+                )
+            )
+        rows.append(
+            (
+                f"PSS, {name} / dedicated",
+                f"{mine['pss_bytes'] / dedicated['pss_bytes']:.2f} ({mib(mine['pss_bytes'])} vs "
+                f"{mib(dedicated['pss_bytes'])})",
+                "",
+            )
+        )
+    if "pull" in sides and "dispatch" in sides:
+        pull, dispatch = sides["pull"]["cold_loads_per_1000"], sides["dispatch"]["cold_loads_per_1000"]
+        ratio = f"{pull / dispatch:.1f}x fewer with dispatch" if dispatch else "none with dispatch"
+        rows.append(
+            ("cold loads per 1,000 jobs, pool-pull vs pool-dispatch", f"{pull:.1f} vs {dispatch:.1f} ({ratio})", "")
+        )
+        for measure in ("p50_ms", "p99_ms"):
+            a, b = sides["pull"]["latency"][measure], sides["dispatch"]["latency"][measure]
+            rows.append((f"{measure.removesuffix('_ms')} ms, pool-pull vs pool-dispatch", f"{a:,.0f} vs {b:,.0f}", ""))
+    return rows
 
 
 def free_port() -> int:
@@ -473,7 +607,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=20.0, help="arrivals per second of part pool")
     p.add_argument("--warmup", type=int, default=200, help="jobs of part pool served first and not counted")
     p.add_argument("--zipf", type=float, default=1.1, help="the Zipf exponent of part pool's model popularity")
+    p.add_argument("--sides", default=",".join(SIDES), help="the sides of part pool: pull, dispatch, dedicated")
+    p.add_argument(
+        "--affinity-wait-s", type=float, default=2.0, help="FLEET_AFFINITY_WAIT_S of part pool's side dispatch"
+    )
     args = p.parse_args(argv)
+    args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    if not args.sides or set(args.sides) - set(SIDES):
+        p.error(f"--sides: use one or more of {', '.join(SIDES)}, not {','.join(args.sides) or 'nothing'}")
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = set(args.parts) - {"replicas", "pool"}
     if unknown:

@@ -115,8 +115,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "multimodel-pool",
         "benchmarks.bench_multimodel",
         ("--parts", "pool"),
-        "8 MiniLM-sized models on 2 multi-model workers whose memory budget holds 4, against 8 dedicated workers, "
-        "under Zipf traffic over NATS + Redis: cold loads per 1,000 jobs, p50 and p99, memory.",
+        "8 MiniLM-sized models on 2 multi-model workers whose memory budget holds 4, in pull routing and in dispatch "
+        "routing with affinity (one `fleet dispatcher`), against 8 dedicated workers, under Zipf traffic over NATS + "
+        "Redis: cold loads per 1,000 jobs, p50 and p99, memory.",
     ),
     Benchmark(
         "models",
