@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.gateway_helpers import private_server
 from tests.processes import fleet_process, stop, wait_http_ready
 from tests.services import free_port
 
@@ -67,7 +68,14 @@ def until(check: Callable[[], Any], timeout_s: float, what: str, interval_s: flo
 
 
 @pytest.fixture(scope="module")
-def up(nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+def up(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    # A Redis of this module's own: the page shows what is in it (the audit log, every model's rollout), and the
+    # shared one holds what the other test modules of this process left there, which the glance test would measure.
+    with private_server("redis") as (redis_url, _):
+        yield from _up(nats_url, redis_url, tmp_path_factory)
+
+
+def _up(nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     tmp = tmp_path_factory.mktemp("dashboard")
     gates, log, port = tmp / "gates", tmp / "up.log", free_port()
     gates.mkdir()
