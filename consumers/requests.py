@@ -36,6 +36,12 @@ class Job:
     strikes: int = 0  # runs counted against it so far (``fleet.consumers.crashes``), this one not included
     bound: int | None = None  # the most jobs this run may start with (``fleet.consumers.crashes``; None: any)
     version: str | None = None  # the model version it runs with (set by the worker just before its start)
+    # where its time went, unix seconds (fleet.schemas.jobs.StageTimings): set by the worker as it passes them
+    fetched_at: float | None = None
+    batch_started_at: float | None = None
+    computed_at: float | None = None
+    device_seconds: float | None = None  # its share of its batch's compute time (by cost), set after compute
+    trace: Any = None  # the job's trace context while it is in the worker (fleet.tracing; None: not traced)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

@@ -40,6 +40,23 @@ class JobError(BaseModel):
     retriable: bool = False
 
 
+class StageTimings(BaseModel):
+    """Where a job's time went: unix seconds at each stage its latest run passed (null: not reached, or not
+    measured, e.g. a cache hit). In order: queued <= fetched <= batch_started <= computed <= stored (<=
+    next_published for a DAG step whose run went on)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queued: float | None = Field(None, description="the request was published (its submitted_at)")
+    fetched: float | None = Field(None, description="a worker fetched the message (this run's delivery)")
+    batch_started: float | None = Field(None, description="its batch started computing")
+    computed: float | None = Field(None, description="its batch finished computing")
+    stored: float | None = Field(None, description="its terminal record was written")
+    next_published: float | None = Field(
+        None, description="a DAG step: the next step's requests were published (the hop)"
+    )
+
+
 class JobRecord(BaseModel):
     """State and result of one job. A terminal state (succeeded, failed, cancelled, expired) never changes."""
 
@@ -90,6 +107,15 @@ class JobRecord(BaseModel):
     )
     shadow_of: str | None = Field(
         None, description="on a shadow job: the job whose request it mirrors; its output is never returned"
+    )
+    timings: StageTimings | None = Field(None, description="where the job's time went (its latest run)")
+    device_seconds: float | None = Field(
+        None,
+        description="compute time charged to the job: its batch's compute seconds shared by its items' costs "
+        "(null: not computed, e.g. a cache hit)",
+    )
+    trace_id: str | None = Field(
+        None, description="the W3C trace id (32 hex) of the job's trace, when the request carried one"
     )
 
     @property

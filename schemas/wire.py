@@ -22,6 +22,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,159}$"
 CLIENT_JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 """The job ids a client may choose (``POST /v1/jobs``), except the shape reserved for DAG steps
 (``fleet.schemas.dags.STEP_JOB_ID_PATTERN``)."""
+TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"  # W3C trace-context, version 00
 VERSION_PATTERN = r"^[a-z0-9][a-z0-9_]{0,31}$"  # a model version (fleet.schemas.manifest.VERSION_RE)
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # the tenants of API keys (fleet.store.keys.check_tenant)
 TENANT_HELP = (
@@ -120,6 +121,25 @@ class RequestMessage(BaseModel):
         pattern=JOB_ID_PATTERN,
         description="on a shadow copy: the job it mirrors (its output is stored beside, compared, never returned)",
     )
+    traceparent: str | None = Field(
+        None,
+        max_length=55,
+        pattern=TRACEPARENT_PATTERN,
+        description="W3C trace context (https://www.w3.org/TR/trace-context/): the request's trace, for a raw "
+        "producer that cannot set message headers; the 'traceparent' header wins when both are set",
+    )
+    tracestate: str | None = Field(None, max_length=512, description="W3C tracestate that goes with traceparent")
+
+
+class GpuStats(BaseModel):
+    """One device as NVML reports it (``fleet.consumers.gpu_stats``)."""
+
+    index: int
+    name: str
+    uuid: str | None = None
+    utilization_pct: float = Field(description="percent of the last sample period a kernel was running")
+    memory_used_bytes: int
+    memory_total_bytes: int
 
 
 class Heartbeat(BaseModel):
@@ -153,6 +173,13 @@ class Heartbeat(BaseModel):
     latency_p50_ms: float = 0.0
     latency_p99_ms: float = 0.0
     throughput_per_s: float = 0.0
+    gpus: list[GpuStats] = Field(
+        default_factory=list, description="the worker's devices (NVML) where it has GPUs; empty without one"
+    )
+    model_memory_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="device memory allocated per loaded version (torch's statistics; empty on a CPU worker)",
+    )
     sent_at: float = Field(default_factory=time.time)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the servers the tests start are installed: Redis and NATS from Debian's packages, kcat for the Kafka
-# interop test, Chromium for the operator dashboard's browser tests, and Java 17 + Maven, which fetch and run
+# interop test, Chromium for the operator dashboard's browser tests, promtool (Debian's prometheus) for the alert
+# rules' tests, and Java 17 + Maven, which fetch and run
 # Apache Kafka (tests/kafka_service.py caches the jars).
 # The test fixtures start the servers on free ports; this only installs what is missing.
 set -euo pipefail
@@ -11,6 +12,7 @@ command -v kcat >/dev/null || need+=(kcat)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v chromium >/dev/null || need+=(chromium)  # the operator dashboard's browser tests (Playwright drives it)
+command -v promtool >/dev/null || need+=(prometheus)  # promtool: the shipped alert rules' unit tests (deploy/alerts)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then
     echo "error: ${need[*]} missing and not root: install them with 'apt-get install ${need[*]}'" >&2

@@ -77,6 +77,9 @@ def _fresh(job_id: str, model: str, now: float, **fields: Any) -> JobRecord:
         "version": None,
         "arm": None,
         "shadow_of": None,
+        "timings": None,
+        "device_seconds": None,
+        "trace_id": None,
     }
     values.update(fields)
     return trusted(values)
