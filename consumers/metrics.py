@@ -4,6 +4,9 @@ or by `fleet worker --metrics-port`)."""
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.utils import floatToGoString
+
+from fleet import constants as c
 
 ITEMS = Counter("fleet_worker_items_total", "Items settled by workers, by outcome", ["model", "outcome"])
 BATCH_SIZE = Histogram(
@@ -17,6 +20,12 @@ BATCH_SECONDS = Histogram(
     "Model compute time per micro-batch",
     ["model"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+JOB_LATENCY = Histogram(
+    "fleet_job_latency_seconds",
+    "From a job's creation to its terminal write, by model: jobs this worker ended (the latency SLO's histogram)",
+    ["model"],
+    buckets=c.JOB_LATENCY_BUCKETS_S,
 )
 IN_FLIGHT = Gauge("fleet_worker_in_flight", "Messages held by workers (fetched, not yet settled)", ["model"])
 BREAKER_STATE = Gauge(
@@ -52,3 +61,35 @@ MODEL_LOADED_BYTES = Gauge(
     "Budgeted bytes of a loaded model version (0 when unloaded)",
     ["model", "version"],
 )
+
+# The SLO targets of fleet.settings, per model, for the shipped alert rules (deploy/prometheus/fleet-alerts.yaml):
+# the latency objective carries its threshold as ``le``, the bucket of fleet_job_latency_seconds the rules read.
+SLO_LATENCY_OBJECTIVE = Gauge(
+    "fleet_slo_latency_objective",
+    "Share of a model's jobs that must finish within the threshold le (seconds, a bucket of "
+    "fleet_job_latency_seconds); from FLEET_SLO_LATENCY_TARGET and FLEET_SLO_LATENCY_S",
+    ["model", "le"],
+)
+SLO_ERROR_OBJECTIVE = Gauge(
+    "fleet_slo_error_objective",
+    "Share of a model's terminal jobs that must not fail; from FLEET_SLO_ERROR_TARGET",
+    ["model"],
+)
+
+# Devices and model memory (fleet.consumers.gpu_stats), refreshed on the heartbeat; absent on a machine without GPUs.
+GPU_UTILIZATION = Gauge(
+    "fleet_gpu_utilization_ratio", "Share of the last NVML sample period a kernel ran on the device", ["gpu", "uuid"]
+)
+GPU_MEMORY_USED = Gauge("fleet_gpu_memory_used_bytes", "Device memory in use (NVML), all processes", ["gpu", "uuid"])
+GPU_MEMORY_TOTAL = Gauge("fleet_gpu_memory_total_bytes", "Device memory in all (NVML)", ["gpu", "uuid"])
+MODEL_MEMORY = Gauge(
+    "fleet_model_memory_bytes",
+    "Device memory held by a loaded model version (its parameters and buffers on the GPU); absent on CPU",
+    ["model", "version"],
+)
+
+
+def export_objectives(model: str, latency_s: float, latency_target: float, error_target: float) -> None:
+    """Publish a model's SLO targets; ``latency_s`` is labelled as the histogram labels its bucket."""
+    SLO_LATENCY_OBJECTIVE.labels(model, floatToGoString(latency_s)).set(latency_target)
+    SLO_ERROR_OBJECTIVE.labels(model).set(error_target)

@@ -124,6 +124,7 @@ class Settler:
         self.quotas = quotas  # tenants' queued-job quotas: each settled batch gives its places back in one call
         self.on_settled: list[OnSettled] = []
         self._counters: dict[str, Any] = {}
+        self._latency = metrics.JOB_LATENCY.labels(model)
 
     # -- outcomes -------------------------------------------------------------------------------------------
     async def results(self, jobs: list[Job], results: list[Any]) -> None:
@@ -199,6 +200,8 @@ class Settler:
             passed = await asyncio.gather(*(self._run_hooks(job, record, won) for job, record, won in settled))
             settled = [item for item, ok in zip(settled, passed, strict=True) if ok]
         for job, record, won in settled:
+            if won and record.finished_at is not None:  # the job's own end, once: not a redelivery's
+                self._latency.observe(max(0.0, record.finished_at - record.created_at))
             if for_stored(record.state) is Action.dead_letter:
                 letters.append(self._dead_letter(job, record.error or _NO_ERROR))
                 continue

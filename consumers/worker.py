@@ -52,7 +52,7 @@ from pydantic import BaseModel
 from fleet import constants as c
 from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.brokers.prioritized import subscribe_inbox, subscribe_priorities
-from fleet.consumers import metrics
+from fleet.consumers import gpu_stats, metrics
 from fleet.consumers.admission import Admission
 from fleet.consumers.batch_control import BatchLimits, ControlState, ControlWindow, control, initial_state
 from fleet.consumers.batcher import BatchBounds, BatchCollector
@@ -73,7 +73,7 @@ from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, Mod
 from fleet.finite import non_finite_at
 from fleet.keepalive import keep_alive
 from fleet.schemas.jobs import JobError
-from fleet.schemas.wire import Heartbeat
+from fleet.schemas.wire import GpuStats, Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
@@ -284,6 +284,11 @@ class Worker:
         self._batch_size = metrics.BATCH_SIZE.labels(self.model)
         self._batch_seconds = metrics.BATCH_SECONDS.labels(self.model)
         self._announcer: IdleAnnouncer | None = None
+        self.devices = gpu_stats.SAMPLER  # the process's NVML reader: empty without a GPU
+        self._model_memory = gpu_stats.ModelMemory()
+        self._device_gauges = gpu_stats.DeviceGauges(self.model)
+        self._gpus: list[GpuStats] = []
+        self._memory: dict[str, int] = {}
         # Threads of its own for the model's batches, one per replica: they never wait behind the loop's default
         # executor (load, warm-up and close use that one).
         self._model_thread = model_executor(handler, self.replicas, f"{self.worker_id}-model")
@@ -331,6 +336,9 @@ class Worker:
             self._stopped = True
             raise
         self.state = "ready"
+        s = self.settings
+        metrics.export_objectives(self.model, s.slo_latency_s, s.slo_latency_target, s.slo_error_target)
+        self.sample_devices()
         await self._drain.start()
         await self._send_heartbeat()  # readiness (the gateway's /readyz, fleet up) hears of it now, not a beat later
         self._fetch_task = asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch")
@@ -392,6 +400,7 @@ class Worker:
         self.breaker.close()
         with contextlib.suppress(KeyError):
             metrics.REPLICAS_BUSY.remove(self.model, self.worker_id)
+        self._device_gauges.clear()
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
 
     async def _mark_draining(self) -> None:
@@ -636,8 +645,22 @@ class Worker:
             return self.pool.loaded(self.model)
         return [self.version] if self._state in ("ready", "draining") else []
 
+    def loaded_handlers(self) -> dict[str, ModelHandler[Any, Any]]:
+        """The handlers of this worker's model loaded and warm, by version."""
+        if self.pool is not None:
+            return self.pool.handlers(self.model)
+        return {self.version: self.handler} if self._state in ("ready", "draining") else {}
+
+    def sample_devices(self) -> None:
+        """Read the GPUs and the loaded versions' device memory into the next heartbeats and the gauges (on the
+        heartbeat interval: never per batch)."""
+        self._gpus = self.devices.sample()
+        self._memory = self._model_memory.sample(self.loaded_handlers())
+        self._device_gauges.export(self._gpus, self._memory)
+
     async def _heartbeat_loop(self) -> None:
         while not self._aux_stop.is_set():
+            self.sample_devices()
             await self._send_heartbeat()
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
@@ -657,6 +680,8 @@ class Worker:
             loaded=self.loaded(),
             replicas=self.replicas,
             breaker=self.breaker.status,
+            gpus=self._gpus,
+            model_memory_bytes=self._memory,
             **self.stats.snapshot(),  # type: ignore[arg-type]
         )
 

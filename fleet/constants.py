@@ -318,6 +318,9 @@ DEFAULT_DEDUP_WINDOW_S = 120.0
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
+# The buckets of fleet_job_latency_seconds (creation to terminal write); a latency SLO's threshold is one of them,
+# so that the alert rules read the share of slower jobs from one bucket (deploy/prometheus/fleet-alerts.yaml).
+JOB_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_LONG_POLL_S = 60.0
 DEFAULT_INFER_WAIT_S = 30.0  # how long POST /v1/infer holds a request when it names no ?wait

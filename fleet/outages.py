@@ -6,7 +6,8 @@ when the outage starts and one when it ends, naming the service and its address.
 every ``interval_s`` it opens (and at once closes) a TCP connection to each address of each service of the process
 (the broker's servers, the store's), and ``OutageLog`` logs a WARNING when every address of a service stops
 accepting connections and another when one accepts again, with how long the outage lasted. One ``OutageLog`` per
-process: each Fleet process reports its own view.
+process: each Fleet process reports its own view, also as the gauge ``fleet_service_up{service}`` (what the
+shipped alert rules watch).
 
 A probe is a bare TCP connect, so it sees a server that is down or unreachable, not one that accepts connections
 but fails requests; an outage shorter than ``interval_s`` may go unreported. It never sends a byte, so servers do
@@ -22,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from prometheus_client import Gauge
+
 from fleet.settings import FleetSettings
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,13 @@ PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "kafka": 9092}
 STORE_PORT = 6379
+
+SERVICE_UP = Gauge(
+    "fleet_service_up",
+    "1 while this process reaches a service it uses (a TCP connect to any of its addresses), 0 during an outage; "
+    "by service: nats, kafka or redis",
+    ["service"],
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +142,5 @@ async def watch_outages(
                 outages.up(service)
             else:
                 outages.down(service, cause)
+            SERVICE_UP.labels(service.kind).set(cause is None)
         await asyncio.sleep(interval_s)

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from prometheus_client import Gauge
+
 from fleet import constants as c
 from fleet.brokers.base import Broker, EventStream
 from fleet.brokers.events import Listener
@@ -28,6 +30,12 @@ log = logging.getLogger(__name__)
 
 FRESH_INTERVALS = 3  # a heartbeat older than this many intervals no longer vouches for its worker
 READY = "ready"
+
+READY_WORKERS = Gauge(
+    "fleet_ready_workers",
+    "Workers of a model whose fresh heartbeat says ready, as this process hears them (read at each scrape)",
+    ["model"],
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,12 @@ class ReadyWorkers:
         self._forget_stale(workers)
         return sum(state == READY for state, _ in workers.values())
 
+    def fresh_count(self, model: str) -> int:
+        """``count`` without forgetting anything: safe from another thread (a metrics scrape)."""
+        oldest = self.clock() - self.fresh_s
+        states = list(self._workers.get(model, {}).values())
+        return sum(state == READY and seen >= oldest for state, seen in states)
+
     def counts(self, models: Iterable[str]) -> dict[str, int]:
         return {model: self.count(model) for model in models}
 
@@ -102,6 +116,7 @@ class WorkerTracker:
         self.ready = ReadyWorkers(heartbeat_interval_s, clock)
         self._changed = asyncio.Event()
         self._observers: list[Callable[[bytes], None]] = []
+        self._exported: set[str] = set()
         self._listener = Listener(broker, c.heartbeat_subject("*"), self._listen, "readiness-heartbeats")
 
     async def __aenter__(self) -> WorkerTracker:
@@ -145,7 +160,14 @@ class WorkerTracker:
                 log.warning("ignoring a malformed worker heartbeat: %r", data[:200])
                 continue
             self.ready.observe(beat)
+            self._export(beat.model)
             self._changed.set()
+
+    def _export(self, model: str) -> None:
+        """``fleet_ready_workers{model}`` follows this tracker from the first heartbeat of ``model`` on."""
+        if model not in self._exported:
+            self._exported.add(model)
+            READY_WORKERS.labels(model).set_function(lambda: self.ready.fresh_count(model))
 
     def _tell_observers(self, data: bytes) -> None:
         for observer in list(self._observers):

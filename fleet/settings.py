@@ -167,6 +167,18 @@ class FleetSettings(BaseSettings):
         "'{\"consecutive_failures\": 3}' ('{}': the defaults); unset: no breaker",
     )
     slowness: float = Field(1.0, gt=0, description="per-worker service-time factor of the sleep model")
+    slo_latency_s: float = Field(
+        1.0,
+        description="the latency SLO's threshold: a job slower than this (creation to result) counts against the "
+        "budget; one of fleet_job_latency_seconds' buckets (fleet.constants.JOB_LATENCY_BUCKETS_S); workers export "
+        "it for the shipped alert rules (docs/guides/alerts.md)",
+    )
+    slo_latency_target: float = Field(
+        0.99, gt=0, lt=1, description="the share of jobs that must finish within slo_latency_s (0.99: 1% may not)"
+    )
+    slo_error_target: float = Field(
+        0.999, gt=0, lt=1, description="the share of terminal jobs that must not fail (0.999: 0.1% may fail)"
+    )
 
     # broker
     dedup_window_s: float = Field(c.DEFAULT_DEDUP_WINDOW_S, gt=0, description="JetStream duplicate window")
@@ -391,6 +403,16 @@ class FleetSettings(BaseSettings):
     @classmethod
     def _parse_routing(cls, value: object) -> object:
         return parse_pairs(value, "routing", "MODEL=pull|dispatch")
+
+    @field_validator("slo_latency_s")
+    @classmethod
+    def _check_slo_latency(cls, value: float) -> float:
+        if value not in c.JOB_LATENCY_BUCKETS_S:
+            bounds = ", ".join(f"{b:g}" for b in c.JOB_LATENCY_BUCKETS_S)
+            raise ConfigError(
+                f"FLEET_SLO_LATENCY_S={value:g} is not a bucket of fleet_job_latency_seconds; use one of {bounds}"
+            )
+        return value
 
     @field_validator("priority_weights", mode="before")
     @classmethod

@@ -9,44 +9,19 @@ gauges) and every label a selector or a ``by (...)`` uses.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from tests.fleet_metrics import fleet_collectors
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "fleet" / "dashboards" / "fleet.json"
-METRIC_MODULES = [
-    "fleet.lag",
-    "fleet.consumers.metrics",
-    "fleet.producers.gateway.metrics",
-    "fleet.dispatcher.metrics",
-    "fleet.autoscaler.service",
-    "fleet.lifecycle.service",
-]
-SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", "_count")}
 SERIES = re.compile(r"\b(fleet_[a-z0-9_]+)(\{[^}]*\})?")
 MATCHER = re.compile(r"([a-zA-Z_]+)\s*(?:=~|!~|!=|=)")
 BY = re.compile(r"\bby\s*\(([^)]*)\)")
-
-
-def fleet_collectors() -> dict[str, tuple[type, set[str]]]:
-    """Exposed series name -> (collector type, label names), for every fleet_* collector."""
-    for module in METRIC_MODULES:
-        importlib.import_module(module)
-    out: dict[str, tuple[type, set[str]]] = {}
-    for collector in list(REGISTRY._collector_to_names):
-        name = getattr(collector, "_name", "")
-        kind = next((k for k in SUFFIXES if isinstance(collector, k)), None)
-        if not name.startswith("fleet_") or kind is None:
-            continue
-        labels = set(collector._labelnames) | ({"le"} if kind is Histogram else set())  # type: ignore[attr-defined]
-        for suffix in SUFFIXES[kind]:
-            out[name + suffix] = (kind, labels)
-    return out
 
 
 def dashboard() -> dict[str, Any]:

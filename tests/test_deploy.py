@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import re
+import subprocess
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from fleet import constants as c
 from fleet.brokers.nats import durable_name
 from fleet.settings import FleetSettings
 from tests import deploy_tools
+from tests.services import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "fleet"
@@ -43,6 +45,7 @@ SCENARIOS: dict[str, list[str]] = {
     "kafka-keda": ["-f", str(EXAMPLES / "kafka-keda.yaml")],
     "nats-keda": ["--set", "autoscaler.engine=keda", "--set", "autoscaler.scaling.lag_per_replica=50"],
     "grafana-dashboard": ["--set", "grafanaDashboard.enabled=true"],
+    "prometheus-rule": ["--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=kps"],
     "no-autoscaler": [
         "--set",
         "autoscaler.enabled=false",
@@ -151,6 +154,72 @@ def scaledobject_errors(doc: Manifest, kube_version: str) -> list[str]:
     return [f"{'.'.join(str(p) for p in e.path)}: {e.message}" for e in errors]
 
 
+# The Prometheus Operator's PrometheusRule (monitoring.coreos.com/v1), the fields of its CRD that Fleet's rules use
+# or may use, strict like the others: an unknown or misspelt field is an error.
+_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["expr"],
+    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+    "properties": {
+        "alert": {"type": "string"},
+        "record": {"type": "string"},
+        "expr": {"type": ["string", "integer"]},
+        "for": {
+            "type": "string",
+            "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+        },
+        "keep_firing_for": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {
+            "$ref": "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string"},
+                            "limit": {"type": "integer"},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "rules": {"type": "array", "items": _RULE},
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+
+def prometheusrule_errors(doc: Manifest, kube_version: str) -> list[str]:
+    folder = f"kubernetes-json-schema/v{kube_version}-local-strict/_definitions.json"
+    definitions = json.loads(files("kubernetes_validate").joinpath(folder).read_text(encoding="utf-8"))
+    registry: referencing.Registry[Any] = referencing.Resource.from_contents(definitions) @ referencing.Registry()
+    errors = jsonschema.Draft202012Validator(PROMETHEUS_RULE_SCHEMA, registry=registry).iter_errors(doc)
+    return [f"{'.'.join(str(p) for p in e.path)}: {e.message}" for e in errors]
+
+
+VALIDATORS = {"ScaledObject": scaledobject_errors, "PrometheusRule": prometheusrule_errors}
+
+
 def name_errors(doc: Manifest) -> list[str]:
     """Names and labels the schemas do not check: DNS labels (they become pod and Service host names), label values."""
     meta = doc["metadata"]
@@ -171,7 +240,7 @@ def test_every_rendered_manifest_validates_against_the_kubernetes_schemas(scenar
     for doc in docs:
         where = f"{doc['kind']}/{doc['metadata']['name']}"
         for version in SCHEMA_KUBE_VERSIONS:
-            validate = scaledobject_errors if doc["kind"] == "ScaledObject" else k8s_errors
+            validate = VALIDATORS.get(doc["kind"], k8s_errors)
             problems += [f"{where} (Kubernetes {version}): {e}" for e in validate(doc, version)]
         problems += [f"{where}: {e}" for e in name_errors(doc)]
     assert problems == []
@@ -194,6 +263,15 @@ def test_the_validators_reject_what_kubernetes_rejects() -> None:
     assert "'minReplicas' was unexpected" in errors
     assert "100 is not of type 'string'" in errors
     assert "'name' is a required property" in errors
+    (rule,) = of_kind(render(*SCENARIOS["prometheus-rule"]), "PrometheusRule")
+    rule = json.loads(json.dumps(rule))
+    rule["spec"]["groups"][0]["rules"][0]["recrod"] = "x"
+    rule["spec"]["groups"][1]["rules"][0]["for"] = "two minutes"
+    rule["metadata"]["labels"]["release"] = 1
+    errors = "\n".join(prometheusrule_errors(rule, SCHEMA_KUBE_VERSIONS[-1]))
+    assert "'recrod' was unexpected" in errors
+    assert "'two minutes' does not match" in errors
+    assert "1 is not of type 'string'" in errors
 
 
 # -- the processes run real `fleet` commands -------------------------------------------------------------------
@@ -382,6 +460,30 @@ def test_the_grafana_dashboard_ships_as_a_sidecar_config_map_only_when_enabled()
     assert shipped == json.loads((CHART / "dashboards" / "fleet.json").read_text())
 
 
+def prometheus_rules(docs: tuple[Manifest, ...]) -> list[Manifest]:
+    return of_kind(docs, "PrometheusRule")
+
+
+def test_the_alert_rules_ship_as_a_prometheus_rule_only_when_enabled_and_equal_to_the_rules_file() -> None:
+    assert prometheus_rules(render()) == [], "off by default: the Prometheus Operator's CRDs may not be installed"
+    (rule,) = prometheus_rules(render(*SCENARIOS["prometheus-rule"]))
+    assert rule["metadata"]["labels"]["release"] == "kps", "the label the operator's ruleSelector picks"
+    shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "fleet-alerts.yaml").read_text())
+    assert rule["spec"] == shipped, "the chart renders the one rules file as it is"
+
+
+def test_the_rendered_prometheus_rule_passes_promtool_with_runbook_links(tmp_path: Path) -> None:
+    base = "https://git.example.com/ml/fleet/blob/main/"
+    (rule,) = prometheus_rules(render(*SCENARIOS["prometheus-rule"], "--set", f"prometheusRule.runbookBaseUrl={base}"))
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(url.startswith(f"{base}docs/operations/runbooks.md#") for url in urls)
+    rendered = tmp_path / "rules.yaml"
+    rendered.write_text(yaml.safe_dump(rule["spec"]))
+    promtool = require_binary("promtool", "prometheus", "promtool (Prometheus)")
+    proc = subprocess.run([promtool, "check", "rules", str(rendered)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_a_secret_can_be_rendered_by_the_chart() -> None:
     docs = render(*SCENARIOS["kafka-keda"])
     (secret,) = of_kind(docs, "Secret")
@@ -401,6 +503,8 @@ def test_a_secret_can_be_rendered_by_the_chart() -> None:
         (["--set", "workers.models.embed.scaling.max_replicas=2"], "embed.scaling needs autoscaler.engine=keda"),
         (["--set", "workers.models.embed.routing=dispatch"], "routing is dispatch, but dispatcher.enabled is false"),
         (["--set", "dispatcher.enabled=true"], "no model has routing: dispatch"),
+        (["--set", "prometheusRule.runbookBaseUrl=git.example.com/fleet"], "runbookBaseUrl"),
+        (["--set", "prometheusRule.enable=true"], "'enable'"),
     ],
 )
 def test_bad_values_are_rejected_with_a_message_naming_them(args: list[str], expected: str) -> None:

@@ -101,6 +101,10 @@ class ModelPool:
         """The versions of ``model`` loaded and warm, sorted."""
         return sorted(version for name, version in self._entries if name == model)
 
+    def handlers(self, model: str) -> dict[str, ModelHandler[Any, Any]]:
+        """The loaded handlers of ``model``, by version."""
+        return {version: entry.handler for (name, version), entry in self._entries.items() if name == model}
+
     def size_of(self, key: Key) -> int | None:
         """The bytes ``key`` took when it was last loaded (None: never loaded here)."""
         return self._sizes.get(key)
