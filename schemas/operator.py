@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleet.schemas.jobs import JobError
 from fleet.schemas.scaling import DecisionRecord, Pin
+from fleet.schemas.wire import GpuStats
 
 MAX_LETTER_IDS = 1000  # letters one redrive or purge call may name
 
@@ -99,6 +100,10 @@ class WorkerView(BaseModel):
     replicas: int = Field(1, description="batches of the model the worker computes at once on one copy of weights")
     breaker: str = Field(
         "closed", description="the worker's circuit breaker for the model: closed, open (takes no work) or half_open"
+    )
+    gpus: list[GpuStats] = Field(default_factory=list, description="the worker's GPUs (NVML); empty without one")
+    model_memory_bytes: dict[str, int] = Field(
+        default_factory=dict, description="device bytes per loaded version (empty on a CPU worker)"
     )
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from fleet import constants as c
 from fleet.brokers.memory import MemoryBroker
 from fleet.producers.gateway import create_app
-from fleet.readiness import FRESH_INTERVALS, Beat, ReadyWorkers, parse_beat
+from fleet.readiness import FRESH_INTERVALS, Beat, ReadyWorkers, WorkerTracker, parse_beat
 from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.memory import MemoryStore
@@ -166,3 +167,31 @@ def test_the_first_embed_job_after_fleet_up_says_ready_runs_at_normal_latency(tm
         assert ready["models"]["embed"]["ready_workers"] >= 1 and ready["models"]["echo"]["ready_workers"] >= 1
         assert "fleet up: ready at" in log.read_text()
         assert stop(proc) == 0, log.read_text()[-2000:]
+
+
+async def test_fleet_ready_workers_follows_fresh_ready_heartbeats(unique: str) -> None:
+    """The gauge the shipped FleetNoReadyWorker alert reads: ready workers per model, stale ones dropped at scrape."""
+    model = f"m{unique}"
+    broker = MemoryBroker.from_settings(FleetSettings())
+    await broker.connect()
+
+    def exported() -> float | None:
+        return REGISTRY.get_sample_value("fleet_ready_workers", {"model": model})
+
+    async def reads(value: float) -> None:
+        deadline = time.monotonic() + 5
+        while exported() != value:
+            assert time.monotonic() < deadline, f"fleet_ready_workers reads {exported()}, not {value}"
+            await asyncio.sleep(0.02)
+
+    try:
+        async with WorkerTracker(broker, heartbeat_interval_s=0.2):
+            assert exported() is None, "no series before the model's first heartbeat"
+            await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w1", "ready"))
+            await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w2", "starting"))
+            await reads(1)
+            await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w2", "ready"))
+            await reads(2)
+            await reads(0)  # no heartbeat for FRESH_INTERVALS intervals: neither vouches for itself any more
+    finally:
+        await broker.close()

@@ -96,6 +96,8 @@ class Beats:
                 loaded=hb.loaded,
                 replicas=hb.replicas,
                 breaker=hb.breaker,
+                gpus=hb.gpus,
+                model_memory_bytes=hb.model_memory_bytes,
             )
             for hb, seen in sorted(self.workers.values(), key=lambda item: (item[0].model, item[0].worker_id))
         ]

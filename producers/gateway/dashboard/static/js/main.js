@@ -357,6 +357,16 @@ function loadedVersions(w) {
   return loaded.length ? loaded.map((v) => `v${v}`).join(", ") : "– (none yet)";
 }
 
+const GIB = 1024 ** 3;
+
+// A worker's GPUs and the device memory of its loaded versions, from its heartbeat ("" without a GPU).
+function gpuText(w) {
+  const gpus = (w.gpus || []).map((g) =>
+    `GPU ${g.index}: ${Math.round(g.utilization_pct)} %, ${fmt.num(g.memory_used_bytes / GIB, 1)}/${fmt.num(g.memory_total_bytes / GIB, 0)} GiB`);
+  const models = Object.entries(w.model_memory_bytes || {}).map(([v, b]) => `v${v}: ${fmt.num(b / GIB, 2)} GiB`);
+  return [...gpus, ...models].join(" · ");
+}
+
 function renderWorkers(snap) {
   const tbody = $("workers").querySelector("tbody");
   const rows = [...snap.workers, ...launching(snap)].sort((a, b) => a.model.localeCompare(b.model));
@@ -364,11 +374,11 @@ function renderWorkers(snap) {
     tbody,
     rows,
     (w) => w.worker_id,
-    (w) => el("tr", {}, ...Array.from({ length: 13 }, () => el("td")),
+    (w) => el("tr", {}, ...Array.from({ length: 14 }, () => el("td")),
       el("td", {}, w.launching ? "" : el("button", { type: "button", onclick: () => drain(w.worker_id) }, "Drain"))),
     (row, w) => {
       if (w.launching) {
-        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–", "–", "–", "–"];
+        const cells = ["(no heartbeat yet)", w.model, "–", "launching", "–", "–", "–", "–", "–", "–", "–", "–", "–", ""];
         cells.forEach((text, i) => setText(row.children[i], text));
         row.children[3].className = "state state-warming";
         row.children[3].title = "started by the autoscaler, still loading: its first heartbeat names it";
@@ -379,19 +389,24 @@ function renderWorkers(snap) {
       const idle = "– (no job yet)";
       const cells = [w.worker_id, w.model, w.device, shown, w.in_flight, w.items, w.items ? fmt.num(w.mean_batch_size, 1) : "–",
         w.items ? fmt.ms(w.latency_ewma_ms) : idle, fmt.ms(w.latency_p99_ms), fmt.age(w.heartbeat_age_s),
-        loadedVersions(w), w.replicas ?? 1, BREAKER_STATES[w.breaker] || w.breaker || "closed"];
+        loadedVersions(w), w.replicas ?? 1, BREAKER_STATES[w.breaker] || w.breaker || "closed", gpuText(w)];
       cells.forEach((text, i) => setText(row.children[i], text ?? "–"));
       row.children[10].dataset.role = "loaded";
       row.children[11].dataset.role = "replicas";
       row.children[12].dataset.role = "breaker";
       row.children[12].className = `breaker breaker-${w.breaker || "closed"}`;
       row.dataset.breaker = w.breaker || "closed";
+      row.children[13].dataset.role = "gpus";
       row.children[3].className = `state state-${shown}`;
       row.dataset.state = shown;
       row.querySelector("button").disabled = shown === "draining";
       row.querySelector("button").setAttribute("aria-label", `Drain worker ${w.worker_id}`);
     },
   );
+  // The GPU column only where some worker has a GPU: a CPU fleet shows no empty column.
+  const anyGpu = snap.workers.some((w) => (w.gpus || []).length > 0);
+  $("workers").querySelector('th[data-role="gpus"]').hidden = !anyGpu;
+  for (const row of tbody.children) row.children[13].hidden = !anyGpu;
   const missing = snap.models.map((m) => m.model).filter((m) => !snap.workers.some((w) => w.model === m));
   setText($("workers-empty"), missing.map((m) => `no workers for ${m}: start one with \`fleet worker --model ${m}\``).join(" · "));
 }
