@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from fleet.errors import ConfigError
+from fleet.settings import FleetSettings
 from tests.fleet_metrics import fleet_collectors
 from tests.services import require_binary
 
@@ -118,3 +121,12 @@ def test_every_series_the_rules_read_is_one_fleet_exports_with_those_labels() ->
 
 def test_the_file_for_prometheus_is_the_charts_rules_file() -> None:
     assert RULES.resolve() == CHART_RULES.resolve(), "one source: deploy/prometheus links to the chart's file"
+
+
+def test_slo_settings_off_the_histogram_or_out_of_range_are_refused_naming_the_setting() -> None:
+    assert FleetSettings(slo_latency_s=2.5).slo_latency_s == 2.5
+    with pytest.raises(ConfigError, match=r"FLEET_SLO_LATENCY_S=2 is not a bucket .* use one of .*2\.5"):
+        FleetSettings(slo_latency_s=2)
+    for field, value in (("slo_latency_target", 1.0), ("slo_error_target", 0.0), ("slo_error_target", 99.9)):
+        with pytest.raises(ValidationError, match=field):
+            FleetSettings.model_validate({field: value})

@@ -199,6 +199,10 @@ def test_page_loads_logs_in_and_lists_models_and_workers(up: Up, browser: Browse
     expect(echo_row).to_have_attribute("data-breaker", "closed")
     ready = [w for w in up.api.get("/v1/operator/snapshot").json()["workers"] if w["state"] == "ready"]
     assert ready and all(w["loaded"] == ["1"] for w in ready), ready
+    # no GPU on this machine: the heartbeats carry none, and the page shows no GPU column (not an empty one)
+    assert all(w["gpus"] == [] and w["model_memory_bytes"] == {} for w in ready), ready
+    expect(page.locator('#workers th[data-role="gpus"]')).to_be_hidden()
+    expect(echo_row.locator('td[data-role="gpus"]')).to_be_hidden()
     assert page.evaluate("sessionStorage.getItem('fleet.operatorToken')") == TOKEN
     # the cards start collapsed: the head line and the reason, no controls until opened
     expect(card(page, "echo").locator('[data-action="pause"]')).to_be_hidden()
