@@ -388,7 +388,8 @@ class RedisStore:
         high, low = bounds(since, until, position)
         if high < low or count <= 0:
             return []
-        key, offset, out, skipping = scope.key, 0, [], position is not None
+        key, offset, skipping = scope.key, 0, position is not None
+        out: list[Position] = []
         with self._errors("read the job index"):
             while True:
                 chunk = min(count - len(out) + 8, READ_CHUNK)
