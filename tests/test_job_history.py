@@ -10,6 +10,7 @@ counts per item (on Redis through the one-script admit-and-create, which also wr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -25,11 +26,14 @@ import httpx
 import pytest
 
 from fleet import constants as c
+from fleet.producers.gateway import create_app
+from fleet.producers.sdk import FleetClient, GatewayError
+from fleet.producers.sdk_sync import FleetSyncClient
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
 from fleet.store.jobindex import Scope
-from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, asgi_gateway, error_of, urls_for
+from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, error_of, served, urls_for
 from tests.infra import connected_pair, eventually, settings_for
 
 PAIRS = ["memory", "nats+redis"]
@@ -39,6 +43,8 @@ LIMITS = dataclasses.replace(FAST_LIMITS, batch_max_bytes=256 * 1024)
 
 @dataclass
 class Env:
+    base: str
+    keys: dict[str, str]
     store: ResultStore
     unique: str
     clients: dict[str, httpx.AsyncClient]
@@ -101,15 +107,15 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
             "token": TOKEN,
         }
         async with contextlib.AsyncExitStack() as stack:
-            app, _ = await stack.enter_async_context(asgi_gateway(settings, broker, store, LIMITS, stores=stores))
+            app = create_app(settings, broker=broker, stores=stores, limits=LIMITS)
+            base = await stack.enter_async_context(served(app))
             clients = {}
             for name, key in keys.items():
-                transport = httpx.ASGITransport(app=app)
                 headers = {"Authorization": f"Bearer {key}"}
-                client = httpx.AsyncClient(transport=transport, base_url="http://gateway", headers=headers)
+                client = httpx.AsyncClient(base_url=base, headers=headers, timeout=30)
                 clients[name] = await stack.enter_async_context(client)
             await stack.enter_async_context(ObservedWorker(broker, store, f"echo-{unique}"))
-            yield Env(store, unique, clients, tenants)
+            yield Env(base, keys, store, unique, clients, tenants)
 
 
 # -- listing ----------------------------------------------------------------------------------------------------
@@ -337,3 +343,44 @@ async def test_batch_items_run_concurrently(env: Env) -> None:
         return all(r is not None and r.state == "succeeded" for r in records)
 
     await eventually(all_done, what="the batch's jobs to succeed")
+
+
+# -- the SDK ----------------------------------------------------------------------------------------------------
+def _client(env: Env, who: str) -> FleetClient:
+    return FleetClient(env.base, api_key=env.keys[who])
+
+
+async def test_sdk_submits_many_and_lists_them(env: Env) -> None:
+    since = time.time()
+    async with _client(env, "b") as fleet:
+        jobs = [{"model": env.idle, "input": {"sdk": i}} for i in range(7)] + [{"model": "nope", "input": {}}]
+        answer = await fleet.submit_many(jobs)
+        assert [r.status for r in answer.items] == [202] * 7 + [404] and answer.refused == 1
+        ids = [r.job_id for r in answer.items[:7]]
+        page = await fleet.list_jobs(model=env.idle, since=since, limit=3)
+        assert [j.job_id for j in page.jobs] == ids[::-1][:3] and page.next_cursor is not None
+        walked = [j.job_id async for j in fleet.iter_jobs(model=env.idle, since=since, limit=3)]
+        assert walked == ids[::-1]
+        assert [j.job_id async for j in fleet.iter_jobs(state=["succeeded"], model=env.idle, since=since)] == []
+        with pytest.raises(GatewayError) as refused:
+            await fleet.list_jobs(tenant=env.tenants["a"])
+        assert refused.value.status == 403
+
+
+async def test_sdk_splits_a_long_batch(env: Env) -> None:
+    async with _client(env, "a") as fleet:
+        jobs = [{"model": "nope", "input": {}}] * (c.JOB_BATCH_MAX_ITEMS + 5)  # refused fast, each one
+        answer = await fleet.submit_many(jobs)
+    assert [r.index for r in answer.items] == list(range(c.JOB_BATCH_MAX_ITEMS + 5))
+    assert answer.refused == c.JOB_BATCH_MAX_ITEMS + 5
+
+
+async def test_sync_client_wraps_both(env: Env) -> None:
+    def use() -> None:
+        with FleetSyncClient(env.base, api_key=env.keys["a"]) as fleet:
+            answer = fleet.submit_many([{"model": env.idle, "input": {"sync": 1}}])
+            job_id = answer.items[0].job_id
+            assert fleet.list_jobs(model=env.idle, limit=1).jobs[0].job_id == job_id
+            assert job_id in [j.job_id for j in fleet.iter_jobs(model=env.idle, limit=500)]
+
+    await asyncio.to_thread(use)  # the gateway goes on serving on this loop

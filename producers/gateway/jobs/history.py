@@ -265,7 +265,6 @@ EXAMPLE_PAGE = {
 @router.get(
     "",
     response_model=JobPage,
-    response_model_exclude_none=True,
     summary="List jobs (newest first)",
     description=(
         "The caller's tenant's jobs, newest first, kept as long as their records (`FLEET_JOB_TTL_S`). Filters: "
