@@ -24,8 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from fleet import constants as c
+from fleet.cli import app as cli_app
 from fleet.producers.gateway import create_app
 from fleet.producers.sdk import FleetClient, GatewayError
 from fleet.producers.sdk_sync import FleetSyncClient
@@ -384,3 +386,34 @@ async def test_sync_client_wraps_both(env: Env) -> None:
             assert job_id in [j.job_id for j in fleet.iter_jobs(model=env.idle, limit=500)]
 
     await asyncio.to_thread(use)  # the gateway goes on serving on this loop
+
+
+# -- the CLI ----------------------------------------------------------------------------------------------------
+async def test_cli_submits_a_file_and_lists_jobs(env: Env, tmp_path: Any) -> None:
+    runner = CliRunner()
+    file = tmp_path / "items.jsonl"
+    lines = [json.dumps({"model": env.idle, "input": {"cli": i}}) for i in range(3)]
+    file.write_text("\n".join([lines[0], "", lines[1], json.dumps({"model": "nope", "input": {}}), lines[2]]) + "\n")
+    since = time.time()
+    auth = {"FLEET_API_KEY": env.keys["b"], "FLEET_URL": env.base, "COLUMNS": "200"}
+
+    def cli(*argv: str) -> Any:
+        return runner.invoke(cli_app, list(argv), env=auth)
+
+    submitted = await asyncio.to_thread(cli, "jobs", "submit", "--file", str(file))
+    assert submitted.exit_code == 1, submitted.output  # one line was refused
+    assert "3 accepted, 1 refused" in submitted.stdout and "line 4: 404 unknown_model" in submitted.stderr
+    listed = await asyncio.to_thread(cli, "jobs", "list", "--json", "--model", env.idle, "--since", str(since))
+    assert listed.exit_code == 0, listed.output
+    jobs = json.loads(listed.stdout)["jobs"]
+    assert len(jobs) == 3 and {j["tenant"] for j in jobs} == {env.tenants["b"]}
+    table = await asyncio.to_thread(cli, "jobs", "list", "--model", env.idle, "--limit", "2", "--since", str(since))
+    assert table.exit_code == 0 and jobs[0]["job_id"] in table.stdout and "more: --cursor" in table.stdout
+    for argv, words in (
+        (["jobs", "list", "--tenant", env.tenants["a"]], "lists only its jobs"),
+        (["jobs", "list", "--state", "done"], "unknown state 'done'"),
+        (["jobs", "list", "--cursor", "forged"], "not a cursor of this listing"),
+        (["jobs", "list", "--url", "http://127.0.0.1:9"], "cannot reach the gateway"),
+    ):
+        refused = await asyncio.to_thread(cli, *argv)
+        assert refused.exit_code == 1 and words in refused.stderr and "Traceback" not in refused.output, argv
