@@ -140,8 +140,9 @@ def list_cmd(
 ) -> None:
     """List the gateway's jobs, newest first: your tenant's (an operator: any tenant's, or every tenant's). Prints a
     table, and the cursor to go on from when more remain."""
-    filters = {"model": model, "state": state, "tenant": tenant, "since": since, "until": until}
-    filters = {k: v for k, v in filters.items() if v is not None} | {"limit": limit, "cursor": cursor}
+    named = {"model": model, "state": state, "tenant": tenant, "since": since, "until": until}
+    filters: dict[str, Any] = {k: v for k, v in named.items() if v is not None}
+    filters |= {"limit": limit, "cursor": cursor}
     shown = _call(_list(url, api_key, filters, pages))
     if as_json:
         typer.echo(json.dumps(shown, indent=2))
