@@ -153,7 +153,7 @@ def job_index_key(tenant: str | None, model: str | None = None) -> str:
 
 JOB_LIST_DEFAULT_LIMIT = 50  # GET /v1/jobs: jobs per page unless ?limit says otherwise
 JOB_LIST_MAX_LIMIT = 500
-JOB_LIST_SCAN_MAX = 5_000  # index entries one listing request reads at most (a state filter may skip many)
+JOB_LIST_SCAN_MAX = 2_000  # index entries (and records) one listing request reads at most (a state filter skips)
 JOB_BATCH_MAX_ITEMS = 1_000  # POST /v1/jobs:batch: items per request
 
 

@@ -31,6 +31,7 @@ from fleet.cli import app as cli_app
 from fleet.producers.gateway import create_app
 from fleet.producers.sdk import FleetClient, GatewayError
 from fleet.producers.sdk_sync import FleetSyncClient
+from fleet.schemas.jobs import JobRecord, JobState
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
@@ -88,7 +89,7 @@ class Env:
 @pytest.fixture(scope="module", params=PAIRS)
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     unique = uuid.uuid4().hex[:10]
-    tenants = {"a": f"a-{unique}", "b": f"b-{unique}", "c": f"c-{unique}"}
+    tenants = {"a": f"a-{unique}", "b": f"b-{unique}", "c": f"c-{unique}", "d": f"d-{unique}"}
     settings: FleetSettings = settings_for(
         request.param,
         urls_for(request, request.param),
@@ -104,6 +105,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
             "a": (await made.create(tenants["a"], "submitter", None))[0],
             "b": (await made.create(tenants["b"], "submitter", None))[0],
             "c": (await made.create(tenants["c"], "submitter", None))[0],
+            "d": (await made.create(tenants["d"], "submitter", None))[0],
             "a_operator": (await made.create(tenants["a"], "operator", None))[0],
             "default_operator": (await made.create(c.DEFAULT_TENANT, "operator", None))[0],
             "token": TOKEN,
@@ -199,6 +201,31 @@ async def test_expired_records_leave_the_listing(env: Env) -> None:
     assert job_id not in {j["job_id"] for j in await env.every("b", limit=500)}
     page = await env.store.index_page(Scope(env.tenants["b"]), None, None, None, 500)
     assert job_id not in {p.job_id for p in page}  # removed by the page that met it
+
+
+async def test_a_rare_state_is_found_through_bounded_pages(env: Env) -> None:
+    """More jobs than one request reads: a page answers what it found (nothing) with a cursor where it stopped,
+    within its read budget, and following the cursors finds the one failed job at the bottom."""
+    tenant, now = env.tenants["d"], time.time()
+    failed = JobRecord(
+        job_id=f"{env.unique}-failed", model=env.idle, state=JobState.failed, tenant=tenant, created_at=now - 100
+    )
+    await env.store.create(failed)
+    for i in range(c.JOB_LIST_SCAN_MAX + 10):
+        record = JobRecord(
+            job_id=f"{env.unique}-{i}",
+            model=env.idle,
+            state=JobState.queued,
+            tenant=tenant,
+            created_at=now - 50 + i / 1000,
+        )
+        await env.store.create(record)
+    began = time.monotonic()
+    first = await env.page("d", state="failed")
+    assert time.monotonic() - began < 5
+    assert first["jobs"] == [] and first["scanned"] == c.JOB_LIST_SCAN_MAX and first["next_cursor"]
+    found = await env.every("d", state="failed")
+    assert [j["job_id"] for j in found] == [failed.job_id] and found[0]["state"] == "failed"
 
 
 @pytest.mark.parametrize(

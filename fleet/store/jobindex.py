@@ -62,6 +62,7 @@ end
 return 1
 """
 READ_CHUNK = 500  # entries one ZREVRANGEBYSCORE reads at most
+TRIM_AT = 1024  # the in-memory index cuts its stale head once it is this long (or an eighth of the list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,8 @@ def bounds(since: float | None, until: float | None, position: Position | None) 
 
 
 class MemoryIndex:
-    """The index of the in-memory store: per key, a list of (score, job id) kept sorted ascending."""
+    """The index of the in-memory store: per key, a list of (score, job id) kept sorted ascending. Stale entries
+    are cut from the head in steps (``TRIM_AT``); until then a page skips them as entries whose record is gone."""
 
     def __init__(self, ttl_s: int) -> None:
         self.ttl_s = ttl_s
@@ -151,7 +153,7 @@ class MemoryIndex:
             entries = self._keys.setdefault(key, [])
             bisect.insort(entries, entry)
             stale = bisect.bisect_left(entries, (cutoff, ""))
-            if stale:
+            if stale >= TRIM_AT or stale * 8 >= len(entries):  # in steps: each cut moves the whole list
                 del entries[:stale]
 
     def page(
