@@ -48,6 +48,7 @@ from fleet.store.jobindex import (
     INDEX_MANY_LUA,
     READ_CHUNK,
     Position,
+    Refreshes,
     Scope,
     after,
     bounds,
@@ -255,6 +256,7 @@ class RedisStore:
         self._create_indexed = self.redis.register_script(CREATE_INDEXED_LUA)
         self._index_many = self.redis.register_script(INDEX_MANY_LUA)
         self._known: OrderedDict[str, tuple[bytes, JobRecord | None]] = OrderedDict()
+        self._refreshes = Refreshes(job_ttl_s)
         self._mux: Any
         if self.cluster_mode:
             self._mux = cl.ShardedMux(self.redis, display_url=self.display_url)
@@ -316,16 +318,16 @@ class RedisStore:
                 if created:
                     await self.index([record])
                 return created
-            indexing = [*index_keys(record)], [score_arg(record.created_at), self._index_cutoff()]
+            if message is not None and record.state not in TERMINAL_STATES:
+                keys, args = self.pending_create(record, message, raw)
+                return bool(await self._create_pending(keys=keys, args=args))
+            index = index_keys(record)
+            keys = [c.job_key(job_id), *index]
+            indexing = [score_arg(record.created_at), self._index_cutoff(index)]
             if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
-                args: list[bytes | str | int] = [raw, self.job_ttl_s, self._done_channel(job_id), job_id]
-                keys = [c.job_key(job_id), *indexing[0]]
-                return bool(await self._create_terminal(keys=keys, args=[*args, *indexing[1]]))
-            if message is None:
-                args = [raw, self.job_ttl_s, job_id, *indexing[1]]
-                return bool(await self._create_indexed(keys=[c.job_key(job_id), *indexing[0]], args=args))
-            keys, args = self.pending_create(record, message, raw)
-            return bool(await self._create_pending(keys=keys, args=args))
+                args = [raw, self.job_ttl_s, self._done_channel(job_id), job_id, *indexing]
+                return bool(await self._create_terminal(keys=keys, args=args))
+            return bool(await self._create_indexed(keys=keys, args=[raw, self.job_ttl_s, job_id, *indexing]))
 
     async def _create_cluster(self, record: JobRecord, raw: bytes, message: bytes | None) -> bool:
         job_id = record.job_id
@@ -336,8 +338,11 @@ class RedisStore:
             return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
         return await self._create_marked_cluster(job_id, raw, message)
 
-    def _index_cutoff(self) -> str:
-        return score_arg(time.time() - self.job_ttl_s)
+    def _index_cutoff(self, keys: list[str]) -> str:
+        """The trim cutoff the create scripts pass for ``keys``: '' (add only) unless this store last trimmed and
+        re-armed one of them more than ``jobindex.REFRESH_SHARE`` of the TTL ago (``jobindex.Refreshes``)."""
+        now = time.time()
+        return score_arg(now - self.job_ttl_s) if self._refreshes.due(keys, now) else ""
 
     def pending_create(
         self, record: JobRecord, message: bytes, raw: bytes | None = None
@@ -345,9 +350,10 @@ class RedisStore:
         """The KEYS and ARGV of ``CREATE_PENDING_LUA`` for ``create(record, message)`` on one Redis (also run, inside
         ``fleet.store.quotas.ADMIT_CREATE_LUA``, by a gateway's limits)."""
         job_id = record.job_id
-        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id), *index_keys(record)]
+        index = index_keys(record)
+        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id), *index]
         raw = raw if raw is not None else transitions.record_json(record)
-        return keys, [raw, self.job_ttl_s, job_id, message, score_arg(record.created_at), self._index_cutoff()]
+        return keys, [raw, self.job_ttl_s, job_id, message, score_arg(record.created_at), self._index_cutoff(index)]
 
     # -- the job index (fleet.store.jobindex) --------------------------------------------------------------------
     async def index(self, records: list[JobRecord]) -> None:

@@ -8,7 +8,8 @@ import time
 from fleet import constants as c
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.store.base import Finish, ResultStore, Start
-from fleet.store.jobindex import Position, Scope
+from fleet.store.jobindex import Position, Refreshes, Scope, index_keys
+from fleet.store.redis import RedisStore
 from tests.contract import store_fixtures
 from tests.contract.store_fixtures import StoreFactory
 
@@ -45,9 +46,13 @@ async def test_created_records_are_indexed_per_tenant_and_model(store: ResultSto
     assert await _all(store, Scope(b)) == [f"{unique}-3"]
     everyone = await _all(store, Scope(None), count=500, since=now - 4)
     assert [i for i in everyone if i.startswith(unique)] == [f"{unique}-3", f"{unique}-2", f"{unique}-1"]
+    # a record created terminal (a cache hit) is indexed too
+    done = _record(f"{unique}-4", b, at=now - 0.5).model_copy(update={"state": JobState.succeeded})
+    assert await store.create(done)
+    assert await _all(store, Scope(b)) == [f"{unique}-4", f"{unique}-3"]
     # A create that loses (the id is used) adds nothing, not even for another tenant.
     assert not await store.create(_record(f"{unique}-1", b, at=now))
-    assert await _all(store, Scope(b)) == [f"{unique}-3"]
+    assert await _all(store, Scope(b)) == [f"{unique}-4", f"{unique}-3"]
 
 
 async def test_since_until_bound_the_scores(store: ResultStore, unique: str) -> None:
@@ -89,3 +94,24 @@ async def test_forget_removes_entries(store: ResultStore, unique: str) -> None:
     page = await store.index_page(Scope(t), None, None, None, 10)
     await store.index_forget(Scope(t), page)
     assert await store.index_page(Scope(t), None, None, None, 10) == []
+
+
+async def test_redis_index_keys_live_twice_the_ttl(redis_url: str, unique: str) -> None:
+    short = RedisStore(redis_url, job_ttl_s=40)
+    await short.connect()
+    try:
+        t = f"t{unique}"
+        await short.create(_record(f"{unique}-1", t), b"{}")
+        for key in index_keys(_record("x", t)):
+            assert 60 < await short.redis.ttl(key) <= 80, key
+    finally:
+        await short.close()
+
+
+def test_refreshes_are_due_once_per_quarter_ttl_per_key() -> None:
+    refreshes = Refreshes(ttl_s=100)
+    assert refreshes.due(["a", "b"], 1000.0)
+    assert not refreshes.due(["a", "b"], 1024.0)
+    assert refreshes.due(["a", "c"], 1024.0)  # c is new: all of them are refreshed
+    assert not refreshes.due(["a"], 1048.0)
+    assert refreshes.due(["b"], 1025.0 + 1) is True  # b's last refresh was at 1000
