@@ -27,6 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet import constants as c
+from fleet.brokers.base import Broker
 from fleet.cli import app as cli_app
 from fleet.producers.gateway import create_app
 from fleet.producers.sdk import FleetClient, GatewayError
@@ -37,7 +38,7 @@ from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
 from fleet.store.jobindex import Scope
 from tests.gateway_helpers import FAST_LIMITS, ObservedWorker, error_of, served, urls_for
-from tests.infra import connected_pair, eventually, settings_for
+from tests.infra import connected_pair, eventually, request_bytes, settings_for
 
 PAIRS = ["memory", "nats+redis"]
 TOKEN = "operator-token-for-history-tests"
@@ -48,6 +49,7 @@ LIMITS = dataclasses.replace(FAST_LIMITS, batch_max_bytes=256 * 1024)
 class Env:
     base: str
     keys: dict[str, str]
+    broker: Broker
     store: ResultStore
     unique: str
     clients: dict[str, httpx.AsyncClient]
@@ -119,7 +121,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
                 client = httpx.AsyncClient(base_url=base, headers=headers, timeout=30)
                 clients[name] = await stack.enter_async_context(client)
             await stack.enter_async_context(ObservedWorker(broker, store, f"echo-{unique}"))
-            yield Env(base, keys, store, unique, clients, tenants)
+            yield Env(base, keys, broker, store, unique, clients, tenants)
 
 
 # -- listing ----------------------------------------------------------------------------------------------------
@@ -193,6 +195,19 @@ async def test_another_tenants_jobs_are_never_listed(env: Env) -> None:
         assert secret in {j["job_id"] for j in everyone} and {j["tenant"] for j in everyone} >= {env.tenants["a"]}
     # an operator key of tenant A lists A only
     assert {j["tenant"] for j in await env.every("a_operator", limit=500)} == {env.tenants["a"]}
+
+
+async def test_a_job_published_straight_to_the_topic_is_listed_for_its_tenant(env: Env) -> None:
+    """No gateway made its record: the worker that creates it enters it in the index, under the wire's tenant."""
+    job_id = f"raw-{env.unique}"
+    message = request_bytes(env.echo, job_id, {"raw": 1}, tenant=env.tenants["b"])
+    await env.broker.publish(c.request_subject(env.echo), message, msg_id=job_id)
+
+    async def listed() -> bool:
+        return job_id in {j["job_id"] for j in await env.every("b", model=env.echo, limit=500)}
+
+    await eventually(listed, what="the raw job in its tenant's history")
+    assert job_id not in {j["job_id"] for j in await env.every("a", limit=500)}
 
 
 async def test_expired_records_leave_the_listing(env: Env) -> None:
