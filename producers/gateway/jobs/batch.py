@@ -16,7 +16,9 @@ Items run ``GatewayLimits.batch_concurrency`` at a time: their store calls and b
 costs a few round trips per ``batch_concurrency`` items instead of one request each. Each item has a request of
 its own (the caller's headers and app, a fresh per-request state), so that the quota place one item takes is given
 back by that item's own outcome (``access.settled``). A job id given twice in one batch is one job: the second
-item answers as a resubmit (202, the same job) or ``409`` if its input differs.
+item answers as a resubmit (202, the same job) or ``409`` if its input differs. The request's headers apply to
+every item (``X-Cache-Control: bypass``); the ``RateLimit-*`` headers of single submits are not sent (each refused
+item's error carries its ``retry_after_s``).
 """
 
 from __future__ import annotations
