@@ -157,6 +157,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "What API keys and per-tenant rate limits cost the gateway: submit throughput with them on and off.",
     ),
     Benchmark(
+        "bench_batch",
+        "benchmarks.bench_batch",
+        (),
+        "What `POST /v1/jobs:batch` saves: 500 echo jobs as one batch against 500 single `POST /v1/jobs`.",
+    ),
+    Benchmark(
         "bench_dashboard",
         "benchmarks.bench_dashboard",
         (),

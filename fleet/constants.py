@@ -136,6 +136,27 @@ def pending_message_key(job_id: str) -> str:
     return f"{PENDING_KEY}:{job_id}"
 
 
+# The job index (``fleet.store.jobindex``): sorted sets of job ids scored by ``created_at`` (unix seconds), one per
+# tenant and one per tenant and model, plus the same two for every tenant together (the operator's listing). A
+# tenant's keys carry the hash tag ``{<tenant>}`` and the all-tenant keys ``{_all}`` (no tenant name starts with
+# ``_``), so each group shares a Redis Cluster slot. Entries live as long as the record TTL (trimmed by age on write
+# and lazily when a page meets an expired record).
+JOB_INDEX_ALL = "_all"
+
+
+def job_index_key(tenant: str | None, model: str | None = None) -> str:
+    """The index of ``tenant``'s jobs (None: every tenant's), of one ``model`` or of all (None)."""
+    tag = JOB_INDEX_ALL if tenant is None else tenant
+    base = f"{KEY_PREFIX}:jobindex:{{{tag}}}"
+    return base if model is None else f"{base}:m:{model}"
+
+
+JOB_LIST_DEFAULT_LIMIT = 50  # GET /v1/jobs: jobs per page unless ?limit says otherwise
+JOB_LIST_MAX_LIMIT = 500
+JOB_LIST_SCAN_MAX = 2_000  # index entries (and records) one listing request reads at most (a state filter skips)
+JOB_BATCH_MAX_ITEMS = 1_000  # POST /v1/jobs:batch: items per request
+
+
 def dag_key(run_id: str) -> str:
     """A DAG run's document: its state (every step, item and output), version, key, times (``fleet.dagstore``);
     ``run_id`` is ``<tenant>:<run>`` for a tenant other than the default (``fleet.dags.runner.store_id``)."""

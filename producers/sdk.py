@@ -12,6 +12,9 @@ Example::
         async for event in fleet.run_events(run_id):  # {"type": "run" | "step" | "result", "run": {...}}
             ...
         run = await fleet.wait_run(run_id, timeout_s=60)  # run["state"], run["output"]
+        answer = await fleet.submit_many([{"model": "embed", "input": {"text": t}} for t in texts])
+        async for job in fleet.iter_jobs(model="embed", state="failed", since=time.time() - 3600):
+            ...
 
 Every error answer of the gateway becomes a ``fleet.errors`` exception carrying the server's message:
 ``UnknownModel``, ``InvalidInput``, ``PayloadTooLarge``, ``JobNotFound``, ``BrokerUnavailable``, ``StoreError``,
@@ -26,6 +29,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import quote
@@ -34,6 +38,7 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from fleet.constants import JOB_BATCH_MAX_ITEMS, JOB_LIST_DEFAULT_LIMIT
 from fleet.encoding import EncodingFormat, decode_array, decode_output, decode_vector
 from fleet.errors import (
     BrokerUnavailable,
@@ -49,6 +54,7 @@ from fleet.errors import (
     UnknownRun,
 )
 from fleet.producers.sdk_http import GatewayUnreachable, make_http
+from fleet.schemas.api import BatchItemResult, BatchResponse, JobPage, JobSummary
 from fleet.schemas.jobs import JobRecord, JobState
 
 __all__ = [
@@ -186,6 +192,39 @@ def _job_body(
     return body
 
 
+TimeArg = float | datetime | str  # unix seconds, an aware datetime, or an RFC 3339 string
+
+
+def _time_param(value: TimeArg) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"a datetime for since/until needs its time zone, got {value!r}")
+        return value.isoformat()
+    return value if isinstance(value, str) else repr(float(value))
+
+
+def history_params(
+    model: str | None,
+    state: str | Iterable[str] | None,
+    tenant: str | None,
+    since: TimeArg | None,
+    until: TimeArg | None,
+    cursor: str | None,
+    limit: int,
+) -> dict[str, str]:
+    """The query of ``GET /v1/jobs`` (unset filters left out)."""
+    params = {"limit": str(limit)}
+    if state is not None:
+        params["state"] = state if isinstance(state, str) else ",".join(state)
+    for name, value in (("model", model), ("tenant", tenant), ("cursor", cursor)):
+        if value is not None:
+            params[name] = value
+    for name, moment in (("since", since), ("until", until)):
+        if moment is not None:
+            params[name] = _time_param(moment)
+    return params
+
+
 def ws_url(base_url: str, path: str) -> str:
     """``http://h:p/x`` -> ``ws://h:p/x/<path>`` (``https`` -> ``wss``)."""
     url = httpx.URL(base_url.rstrip("/") + path)
@@ -287,6 +326,65 @@ class FleetClient:
         body = _job_body(model, input, job_id, timeout_s, priority, encoding_format)
         answer = await self._request("POST", "/v1/jobs", json=body)
         return str(answer["job_id"])
+
+    async def submit_many(self, jobs: Iterable[Mapping[str, Any]]) -> BatchResponse:
+        """Submit many jobs (``POST /v1/jobs:batch``), each a ``POST /v1/jobs`` body (``{"model", "input"}`` and
+        optionally ``job_id``, ``timeout_s``, ``priority``, ``cache``, ``encoding_format``), in requests of at most
+        ``JOB_BATCH_MAX_ITEMS``. Returns one ``BatchItemResult`` per job, in order (``index`` counts across the
+        requests): ``status`` 202 with ``job_id``, or the 4xx/5xx and ``error`` that job alone would have had. A
+        refused job never fails the others; resubmitting with the same ``job_id`` values is idempotent per job.
+
+        Raises:
+            GatewayError: the request itself was refused (413 for a body over the gateway's batch limit, 401/403).
+            GatewayUnreachable: retriable; resubmit with ``job_id`` set on every job to stay idempotent.
+        """
+        items = [dict(job) for job in jobs]
+        results: list[BatchItemResult] = []
+        for start in range(0, len(items), JOB_BATCH_MAX_ITEMS):
+            answer = BatchResponse.model_validate(
+                await self._request("POST", "/v1/jobs:batch", json=items[start : start + JOB_BATCH_MAX_ITEMS])
+            )
+            results += [r.model_copy(update={"index": r.index + start}) for r in answer.items]
+        accepted = sum(1 for r in results if r.status < 300)
+        return BatchResponse(items=results, accepted=accepted, refused=len(results) - accepted)
+
+    async def list_jobs(
+        self,
+        *,
+        model: str | None = None,
+        state: str | Iterable[str] | None = None,
+        tenant: str | None = None,
+        since: TimeArg | None = None,
+        until: TimeArg | None = None,
+        cursor: str | None = None,
+        limit: int = JOB_LIST_DEFAULT_LIMIT,
+    ) -> JobPage:
+        """One page of the job history (``GET /v1/jobs``), newest first; pass ``page.next_cursor`` back as
+        ``cursor`` (with the same filters) for the next, until it is None.
+
+        Args:
+            model: only this model's jobs. state: one state or several (``"failed"``, ``["queued", "running"]``).
+            tenant: another tenant than the key's (the operator token or a default-tenant operator key only).
+            since, until: created at or after / before: unix seconds, an aware ``datetime`` or RFC 3339.
+            limit: jobs per page, 1 to 500.
+
+        Raises:
+            GatewayError: 400 ``invalid_cursor``, 403 ``forbidden`` (another tenant), 422 (a bad filter).
+            GatewayUnreachable, StoreError: retriable.
+        """
+        params = history_params(model, state, tenant, since, until, cursor, limit)
+        return JobPage.model_validate(await self._request("GET", "/v1/jobs", params=params))
+
+    async def iter_jobs(self, **filters: Any) -> AsyncIterator[JobSummary]:
+        """Every job of the history that matches ``filters`` (``list_jobs``'s), newest first, page after page."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = await self.list_jobs(**filters, cursor=cursor)
+            for job in page.jobs:
+                yield job
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def infer(
         self,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from anyio.from_thread import start_blocking_portal
 
 from fleet.producers.sdk import FleetClient
+from fleet.schemas.api import BatchResponse, JobPage, JobSummary
 from fleet.schemas.jobs import JobRecord
 
 __all__ = ["FleetSyncClient"]
@@ -86,6 +87,21 @@ class FleetSyncClient:
         """Submit one job and return its id (``FleetClient.submit``)."""
         job_id: str = self._call(self._client.submit, model, input, **options)
         return job_id
+
+    def submit_many(self, jobs: Iterable[Mapping[str, Any]]) -> BatchResponse:
+        """Submit many jobs, one answer each, in order (``FleetClient.submit_many``)."""
+        answer: BatchResponse = self._call(self._client.submit_many, list(jobs))
+        return answer
+
+    def list_jobs(self, **filters: Any) -> JobPage:
+        """One page of the job history, newest first (``FleetClient.list_jobs``: model, state, tenant, since,
+        until, cursor, limit)."""
+        page: JobPage = self._call(self._client.list_jobs, **filters)
+        return page
+
+    def iter_jobs(self, **filters: Any) -> Iterator[JobSummary]:
+        """Every matching job, newest first, page after page (``FleetClient.iter_jobs``)."""
+        return self._iterate(self._client.iter_jobs(**filters))
 
     def infer(self, model: str, input: dict[str, Any], **options: Any) -> Any:
         """Run one job in one request and return its output (``FleetClient.infer``)."""

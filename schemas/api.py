@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleet import constants as c
 from fleet.schemas.dags import STEP_JOB_ID_PATTERN, STEP_JOB_ID_RULE
-from fleet.schemas.jobs import CacheLevel, JobState
+from fleet.schemas.jobs import Arm, CacheLevel, JobError, JobState
 from fleet.schemas.wire import CLIENT_JOB_ID_PATTERN, ENCODING_HELP, EncodingFormat, Priority
 
 _STEP_JOB_ID_RE = re.compile(STEP_JOB_ID_PATTERN)
@@ -87,3 +87,50 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class JobSummary(BaseModel):
+    """One line of ``GET /v1/jobs``: a job's record less its output (read it with ``GET /v1/jobs/{id}``)."""
+
+    job_id: str
+    model: str
+    state: JobState
+    tenant: str = Field(description="the tenant that owns the job")
+    version: str | None = None
+    created_at: float = Field(description="unix seconds")
+    started_at: float | None = None
+    finished_at: float | None = None
+    expires_at: float | None = None
+    deliveries: int = 0
+    error: JobError | None = None
+    cache: CacheLevel | None = None
+    arm: Arm | None = None
+
+
+class JobPage(BaseModel):
+    """``GET /v1/jobs``: a page of jobs, newest first."""
+
+    jobs: list[JobSummary]
+    next_cursor: str | None = Field(
+        description="pass as ?cursor= (with the same filters) for the next page; null: nothing older matches"
+    )
+    scanned: int = Field(description="index entries this page read (a state filter may skip many)")
+
+
+class BatchItemResult(BaseModel):
+    """One item of ``POST /v1/jobs:batch``, in the order of the request."""
+
+    index: int = Field(description="the item's place in the request, from 0")
+    status: int = Field(description="what POST /v1/jobs would have answered for it alone: 202, or a 4xx/5xx")
+    job_id: str | None = Field(None, description="the job's id (absent when the item was refused)")
+    state: JobState | None = Field(None, description="the job's state (queued, or succeeded for a cached answer)")
+    cache: CacheLevel | None = None
+    error: ErrorBody | None = Field(None, description="why the item was refused (absent when accepted)")
+
+
+class BatchResponse(BaseModel):
+    """``POST /v1/jobs:batch``: one entry per item; a refused item never fails the others."""
+
+    items: list[BatchItemResult]
+    accepted: int = Field(description="items answered 2xx")
+    refused: int = Field(description="items answered 4xx or 5xx")

@@ -122,6 +122,14 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("keys-unreachable", ("keys", "list", "--store", "redis://127.0.0.1:1/0"), "127.0.0.1:1"),
     ("keys-revoke-missing-id", ("keys", "revoke"), "Missing argument"),
     ("keys-unknown-subcommand", ("keys", "rotate"), "No such command 'rotate'"),
+    # jobs
+    ("jobs-list-unreachable", ("jobs", "list", "--url", "http://127.0.0.1:1"), "cannot reach the gateway"),
+    ("jobs-list-huge-limit", ("jobs", "list", "--limit", "100000"), "Invalid value for '--limit'"),
+    ("jobs-list-bad-pages", ("jobs", "list", "--pages", "0"), "Invalid value for '--pages'"),
+    ("jobs-submit-missing-file", ("jobs", "submit", "--file", "/nonexistent.jsonl"), "cannot read /nonexistent.jsonl"),
+    ("jobs-submit-no-file", ("jobs", "submit"), "Missing option '--file'"),
+    ("jobs-submit-not-json-lines", ("jobs", "submit", "--file", "/etc/hostname"), "line 1 is not valid JSON"),
+    ("jobs-unknown-subcommand", ("jobs", "delete"), "No such command 'delete'"),
     # models
     (
         "models-add-missing-folder",

@@ -521,6 +521,43 @@ def test_a_job_is_found_by_its_id_and_the_recent_jobs_list_it(up: Up, browser: B
     expect(page.locator(f'#job-detail[data-job-id="{job_id}"] [data-role="state"]')).to_have_text("succeeded")
 
 
+def test_the_job_history_filters_by_model_and_state_and_pages(up: Up, browser: Browser) -> None:
+    page = browser.page
+    items = [{"model": "echo", "input": {"history": i}} for i in range(30)]
+    answer = up.api.post("/v1/jobs:batch", json=items).raise_for_status().json()
+    ids = {item["job_id"] for item in answer["items"]}
+
+    def all_succeeded() -> bool:
+        return all(up.api.get(f"/v1/jobs/{j}").json()["state"] == "succeeded" for j in ids)
+
+    until(all_succeeded, 30, "the batch runs")
+    newest = up.api.get("/v1/jobs", params={"model": "echo", "limit": 1}).json()["jobs"][0]["job_id"]
+    rows, model, states = (
+        page.locator("#recent-jobs tbody tr"),
+        page.locator("#history-model"),
+        page.locator("#history-state"),
+    )
+    model.fill("echo")
+    states.select_option("succeeded")
+    page.get_by_role("button", name="Filter", exact=True).click()
+    until(lambda: rows.first.get_attribute("data-key") == newest, 15, "the newest echo job heads the history")
+    first = {rows.nth(i).get_attribute("data-key") for i in range(rows.count())}
+    assert len(first) == 25 and first <= ids  # the batch's 30 are the newest echo jobs
+    assert all(rows.nth(i).get_attribute("data-state") == "succeeded" for i in range(25))
+    page.get_by_role("button", name="Older", exact=True).click()
+    until(lambda: rows.first.get_attribute("data-key") not in first, 15, "the older page")
+    older = {rows.nth(i).get_attribute("data-key") for i in range(rows.count())}
+    assert not older & first and ids <= older | first
+    page.get_by_role("button", name="Newest", exact=True).click()
+    until(lambda: rows.first.get_attribute("data-key") == newest, 15, "back to the newest page")
+    states.select_option("failed")
+    page.get_by_role("button", name="Filter", exact=True).click()
+    expect(page.locator("#recent-empty")).to_have_text("No jobs match.")  # echo never fails
+    model.fill("")
+    states.select_option("")
+    page.get_by_role("button", name="Filter", exact=True).click()
+
+
 def test_draining_a_worker_retires_it_and_the_autoscaler_replaces_it(up: Up, browser: Browser) -> None:
     page = browser.page
     workers = up.api.get("/v1/operator/snapshot").json()["workers"]

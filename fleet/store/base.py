@@ -21,6 +21,10 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
   record. ``claim_unpublished(older_than_s, limit)`` returns the jobs marked longer ago than that, with their
   messages (None when lost), and restarts their clock, so that concurrent sweeps (one per gateway) each get
   different jobs and a job claimed by a sweep that died is claimed again ``older_than_s`` later.
+* Every record a store creates (``create``, or a ``start`` / ``finish`` and their batch forms that find none) is
+  entered in the job index (``fleet.store.jobindex``: per tenant and per tenant and model, scored by
+  ``created_at``, kept as long as the record TTL). ``index_page`` reads it newest first from a position;
+  ``index_forget`` removes entries whose records are gone.
 * ``wait`` returns the terminal record as soon as it exists, also when the job finished before the call; on
   timeout it returns the current (non-terminal) record, or ``None`` for an unknown job. A store outage shorter
   than the timeout is no error: the waiter retries its reads with backoff and returns the terminal record once the
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.store.jobindex import Position, Scope
 
 
 @dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x
@@ -112,5 +117,13 @@ class ResultStore(Protocol):
     async def start_many(self, items: list[Start]) -> list[JobRecord]: ...
 
     async def finish_many(self, items: list[Finish]) -> list[tuple[bool, JobRecord]]: ...
+
+    async def index_page(
+        self, scope: Scope, since: float | None, until: float | None, position: Position | None, count: int
+    ) -> list[Position]:
+        """Up to ``count`` entries of ``scope``'s job index strictly after ``position`` (None: the newest), newest
+        first (ties by job id, descending), with ``since <= created_at <= until`` (None: unbounded)."""
+
+    async def index_forget(self, scope: Scope, entries: list[Position]) -> None: ...
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None: ...

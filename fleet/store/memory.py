@@ -16,6 +16,7 @@ from typing import Any
 from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
+from fleet.store.jobindex import MemoryIndex, Position, Scope
 from fleet.store.packed import parse_record
 
 
@@ -33,6 +34,7 @@ class MemoryStore:
         self._records: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._waiters: dict[str, set[asyncio.Future[bytes]]] = {}
         self._unpublished: dict[str, tuple[float, bytes]] = {}  # job id -> (marked or claimed at, message)
+        self._index = MemoryIndex(job_ttl_s)  # the job index (fleet.store.jobindex), written with each new record
 
     async def connect(self) -> None:
         """Nothing to reach: the store lives in this process."""
@@ -52,6 +54,7 @@ class MemoryStore:
             return False
         raw = transitions.record_json(record)
         self._write(record.job_id, raw)
+        self._index.add(record)
         if record.terminal:  # an answer known at once (a cache hit): announced like a finish
             self._notify(record.job_id, raw)
             return True
@@ -111,6 +114,8 @@ class MemoryStore:
         )
         if record is not current:
             self._write(job_id, transitions.record_json(record))
+            if current is None:
+                self._index.add(record)
         return record
 
     async def finish(
@@ -142,6 +147,8 @@ class MemoryStore:
         )
         raw = transitions.record_json(record)
         self._write(job_id, raw)
+        if current is None:
+            self._index.add(record)
         self._notify(job_id, raw)
         return True, record
 
@@ -189,6 +196,14 @@ class MemoryStore:
                 )
             )
         return results
+
+    async def index_page(
+        self, scope: Scope, since: float | None, until: float | None, position: Position | None, count: int
+    ) -> list[Position]:
+        return self._index.page(scope, since, until, position, count)
+
+    async def index_forget(self, scope: Scope, entries: list[Position]) -> None:
+        self._index.forget(scope, entries)
 
     async def wait(self, job_id: str, timeout_s: float) -> JobRecord | None:
         current = await self.get(job_id)

@@ -94,8 +94,9 @@ return {1, remaining, reset, 0, queued, added}
 end
 """
 ADMIT_LUA = ADMIT_FN + "return fleet_admit(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])\n"
-# KEYS: the store's job key, pending set and message key, then the rate key and the queued key. ARGV: the store's
-# create arguments (record, ttl_s, job id, message), then ADMIT_LUA's five. One round trip for a submit on one
+# KEYS: the store's job key, pending set, message key and four job index keys, then the rate key and the queued key.
+# ARGV: the store's create arguments (record, ttl_s, job id, message, created_at, index cutoff), then ADMIT_LUA's
+# five. One round trip for a submit on one
 # Redis: the decision, and only when it admits, the store's own create (``CREATE_PENDING_LUA``, unchanged).
 # Returns ADMIT_LUA's six numbers and a seventh: 1 if the record was created (0: refused, or it existed).
 ADMIT_CREATE_LUA = (
@@ -104,7 +105,7 @@ ADMIT_CREATE_LUA = (
     + CREATE_PENDING_LUA
     + "end\n"
     + """
-local d = fleet_admit(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+local d = fleet_admit(KEYS[8], KEYS[9], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
 if d[1] ~= 1 then d[7] = 0 return d end
 d[7] = create()
 return d

@@ -43,6 +43,20 @@ from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
 from fleet.store import cluster as cl
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
+from fleet.store.jobindex import (
+    INDEX_FN,
+    INDEX_MANY_LUA,
+    READ_CHUNK,
+    Position,
+    Refreshes,
+    Scope,
+    after,
+    bounds,
+    hash_tag,
+    index_keys,
+    index_many_args,
+    score_arg,
+)
 from fleet.store.packed import parse_record
 from fleet.store.pubsub import PubSubMux
 from fleet.store.recheck import RECHECK_INTERVAL_S, Rechecker
@@ -102,22 +116,48 @@ for expected_len in string.gmatch(ARGV[5], '%d+') do
 end
 return out
 """
-# KEYS: job key, pending set, message key; ARGV: record, ttl_s, job id, message. The record only when absent, and
-# then the job marked unpublished, scored by Redis's own clock (the same for every gateway). Returns 1 if created.
-CREATE_PENDING_LUA = """
+# KEYS: job key, pending set, message key, the job's four index keys (``jobindex.index_keys``); ARGV: record, ttl_s,
+# job id, message, created_at, index cutoff. The record only when absent, and then the job marked unpublished, scored
+# by Redis's own clock (the same for every gateway), and indexed (``fleet.store.jobindex``). Returns 1 if created.
+CREATE_PENDING_LUA = (
+    INDEX_FN
+    + """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
 local t = redis.call('TIME')
 redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[2])
 redis.call('ZADD', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1000000, ARGV[3])
+fleet_index(4, ARGV[5], ARGV[3], ARGV[6], ARGV[2])
 return 1
 """
+)
 # KEYS[1] job key; ARGV: record, ttl_s, completion channel. A terminal record only when absent, announced to the job's
-# waiters as a finish is. Returns 1 if created.
+# waiters as a finish is. Returns 1 if created. (On a cluster; on one Redis ``CREATE_TERMINAL_INDEXED_LUA``.)
 CREATE_TERMINAL_LUA = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 """
+# CREATE_TERMINAL_LUA with the job's four index keys after its key and ARGV job id, created_at, index cutoff after its
+# own: the record and its index entries in one script (one Redis).
+CREATE_TERMINAL_INDEXED_LUA = (
+    INDEX_FN
+    + """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+redis.call('PUBLISH', ARGV[3], ARGV[1])
+fleet_index(2, ARGV[5], ARGV[4], ARGV[6], ARGV[2])
+return 1
+"""
+)
+# KEYS: job key, its four index keys; ARGV: record, ttl_s, job id, created_at, index cutoff. A record with no message
+# (one Redis). Returns 1 if created.
+CREATE_INDEXED_LUA = (
+    INDEX_FN
+    + """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 0 end
+fleet_index(2, ARGV[4], ARGV[3], ARGV[5], ARGV[2])
+return 1
+"""
+)
 # KEYS: pending set, message key (one slot on a cluster); ARGV: job id, message, ttl_s. The mark alone, scored by
 # Redis's clock, unless the job is marked already. Returns 1 if it added the mark.
 MARK_PENDING_LUA = """
@@ -209,9 +249,14 @@ class RedisStore:
         self._create_pending = self.redis.register_script(CREATE_PENDING_LUA)
         self._mark_pending = self.redis.register_script(MARK_PENDING_LUA)
         self._claim_pending = self.redis.register_script(CLAIM_PENDING_LUA)
-        self._create_terminal_lua = cl.sharded(CREATE_TERMINAL_LUA) if self.cluster_mode else CREATE_TERMINAL_LUA
+        self._create_terminal_lua = (
+            cl.sharded(CREATE_TERMINAL_LUA) if self.cluster_mode else CREATE_TERMINAL_INDEXED_LUA
+        )
         self._create_terminal = self.redis.register_script(self._create_terminal_lua)
+        self._create_indexed = self.redis.register_script(CREATE_INDEXED_LUA)
+        self._index_many = self.redis.register_script(INDEX_MANY_LUA)
         self._known: OrderedDict[str, tuple[bytes, JobRecord | None]] = OrderedDict()
+        self._refreshes = Refreshes(job_ttl_s)
         self._mux: Any
         if self.cluster_mode:
             self._mux = cl.ShardedMux(self.redis, display_url=self.display_url)
@@ -240,8 +285,9 @@ class RedisStore:
                 self._create_terminal_lua,
                 MARK_PENDING_LUA,
                 CLAIM_PENDING_LUA,
+                INDEX_MANY_LUA,
             )
-            for script in (*scripts, CREATE_PENDING_LUA):
+            for script in (*scripts, *(() if self.cluster_mode else (CREATE_PENDING_LUA, CREATE_INDEXED_LUA))):
                 await self.redis.script_load(script)
         except (RedisError, RedisClusterException, OSError) as exc:
             refused = link_error("Redis", self.display_url, exc, REDIS_AUTH_SETTINGS)
@@ -267,15 +313,36 @@ class RedisStore:
     async def create(self, record: JobRecord, message: bytes | None = None) -> bool:
         raw, job_id = transitions.record_json(record), record.job_id
         with self._errors(f"create job {job_id!r}"):
-            if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
-                args: list[bytes | str | int] = [raw, self.job_ttl_s, self._done_channel(job_id)]
-                return bool(await self._create_terminal(keys=[c.job_key(job_id)], args=args))
-            if message is None:
-                return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
             if self.cluster_mode:
-                return await self._create_marked_cluster(job_id, raw, message)
-            keys, args = self.pending_create(record, message, raw)
-            return bool(await self._create_pending(keys=keys, args=args))
+                created = await self._create_cluster(record, raw, message)
+                if created:
+                    await self.index([record])
+                return created
+            if message is not None and record.state not in TERMINAL_STATES:
+                keys, args = self.pending_create(record, message, raw)
+                return bool(await self._create_pending(keys=keys, args=args))
+            index = index_keys(record)
+            keys = [c.job_key(job_id), *index]
+            indexing = [score_arg(record.created_at), self._index_cutoff(index)]
+            if record.state in TERMINAL_STATES:  # an answer known at once (a cache hit): announced like a finish
+                args = [raw, self.job_ttl_s, self._done_channel(job_id), job_id, *indexing]
+                return bool(await self._create_terminal(keys=keys, args=args))
+            return bool(await self._create_indexed(keys=keys, args=[raw, self.job_ttl_s, job_id, *indexing]))
+
+    async def _create_cluster(self, record: JobRecord, raw: bytes, message: bytes | None) -> bool:
+        job_id = record.job_id
+        if record.state in TERMINAL_STATES:
+            args: list[bytes | str | int] = [raw, self.job_ttl_s, self._done_channel(job_id)]
+            return bool(await self._create_terminal(keys=[c.job_key(job_id)], args=args))
+        if message is None:
+            return bool(await self.redis.set(c.job_key(job_id), raw, nx=True, ex=self.job_ttl_s))
+        return await self._create_marked_cluster(job_id, raw, message)
+
+    def _index_cutoff(self, keys: list[str]) -> str:
+        """The trim cutoff the create scripts pass for ``keys``: '' (add only) unless this store last trimmed and
+        re-armed one of them more than ``jobindex.REFRESH_SHARE`` of the TTL ago (``jobindex.Refreshes``)."""
+        now = time.time()
+        return score_arg(now - self.job_ttl_s) if self._refreshes.due(keys, now) else ""
 
     def pending_create(
         self, record: JobRecord, message: bytes, raw: bytes | None = None
@@ -283,8 +350,69 @@ class RedisStore:
         """The KEYS and ARGV of ``CREATE_PENDING_LUA`` for ``create(record, message)`` on one Redis (also run, inside
         ``fleet.store.quotas.ADMIT_CREATE_LUA``, by a gateway's limits)."""
         job_id = record.job_id
-        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id)]
-        return keys, [raw if raw is not None else transitions.record_json(record), self.job_ttl_s, job_id, message]
+        index = index_keys(record)
+        keys = [c.job_key(job_id), c.PENDING_KEY, c.pending_message_key(job_id), *index]
+        raw = raw if raw is not None else transitions.record_json(record)
+        return keys, [raw, self.job_ttl_s, job_id, message, score_arg(record.created_at), self._index_cutoff(index)]
+
+    # -- the job index (fleet.store.jobindex) --------------------------------------------------------------------
+    async def index(self, records: list[JobRecord]) -> None:
+        """Add the entries of records this store created outside a create script (a worker's start or finish of a
+        job that had none, a create on a cluster): one command, on a cluster one per hash tag, concurrently. Never
+        raises: the records are written, and a failure here only leaves them out of listings (logged)."""
+        if not records:
+            return
+        try:
+            with self._errors(f"index {len(records)} jobs"):
+                if not self.cluster_mode:
+                    keys, args = index_many_args(records, self.job_ttl_s, time.time())
+                    await self._index_many(keys=keys, args=args)
+                    return
+                groups: dict[str, list[JobRecord]] = {}
+                for record in records:
+                    for key in index_keys(record)[::2]:  # one key of each tag: (tenant, all)
+                        groups.setdefault(hash_tag(key), []).append(record)
+                await asyncio.gather(*(self._index_tag(tag, group) for tag, group in groups.items()))
+        except StoreError as exc:  # the records are written: a listing misses them, nothing else does
+            log.warning("%d new jobs were not added to the job index: %s", len(records), exc.message)
+
+    async def _index_tag(self, tag: str, records: list[JobRecord]) -> None:
+        keys, args = index_many_args(records, self.job_ttl_s, time.time())
+        mine = [i + 1 for i, key in enumerate(keys) if hash_tag(key) == tag]
+        renumber = {old: new for new, old in enumerate(mine, start=1)}
+        part: list[Any] = args[:2]
+        for i in range(2, len(args), 3):
+            if args[i] in renumber:
+                part += [renumber[args[i]], args[i + 1], args[i + 2]]
+        await self._index_many(keys=[keys[i - 1] for i in mine], args=part)
+
+    async def index_page(
+        self, scope: Scope, since: float | None, until: float | None, position: Position | None, count: int
+    ) -> list[Position]:
+        """Up to ``count`` entries of ``scope``'s index after ``position`` (None: from the newest), newest first,
+        created between ``since`` and ``until`` (inclusive; None: unbounded)."""
+        high, low = bounds(since, until, position)
+        if high < low or count <= 0:
+            return []
+        key, offset, skipping = scope.key, 0, position is not None
+        out: list[Position] = []
+        with self._errors("read the job index"):
+            while True:
+                chunk = min(count - len(out) + 8, READ_CHUNK)
+                raw = await self.redis.zrevrangebyscore(key, high, low, start=offset, num=chunk, withscores=True)
+                entries = [Position(float(score), _as_bytes(m).decode()) for m, score in raw]
+                kept = after(entries, position) if skipping else entries
+                skipping = skipping and not kept  # the entries at or before the position are a prefix
+                out += kept[: count - len(out)]
+                if len(out) >= count or len(entries) < chunk:
+                    return out
+                offset += len(entries)
+
+    async def index_forget(self, scope: Scope, entries: list[Position]) -> None:
+        """Remove entries of ``scope``'s index whose records are gone."""
+        if entries:
+            with self._errors("trim the job index"):
+                await self.redis.zrem(scope.key, *[e.job_id for e in entries])
 
     async def _create_marked_cluster(self, job_id: str, raw: bytes, message: bytes) -> bool:
         """``create(record, message)`` on a cluster, where the record and the marks are in different slots: the mark
@@ -366,6 +494,8 @@ class RedisStore:
             )
             written, raw = await self._compare_and_set(job_id, raw, transitions.record_json(record), publish=False)
             if written:
+                if current is None:  # it had no record: this one is born here
+                    await self.index([record])
                 return record
         raise self._contention(job_id)
 
@@ -389,6 +519,8 @@ class RedisStore:
             )
             written, raw = await self._compare_and_set(job_id, raw, transitions.record_json(record), publish=True)
             if written:
+                if current is None:
+                    await self.index([record])
                 return True, record
         raise self._contention(job_id)
 
@@ -536,15 +668,18 @@ class RedisStore:
                 out = await self._cas_many_cluster(write_keys, expected, raws, publish)
             else:
                 out = await self._cas_many_script(keys=write_keys, args=self._cas_many_args(expected, raws, publish))
-        lost = []
+        lost, born = [], []
         for (i, record), raw, result in zip(writes, raws, out, strict=True):
             if result == 1:
                 results[i] = (True, record)
+                if state[i][1] is None:  # the job had no record: indexed once the batch is written
+                    born.append(record)
                 self._remember(job_ids[i], raw, record)
             else:
                 state[i] = self._state_of(job_ids[i], result)
                 self._known.pop(job_ids[i], None)
                 lost.append(i)
+        await self.index(born)
         return lost
 
     def _cas_many_args(self, expected: list[bytes], raws: list[bytes], publish: bool) -> list[bytes | str | int]:

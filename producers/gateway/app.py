@@ -34,7 +34,7 @@ from fleet.producers.gateway.dags import events as dag_events
 from fleet.producers.gateway.dags import routes as dag_routes
 from fleet.producers.gateway.docs import install_docs
 from fleet.producers.gateway.errors import install_error_handlers
-from fleet.producers.gateway.jobs import infer, sse, ws
+from fleet.producers.gateway.jobs import batch, history, infer, sse, ws
 from fleet.producers.gateway.jobs import routes as job_routes
 from fleet.producers.gateway.jobs.backlog import Backlog
 from fleet.producers.gateway.jobs.reconcile import Reconciler
@@ -387,6 +387,8 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(MetricsMiddleware)
+    app.include_router(history.router)
+    app.include_router(batch.router)
     app.include_router(job_routes.router)
     app.include_router(infer.router)
     app.include_router(ws.router)

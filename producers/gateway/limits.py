@@ -31,6 +31,8 @@ class GatewayLimits:
     ws_max_frame_bytes: int = 64 * 1024
     ws_max_ids_per_frame: int = 100
     ws_max_ids_per_connection: int = 1000
+    batch_max_bytes: int = 16 << 20  # POST /v1/jobs:batch: the whole body (each item's message: max_message_bytes)
+    batch_concurrency: int = 64  # items of one batch submitted at once (their store calls and publishes overlap)
 
 
 def declared_length(request: Request) -> int | None:

@@ -3,7 +3,8 @@
 This is not a job history. The gateway keeps the ids of the last ``KEPT_JOBS`` jobs it accepted (a bounded ring,
 in memory, lost on restart; jobs submitted through another gateway or published straight to the broker are not
 in it), and ``GET /v1/operator/jobs`` reads their records in one round trip, so each line shows the job's state
-now. A full, searchable job history is a store index of its own and is not built here.
+now. The job history, every job the store holds, filtered and paged, is ``GET /v1/jobs``
+(``fleet.producers.gateway.jobs.history``), which the dashboard shows.
 """
 
 from __future__ import annotations

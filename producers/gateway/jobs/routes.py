@@ -108,13 +108,18 @@ def parse_submit(raw: bytes) -> SubmitRequest:
             carry exactly (``fleet.producers.gateway.client_json``: non-finite numbers, huge integers, lone surrogates,
             nesting past its limit).
     """
-    data = parse_json(raw)
+    return submit_request(parse_json(raw))
+
+
+def submit_request(data: Any, what: str = "the request body", prefix: str = "body") -> SubmitRequest:
+    """Shape-check a parsed submit body (``what`` names it in messages, ``prefix`` in field paths: an item of
+    ``POST /v1/jobs:batch`` is ``items.3``). Raises ApiError 422 ``invalid_request`` as ``parse_submit``."""
     if not isinstance(data, dict):
-        raise ApiError(422, "invalid_request", f"the request body must be a JSON object, not {type(data).__name__}")
+        raise ApiError(422, "invalid_request", f"{what} must be a JSON object, not {type(data).__name__}")
     try:
         return SubmitRequest.model_validate(data)
     except ValidationError as exc:
-        errors = validation_errors(exc, prefix="body")
+        errors = validation_errors(exc, prefix=prefix)
         raise ApiError(422, "invalid_request", validation_message(errors, "invalid request"), errors) from None
 
 

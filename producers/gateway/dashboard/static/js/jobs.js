@@ -1,5 +1,6 @@
 // Jobs: look one up by id (GET /v1/jobs/{id} with the operator's credentials, which read every tenant's jobs) and
-// the recent jobs of this gateway (GET /v1/operator/jobs, polled: the newest jobs it accepted, each with its state now).
+// the job history (GET /v1/jobs: every tenant's jobs for the operator token, newest first, filtered by model and
+// state, a page at a time; polled, so each row shows its state now).
 import { ApiError, get } from "./api.js";
 import { el, fmt, setText, syncRows } from "./dom.js";
 
@@ -74,6 +75,15 @@ export class JobLookup {
   }
 }
 
+// The query of one history page: its filters, its cursor (null: the newest page) and its size.
+export function historyQuery(history, limit) {
+  const query = new URLSearchParams({ limit: String(limit) });
+  if (history.model) query.set("model", history.model);
+  if (history.state) query.set("state", history.state);
+  if (history.cursor) query.set("cursor", history.cursor);
+  return query;
+}
+
 export function renderRecent(table, empty, scope, answer, onOpen) {
   const jobs = answer.jobs;
   syncRows(table.tBodies[0], jobs, (j) => j.job_id, (j) => el("tr", {},
@@ -88,9 +98,9 @@ export function renderRecent(table, empty, scope, answer, onOpen) {
     cells[2].className = `state state-${j.state}`;
     setText(cells[3], fmt.time(j.created_at));
     setText(cells[4], took(j));
-    setText(cells[5], j.error ?? "");
+    setText(cells[5], j.error ? `${j.error.type}: ${j.error.message}` : "");
     row.dataset.state = j.state;
   });
-  setText(scope, `(${answer.scope})`);
-  setText(empty, jobs.length ? "" : "No jobs submitted through this gateway yet.");
+  setText(scope, "(newest first, kept as long as their records)");
+  setText(empty, jobs.length ? "" : answer.next_cursor ? "None on this page: try Older." : "No jobs match.");
 }

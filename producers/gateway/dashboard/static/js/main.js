@@ -5,7 +5,7 @@ import { ModelCharts, RING_S } from "./charts.js";
 import { RunView } from "./dag.js";
 import { confirmAction } from "./dialog.js";
 import { el, fmt, setText, syncRows } from "./dom.js";
-import { JobLookup, renderRecent } from "./jobs.js";
+import { JobLookup, historyQuery, renderRecent } from "./jobs.js";
 import { ROLLOUTS_EVERY_MS, RolloutsPanel } from "./rollouts.js";
 
 const $ = (id) => document.getElementById(id);
@@ -27,7 +27,8 @@ const state = {
   audit: [], // the newest audit entries, newest first
   auditTimer: null,
   recentTimer: null,
-  recent: null, // the latest GET /v1/operator/jobs answer
+  recent: null, // the latest GET /v1/jobs answer (the job history page shown)
+  history: { model: "", state: "", cursor: null }, // its filters, and the cursor of an older page (null: newest)
   rollouts: null, // the latest GET /v1/rollouts answer
   rolloutsTimer: null,
 };
@@ -536,18 +537,33 @@ async function refreshRollouts() {
   setText($("rollouts-error"), "");
 }
 
-// --- jobs: the lookup and the recent jobs (GET /v1/operator/jobs, polled) -----------------------------------
+// --- jobs: the lookup and the job history (GET /v1/jobs, filtered, paged, polled) --------------------------
 
 const lookup = new JobLookup($("job-detail"), (jobId) => cancelJobById(jobId), (exc) => refused(exc));
 
 async function refreshRecent() {
   try {
-    state.recent = await get(`/v1/operator/jobs?limit=${RECENT_SHOWN}`);
+    const query = historyQuery(state.history, RECENT_SHOWN);
+    state.recent = await get(`/v1/jobs?${query}`);
     renderRecent($("recent-jobs"), $("recent-empty"), $("recent-scope"), state.recent, (id) => lookup.open(id));
+    $("history-older").disabled = !state.recent.next_cursor;
+    $("history-newest").disabled = !state.history.cursor;
   } catch (exc) {
     if (exc instanceof ApiError && exc.isAuth) return refused(exc);
     setText($("recent-empty"), `Cannot read the recent jobs: ${describe(exc)}`);
   }
+}
+
+function filterHistory(event) {
+  event.preventDefault();
+  const form = event.target;
+  state.history = { model: form.model.value.trim(), state: form.state.value, cursor: null };
+  refreshRecent();
+}
+
+function pageHistory(older) {
+  state.history = { ...state.history, cursor: older ? state.recent?.next_cursor ?? null : null };
+  refreshRecent();
 }
 
 function lookUp(event) {
@@ -710,6 +726,9 @@ function wire() {
   $("purge").addEventListener("click", () => deadLetters("purge"));
   $("cancel-job-form").addEventListener("submit", cancelJob);
   $("job-lookup-form").addEventListener("submit", lookUp);
+  $("history-filter").addEventListener("submit", filterHistory);
+  $("history-older").addEventListener("click", () => pageHistory(true));
+  $("history-newest").addEventListener("click", () => pageHistory(false));
   let resizing = null;
   addEventListener("resize", () => {
     clearTimeout(resizing);
