@@ -18,6 +18,15 @@ BATCH_SECONDS = Histogram(
     ["model"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+DEVICE_SECONDS = Counter(
+    "fleet_device_seconds_total",
+    "Device time of computed jobs whose results a worker stored, shared by cost (fleet.consumers.usage). The "
+    "tenant label is bounded by the tenants of API keys (and whatever tenants raw producers name on the wire)",
+    ["model", "version", "tenant"],
+)
+USAGE_WRITE_FAILURES = Counter(
+    "fleet_usage_write_failures_total", "Settled batches whose usage the usage store did not take", ["model"]
+)
 IN_FLIGHT = Gauge("fleet_worker_in_flight", "Messages held by workers (fetched, not yet settled)", ["model"])
 BREAKER_STATE = Gauge(
     "fleet_worker_breaker_state", "A worker's circuit breaker: 0 closed, 1 half-open, 2 open", ["model", "worker"]

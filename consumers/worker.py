@@ -68,6 +68,7 @@ from fleet.consumers.replicas import check_replicas, model_executor
 from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
+from fleet.consumers.usage import share_device_seconds
 from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, ModelUnavailable
 from fleet.finite import non_finite_at
@@ -77,6 +78,7 @@ from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
 from fleet.store.bundle import Stores
+from fleet.store.usage import UsageStore
 from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
@@ -258,6 +260,8 @@ class Worker:
             stats=self.stats,
             stop=self._stopping,
             quotas=(stores or Stores.beside(store)).quotas if settings.limit_policy().bounds_queued else None,
+            usage=_usage_store(stores, store),
+            device=device,
         )
         self.settler.on_settled.extend(on_settled or [])
         self.admission = Admission(self.spec, self.settler)
@@ -498,10 +502,11 @@ class Worker:
         if job.input is None:
             return 1  # not a valid request: admission settles it without computing
         try:
-            return int(self.handler.cost(job.input))
+            job.cost = int(self.handler.cost(job.input))
         except Exception:
             log.exception("worker %s: the model's cost() raised; counting the item as 1", self.worker_id)
             return 1
+        return job.cost
 
     async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
         """Admit a fetched batch: the jobs that may compute. Never raises (but cancellation)."""
@@ -676,11 +681,12 @@ class Worker:
             results = await self._predict(jobs, handler or self.handler)
         finally:
             del self._computing[id(jobs)]
+        compute_ms = (time.perf_counter() - t0) * 1000
+        share_device_seconds(jobs, compute_ms / 1000)
         if self.breaker.config is not None:
             jobs, results = await self._after_outcome(jobs, results)
             if not jobs:
                 return
-        compute_ms = (time.perf_counter() - t0) * 1000
         self.stats.record_batch(len(jobs), compute_ms)
         if self._control is not None:
             self._adapt(jobs, compute_ms)
@@ -790,6 +796,17 @@ class Worker:
             return JobError(type="invalid_input", message=exc.message, retriable=False)
         retriable = exc.retriable if isinstance(exc, FleetError) else True
         return JobError(type="model_error", message=f"{type(exc).__name__}: {exc}", retriable=retriable)
+
+
+def _usage_store(stores: Stores | None, store: ResultStore) -> UsageStore | None:
+    """The usage store beside ``store``; None for a store no bundle is built beside (a test's wrapper)."""
+    if stores is not None:
+        return stores.usage
+    try:
+        return Stores.beside(store).usage
+    except ConfigError:
+        log.info("no usage store beside a %s: usage is not counted", type(store).__name__)
+        return None
 
 
 def _encoding(job: Job) -> str:
