@@ -1,20 +1,40 @@
 """Device time per job: a batch's compute seconds shared by its items' costs, and a settled batch's usage rows.
 
 The worker times each batch's compute (the model call, on its thread) and hands each job its share in proportion
-to the handler's ``cost(input)`` of its request (weighed once, when fetched: ``Job.cost``; a job not weighed counts
-1, so a batch without costs is shared equally). The shares sum to the batch's time. The settler writes a job's share
-into its terminal record (``JobRecord.device_seconds``) and, once per settled batch, adds the records it made terminal
-to the usage counts (``fleet.store.usage``) and to ``fleet_device_seconds_total``. Pure functions.
+to the handler's ``cost(input)`` of its request (``Job.cost``: weighed when fetched for a batch with a cost budget,
+else here, once, after the compute; a handler that keeps the default cost of 1 is not asked, and a ``cost`` that
+raises counts 1, so a batch without costs is shared equally). The shares sum to the batch's time. The settler
+writes a job's share into its terminal record (``JobRecord.device_seconds``) and, once per settled batch, adds the
+records it made terminal to the usage counts (``fleet.store.usage``) and to ``fleet_device_seconds_total``. Pure
+functions (``weigh`` asks the handler).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
+from fleet.consumers.handlers.base import ModelHandler
 from fleet.consumers.requests import Job
 from fleet.schemas.jobs import JobRecord
 from fleet.store.usage import UsageCount, UsageKey
 from fleet.tenancy import owner
+
+log = logging.getLogger(__name__)
+
+
+def weigh(jobs: list[Job], handler: ModelHandler[Any, Any]) -> None:
+    """Set ``Job.cost`` where the fetch did not: the handler's ``cost`` of each input (not asked when the handler
+    keeps the default, 1 for every input)."""
+    if type(handler).cost is ModelHandler.cost:
+        return
+    for job in jobs:
+        if job.cost is None and job.input is not None:
+            try:
+                job.cost = int(handler.cost(job.input))
+            except Exception:
+                log.exception("the cost() of %s raised; its job counts 1", handler.spec.name)
 
 
 def share_device_seconds(jobs: list[Job], seconds: float) -> None:

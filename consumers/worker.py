@@ -68,7 +68,7 @@ from fleet.consumers.replicas import check_replicas, model_executor
 from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
-from fleet.consumers.usage import share_device_seconds
+from fleet.consumers.usage import share_device_seconds, weigh
 from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, ModelUnavailable
 from fleet.finite import non_finite_at
@@ -676,12 +676,14 @@ class Worker:
         """Compute running jobs (on ``handler``, default the worker's), then hand their results to a settle task
         and return for the next batch."""
         t0 = time.perf_counter()
+        handler = handler or self.handler
         self._computing[id(jobs)] = jobs
         try:
-            results = await self._predict(jobs, handler or self.handler)
+            results = await self._predict(jobs, handler)
         finally:
             del self._computing[id(jobs)]
         compute_ms = (time.perf_counter() - t0) * 1000
+        weigh(jobs, handler)
         share_device_seconds(jobs, compute_ms / 1000)
         if self.breaker.config is not None:
             jobs, results = await self._after_outcome(jobs, results)
