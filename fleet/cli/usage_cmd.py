@@ -54,7 +54,7 @@ def table(report: "UsageReport") -> list[str]:
     """The report as aligned lines: a header, one line per row, a total, and the window it covers."""
     from datetime import UTC, datetime
 
-    fields = list(report.group_by)
+    fields: list[str] = list(report.group_by)
     header = (*fields, "jobs", "items", "device-s", f"cost {report.currency}", "per 1k jobs")
     lines = [header, *(_cells(row, fields) for row in report.rows), _cells(report.total, fields, total=True)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
