@@ -92,3 +92,14 @@ def test_bad_age_targets_are_refused_when_parsed(fields: dict[str, Any], words: 
     with pytest.raises(ValidationError) as caught:
         ScalingConfig(**fields)
     assert words in str(caught.value)
+
+
+def test_per_model_targets_reach_their_models_and_a_target_for_no_model_is_refused() -> None:
+    from fleet.cli.autoscaler_cmd import scaling_configs
+
+    configs = scaling_configs(["embed", "echo"], {"max_queue_age_s": 5.0}, {"echo": 0.5})
+    assert (configs["embed"].max_queue_age_s, configs["echo"].max_queue_age_s) == (5.0, 0.5)
+    with pytest.raises(ValueError, match="autoscale_max_queue_age_s names embedd, not among embed, echo"):
+        scaling_configs(["embed", "echo"], {}, {"embedd": 2.0})
+    with pytest.raises(ValueError, match="greater than 0"):
+        scaling_configs(["echo"], {}, {"echo": -1.0})
