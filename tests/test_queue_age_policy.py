@@ -103,3 +103,21 @@ def test_per_model_targets_reach_their_models_and_a_target_for_no_model_is_refus
         scaling_configs(["embed", "echo"], {}, {"embedd": 2.0})
     with pytest.raises(ValueError, match="greater than 0"):
         scaling_configs(["echo"], {}, {"echo": -1.0})
+
+
+def test_fleet_up_gives_each_model_its_queue_age_target_and_refuses_one_for_no_model() -> None:
+    from fleet.brokers.memory import MemoryBroker
+    from fleet.cli.serving import up_autoscaler
+    from fleet.errors import ConfigError
+    from fleet.scaling import MemoryScalingStore
+    from fleet.settings import FleetSettings
+    from fleet.store.bundle import Stores
+    from fleet.store.memory import MemoryStore
+
+    settings = FleetSettings(models="echo,sleep", autoscale_max_queue_age_s="echo=0.5")
+    broker, stores = MemoryBroker.from_settings(settings), Stores.beside(MemoryStore(job_ttl_s=60))
+    autoscaler = up_autoscaler(settings, broker, stores, MemoryScalingStore())
+    assert {m: cfg.max_queue_age_s for m, cfg in autoscaler.configs.items()} == {"echo": 0.5, "sleep": None}
+    wrong = FleetSettings(models="echo", autoscale_max_queue_age_s="ecko=1")
+    with pytest.raises(ConfigError, match="autoscale_max_queue_age_s names ecko, which this fleet does not scale"):
+        up_autoscaler(wrong, broker, stores, MemoryScalingStore())
