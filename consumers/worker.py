@@ -77,7 +77,7 @@ from fleet.schemas.jobs import JobError
 from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.bundle import Stores
+from fleet.store.bundle import Stores, has_bundle
 from fleet.store.usage import UsageStore
 from fleet.tasks import cancel_and_wait, wait_event
 
@@ -801,14 +801,10 @@ class Worker:
 
 
 def _usage_store(stores: Stores | None, store: ResultStore) -> UsageStore | None:
-    """The usage store beside ``store``; None for a store no bundle is built beside (a test's wrapper)."""
+    """The usage store beside ``store``; None beside a store no bundle is built for (a test's stand-in)."""
     if stores is not None:
         return stores.usage
-    try:
-        return Stores.beside(store).usage
-    except ConfigError:
-        log.info("no usage store beside a %s: usage is not counted", type(store).__name__)
-        return None
+    return Stores.beside(store).usage if has_bundle(store) else None
 
 
 def _encoding(job: Job) -> str:

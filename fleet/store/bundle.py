@@ -85,5 +85,10 @@ class Stores:
         raise ConfigError(f"no feature stores beside a {type(results).__name__} ({results.scheme}://)")
 
 
+def has_bundle(results: object) -> bool:
+    """Whether ``Stores.beside(results)`` can build the feature stores (a ``RedisStore`` or a ``MemoryStore``)."""
+    return isinstance(results, RedisStore | MemoryStore)
+
+
 _MEMORY_BUNDLES: weakref.WeakKeyDictionary[MemoryStore, Stores] = weakref.WeakKeyDictionary()
 """The bundle of each in-memory result store (``Stores.beside``), kept as long as that store lives."""
