@@ -25,7 +25,9 @@ DEVICE_SECONDS = Counter(
     ["model", "version", "tenant"],
 )
 USAGE_WRITE_FAILURES = Counter(
-    "fleet_usage_write_failures_total", "Settled batches whose usage the usage store did not take", ["model"]
+    "fleet_usage_write_failures_total",
+    "Usage writes (each carrying the usage of one or more settled batches) the usage store did not take",
+    ["model"],
 )
 IN_FLIGHT = Gauge("fleet_worker_in_flight", "Messages held by workers (fetched, not yet settled)", ["model"])
 BREAKER_STATE = Gauge(

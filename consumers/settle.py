@@ -12,9 +12,9 @@ Every message a worker takes leaves through here, whatever became of it: a resul
 4. with tenants' quotas on (``fleet.store.quotas``), the batch's jobs give their queued places back, in one
    pipelined call, never raising: a release that fails only delays the places until a sweep or their holds end;
 5. the computed jobs whose records this write made terminal add their device-seconds (written into each record in
-   step 1, ``fleet.consumers.usage``) to ``fleet_device_seconds_total`` and, in one pipelined call, to the usage
-   counts (``fleet.store.usage``), never raising: a usage store that fails loses that batch's usage (logged and
-   counted in ``fleet_usage_write_failures_total``), never a job.
+   step 1, ``fleet.consumers.usage``) to ``fleet_device_seconds_total`` and to the worker's usage buffer
+   (``fleet.consumers.usage_buffer``), which writes them to the usage store in one call per second at most: nothing
+   here waits on the usage store, and a usage write that fails loses usage, never a job.
 
 A message whose job id holds another model's or another tenant's record (``fleet.store.transitions.foreign``,
 checked by the store inside its compare-and-set of start and finish) is a conflict (``conflicts``): it is never
@@ -45,13 +45,13 @@ from fleet.consumers.outage import StoreOutage
 from fleet.consumers.requests import Job
 from fleet.consumers.stats import WorkerStats
 from fleet.consumers.usage import usage_of
+from fleet.consumers.usage_buffer import UsageBuffer
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
 from fleet.schemas.jobs import JobError, JobRecord, JobState
 from fleet.store import transitions
 from fleet.store.base import Finish, ResultStore
 from fleet.store.quotas import Quotas, release_quietly, tenant_of_record
-from fleet.store.usage import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ OnSettled = Callable[[Job, JobRecord, bool], Awaitable[None]]
 made the record terminal. It must be idempotent: a redelivery of a terminal job calls it again."""
 
 HOOK_RETRY_DELAY_S = 1.0
-USAGE_WRITE_TIMEOUT_S = 2.0  # a usage store slower than this loses the batch's usage rather than hold the settle
 
 
 def tenant_of(job: Job) -> str | None:
@@ -118,7 +117,7 @@ class Settler:
         stats: WorkerStats,
         stop: asyncio.Event,
         quotas: Quotas | None = None,
-        usage: UsageStore | None = None,
+        usage: UsageBuffer | None = None,
         device: str = "cpu",
     ) -> None:
         self.model = model
@@ -131,10 +130,11 @@ class Settler:
         self.stats = stats
         self.stop = stop
         self.quotas = quotas  # tenants' queued-job quotas: each settled batch gives its places back in one call
-        self.usage = usage  # the usage counts: each settled batch adds its computed jobs' device-seconds
+        self.usage = usage  # each settled batch adds its computed jobs' device-seconds (written by the worker)
         self.device = device  # the worker's torch device: its kind prices the usage (``cuda:0`` -> ``cuda``)
         self.on_settled: list[OnSettled] = []
         self._counters: dict[str, Any] = {}
+        self._device_seconds: dict[tuple[str, str, str], Any] = {}  # the metric's children, by labels
 
     # -- outcomes -------------------------------------------------------------------------------------------
     async def results(self, jobs: list[Job], results: list[Any]) -> None:
@@ -228,20 +228,18 @@ class Settler:
         await self._count_usage(settled)
 
     async def _count_usage(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
-        """Step 5 of the module docstring: the metric always, the usage store in one call that never raises."""
+        """Step 5 of the module docstring: the metric and the usage buffer; nothing waits, nothing raises."""
         counts = usage_of(settled, self.device)
         if not counts:
             return
         for key, count in counts.items():
-            metrics.DEVICE_SECONDS.labels(key.model, key.version, key.tenant).inc(count.device_seconds)
-        if self.usage is None:
-            return
-        try:
-            async with asyncio.timeout(USAGE_WRITE_TIMEOUT_S):
-                await self.usage.add(counts)
-        except (StoreError, TimeoutError) as exc:
-            metrics.USAGE_WRITE_FAILURES.labels(self.model).inc()
-            log.warning("worker %s: usage of %d jobs not counted (%s)", self.worker_id, len(settled), exc)
+            labels = (key.model, key.version, key.tenant)
+            child = self._device_seconds.get(labels)
+            if child is None:
+                child = self._device_seconds[labels] = metrics.DEVICE_SECONDS.labels(*labels)
+            child.inc(count.device_seconds)
+        if self.usage is not None:
+            self.usage.add(counts)
 
     async def release(self, delivery: Delivery, delay_s: float = 0.0) -> None:
         """Hand a message back to the broker, unsettled; it is delivered again (a lost nak: after the ack wait)."""

@@ -5,8 +5,8 @@ to the handler's ``cost(input)`` of its request (``Job.cost``: weighed when fetc
 else here, once, after the compute; a handler that keeps the default cost of 1 is not asked, and a ``cost`` that
 raises counts 1, so a batch without costs is shared equally). The shares sum to the batch's time. The settler
 writes a job's share into its terminal record (``JobRecord.device_seconds``) and, once per settled batch, adds the
-records it made terminal to the usage counts (``fleet.store.usage``) and to ``fleet_device_seconds_total``. Pure
-functions (``weigh`` asks the handler).
+records it made terminal to ``fleet_device_seconds_total`` and to the usage counts (``fleet.consumers.usage_buffer``
+writes them to ``fleet.store.usage``). Pure functions (``weigh`` asks the handler).
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
 from fleet.consumers.usage import share_device_seconds, weigh
+from fleet.consumers.usage_buffer import UsageBuffer
 from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, ModelUnavailable
 from fleet.finite import non_finite_at
@@ -169,8 +170,9 @@ class Worker:
         on_drain: called when an operator asks this worker to drain (``fleet.consumers.drain``); ``fleet worker`` passes
             what SIGTERM does. Without it the worker runs its own ``stop``.
         stores: the process's stores beside ``store`` (``fleet.store.bundle.Stores``); the worker releases its
-            tenants' queued-job places in ``stores.quotas`` when limits bound them. ``fleet up`` passes the bundle
-            it shares with the gateway; None builds one when needed.
+            tenants' queued-job places in ``stores.quotas`` when limits bound them, and counts its jobs' device
+            time in ``stores.usage`` (``worker.usage``, a ``fleet.consumers.usage_buffer.UsageBuffer``, flushed
+            every second and at stop). ``fleet up`` passes the bundle it shares with the gateway; None builds one.
         pool: the process's ``ModelPool`` (``fleet.consumers.pool``), shared with its other workers: the worker
             then loads nothing at start, and each batch's versions are loaded on demand through the pool (``handler``
             is only asked for input costs). None: ``handler`` is loaded at start and serves its one version.
@@ -249,6 +251,8 @@ class Worker:
         self.held = Held()
         self._stopping = asyncio.Event()
         self.outage = StoreOutage(f"worker {self.worker_id}")
+        usage = _usage_store(stores, store)
+        self.usage = UsageBuffer(usage, self.model, self.worker_id) if usage is not None else None
         self.settler = Settler(
             model=self.model,
             worker_id=self.worker_id,
@@ -260,7 +264,7 @@ class Worker:
             stats=self.stats,
             stop=self._stopping,
             quotas=(stores or Stores.beside(store)).quotas if settings.limit_policy().bounds_queued else None,
-            usage=_usage_store(stores, store),
+            usage=self.usage,
             device=device,
         )
         self.settler.on_settled.extend(on_settled or [])
@@ -317,6 +321,9 @@ class Worker:
         try:
             await self.broker.ensure_model(self.model)  # a broker misconfiguration surfaces before a slow load
             self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
+            if self.usage is not None:
+                flusher = self.usage.run(self._aux_stop)
+                self._aux_tasks.append(asyncio.create_task(flusher, name=f"{self.worker_id}-usage"))
             t0 = time.perf_counter()
             if self.pool is None:
                 await asyncio.to_thread(self.handler.load)
@@ -392,6 +399,8 @@ class Worker:
         self._model_thread.shutdown(wait=False)
         self._aux_stop.set()
         await cancel_and_wait(self._aux_tasks)
+        if self.usage is not None:  # after the last settle: what the flusher has not written yet
+            await self.usage.flush()
         self._release_gc()
         self.breaker.close()
         with contextlib.suppress(KeyError):

@@ -335,7 +335,7 @@ DEFAULT_CACHE_L3_MAX_ENTRIES = 100_000  # per model and version, in each gateway
 
 # -- usage: device-seconds per tenant, model, version and device kind (fleet.store.usage) -------------------------
 # One hash per hour of wall-clock time; its hash tag ``{<bucket>}`` keeps each hour in one Redis Cluster slot, so a
-# settled batch's counts (all in the current hour) are one key, one pipeline round trip.
+# worker's write of what its settled batches counted (all in the current hour) is one key, one pipeline round trip.
 USAGE_BUCKET_S = 3600  # the counts' time resolution: a usage query's range is widened to whole buckets
 USAGE_TTL_S = 40 * 86400  # each bucket is kept this long after its last write (retention)
 USAGE_MAX_RANGE_S = 31 * 86400  # the longest range one query sums (744 buckets, one pipeline)

@@ -1,7 +1,11 @@
 """The pure parts of usage accounting: a batch's time shared by cost, a settled batch's usage rows, the report's
-grouping and pricing, the query window, the price settings, and the usage store's contract in memory."""
+grouping and pricing, the query window, the price settings, the usage store in memory, and the worker's buffer that
+writes many settled batches in one call."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
 
 import pytest
 from pydantic import ValidationError
@@ -9,6 +13,7 @@ from pydantic import ValidationError
 from fleet import constants as c
 from fleet.consumers.requests import Job
 from fleet.consumers.usage import device_kind, share_device_seconds, usage_of
+from fleet.consumers.usage_buffer import UsageBuffer
 from fleet.producers.gateway.errors import ApiError
 from fleet.producers.gateway.usage.report import grouped
 from fleet.producers.gateway.usage.window import group_fields, window
@@ -149,3 +154,57 @@ def test_prices_are_checked_with_a_clear_error(value: str, words: str) -> None:
         FleetSettings(price_per_device_hour=value)
     assert words in str(caught.value) and "price_per_device_hour" in str(caught.value)
     assert FleetSettings(price_per_device_hour="cpu=0.05, cuda=2.5").price_per_device_hour == {"cpu": 0.05, "cuda": 2.5}
+
+
+class CountingUsageStore(MemoryUsageStore):
+    """The memory usage store, counting its writes; ``hold`` makes a write wait until it is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.hold: asyncio.Event | None = None
+
+    async def add(self, counts: Mapping[UsageKey, UsageCount], now: float | None = None) -> None:
+        self.writes += 1
+        if self.hold is not None:
+            await self.hold.wait()
+        await super().add(counts, now)
+
+
+async def test_the_buffer_writes_many_batches_in_one_call_and_keeps_counts_a_cancelled_write_carried() -> None:
+    store = CountingUsageStore()
+    buffer = UsageBuffer(store, "m", "w1")
+    key = UsageKey("a", "m", "1", "cpu")
+    for _ in range(100):  # a hundred settled batches within one interval
+        buffer.add({key: UsageCount(2, 3, 0.01)})
+    await buffer.flush()
+    await buffer.flush()  # nothing gathered since: no call
+    assert store.writes == 1
+    assert (await store.read(0, 4e9))[key] == UsageCount(200, 300, pytest.approx(1.0))
+
+    store.hold = asyncio.Event()
+    buffer.add({key: UsageCount(1, 1, 0.5)})
+    writing = asyncio.create_task(buffer.flush())
+    await asyncio.sleep(0.01)
+    writing.cancel()  # the worker stopping while the flusher writes
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    store.hold = None
+    buffer.add({key: UsageCount(1, 1, 0.25)})
+    await buffer.flush()
+    assert (await store.read(0, 4e9))[key] == UsageCount(202, 302, pytest.approx(1.75))
+
+
+async def test_the_flusher_writes_every_interval_until_stopped() -> None:
+    store = CountingUsageStore()
+    buffer = UsageBuffer(store, "m", "w1", interval_s=0.05)
+    stop = asyncio.Event()
+    flusher = asyncio.create_task(buffer.run(stop))
+    buffer.add({UsageKey("a", "m", "1", "cpu"): UsageCount(1, 1, 1.0)})
+    for _ in range(100):
+        if store.writes:
+            break
+        await asyncio.sleep(0.01)
+    assert store.writes == 1
+    stop.set()
+    await asyncio.wait_for(flusher, 1.0)

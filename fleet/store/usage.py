@@ -1,18 +1,19 @@
 """The usage store: jobs, items and device-seconds counted per tenant, model, version and device kind, per hour.
 
-A worker's settler adds a settled batch's counts (``fleet.consumers.usage.usage_of``) in one call: in Redis one
-pipeline (``HINCRBY`` / ``HINCRBYFLOAT`` on the hash of the current hour, ``fleet.constants.usage_key``, and its
-``EXPIRE``), one round trip per batch, never per job. ``read`` sums the buckets that overlap a range, also in one
+A worker adds what its settled batches counted (``fleet.consumers.usage.usage_of``, gathered by
+``fleet.consumers.usage_buffer``) in one call per second at most: in Redis one pipeline (``HINCRBY`` /
+``HINCRBYFLOAT`` on the hash of the current hour, ``fleet.constants.usage_key``, and its ``EXPIRE``), never a round
+trip per job or per batch under load. ``read`` sums the buckets that overlap a range, also in one
 pipeline; a range is widened to whole ``USAGE_BUCKET_S`` buckets and at most ``USAGE_MAX_RANGE_S`` long (the
 gateway refuses longer ones before asking), so a query reads at most 744 hashes. Retention: a bucket expires
 ``USAGE_TTL_S`` (40 days) after its last write; the memory store drops buckets older than that on write.
 
-Hash tags: each hour's hash is its own slot (``{<bucket>}``); a batch writes one, and a query's pipeline spans
+Hash tags: each hour's hash is its own slot (``{<bucket>}``); a write touches one, and a query's pipeline spans
 slots, which the cluster client splits per node (no transaction is needed: each count is one atomic increment).
 
 Counts are sums of increments: two workers settling at once both count, a crash between the results' write and
-the usage write loses that batch's usage (never a job), and a redelivered job whose record was already terminal
-counts nothing again (the settler counts only records its own write made terminal).
+the usage write loses the usage not yet written (at most a second's, never a job), and a redelivered job whose
+record was already terminal counts nothing again (the settler counts only records its own write made terminal).
 
 In memory the same, for ``fleet up`` on the embedded store.
 """
