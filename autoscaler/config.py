@@ -11,8 +11,9 @@ contradict each other are rejected together, each with a message naming both set
 - ``activation_lag > 0`` with ``min_replicas >= 1`` (activation decides 0 <-> 1, so it only matters when the
   model may scale to zero).
 
-``target_drain_s`` and ``trend_window_s`` have non-``None`` defaults and are simply unused where they do not apply
-(``keda`` mode, no predictive term), so a caller that always passes every field is not rejected for them.
+``target_drain_s``, ``trend_window_s`` and ``queue_age_scale_in_ratio`` have non-``None`` defaults and are simply
+unused where they do not apply (``keda`` mode, no predictive term, no age target), so a caller that always passes
+every field is not rejected for them.
 
 A pydantic ``ValidationError`` is a ``ValueError``; its text carries the messages above.
 """
@@ -74,6 +75,20 @@ class ScalingConfig(BaseModel):
     )
     default_throughput_per_replica: float | None = Field(
         None, gt=0, description="rate mode: jobs/s per replica assumed until heartbeats report a throughput"
+    )
+    max_queue_age_s: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="the longest a request may wait (the age of the oldest one not finished): older scales out "
+        "in proportion (ceil(replicas * age / target)), whatever the lag says; None: lag and rates only",
+    )
+    queue_age_scale_in_ratio: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="with max_queue_age_s: the age rule lets the fleet shrink only once the oldest request is "
+        "younger than this share of the target; between the two it holds the current replicas (hysteresis)",
     )
     paused: bool = Field(False, description="keep the current replica count whatever the signals say")
 

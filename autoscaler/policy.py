@@ -18,7 +18,12 @@ remembers between calls is in the returned ``PolicyState`` (start with ``PolicyS
    ``lag > activation_lag``; arrivals alone do not wake it (with nobody consuming they turn into lag at once, and
    counting them would defeat the threshold). A running fleet may go to zero only when there is no lag and no
    arrivals, so scale-in never strands a backlog below the threshold. The gap between the two is a hysteresis.
-   The result is ``Decision.desired``.
+5b. **Queue age** (``max_queue_age_s`` set, ``signals.queue_age_s`` known): the oldest request not yet finished
+   waited longer than the target -> ``ceil(current * age / target)`` replicas, at least one more than now (from zero:
+   one; the HPA's rule for a value metric). Younger than ``queue_age_scale_in_ratio`` of the target -> the age rule
+   asks for nothing; in between it asks to hold the current count (a dead band, so a fleet sitting just under its
+   target does not shrink into breaching it). The larger of the lag rule's and the age rule's counts wins, so the
+   age rule only ever adds to what the backlog and the arrivals ask for. The result is ``Decision.desired``.
 6. **Bounds**: clamp to ``[min_replicas, max_replicas]``, then cap at the partition count when it is known (never
    more consumers than partitions, even above ``min_replicas``).
 7. **Scale down** only to the highest bounded recommendation seen within ``scale_down_stabilization_s`` (the
@@ -58,6 +63,7 @@ class Signals:
     throughput_per_replica: float | None  # per busy worker, from heartbeats
     current_replicas: int
     partitions: int | None = None  # Kafka partition count; caps the replicas
+    queue_age_s: float | None = None  # seconds the oldest unfinished request has waited; None: none waits (or unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +161,30 @@ def _recommend(signals: Signals, config: ScalingConfig, state: PolicyState, note
         else:
             raw = _rate_desired(lag, signals.arrival_rate or 0.0, throughput, config, notes)
             raw = max(raw, _predictive_desired(lag, signals, throughput, config, state, notes))
-    return _activate(raw, lag, signals, config, notes)
+    activated = _activate(raw, lag, signals, config, notes)
+    by_age = _age_desired(signals, config, notes)
+    if by_age > activated:
+        notes.add(f"queue age asks for {by_age}, more than {activated}")
+    return max(activated, by_age)
+
+
+def _age_desired(signals: Signals, config: ScalingConfig, notes: _Notes) -> int:
+    """Step 5b: what the age of the oldest waiting request asks for (0: nothing)."""
+    target, age = config.max_queue_age_s, signals.queue_age_s
+    if target is None or age is None:
+        return 0
+    current = max(0, signals.current_replicas)
+    if age > target:
+        desired = max(current + 1, _ceil(current * age / target))
+        notes.add(f"oldest request waited {_num(age)}s > max_queue_age_s {_num(target)}s -> {desired}")
+        return desired
+    if age > target * config.queue_age_scale_in_ratio:
+        notes.add(
+            f"oldest request waited {_num(age)}s, within {_num(config.queue_age_scale_in_ratio)} of "
+            f"max_queue_age_s {_num(target)}s -> hold {current}"
+        )
+        return current
+    return 0
 
 
 def _keda_desired(lag: int, config: ScalingConfig, notes: _Notes) -> int:

@@ -12,6 +12,7 @@ A pool's workers serve every model of the pool, so the pool needs as many worker
   (the demand-weighted harmonic mean). A slow model therefore weighs by its work, not its job count. With no
   demand at all it is the plain mean (capacity does not vanish when there is nothing to do); models whose
   throughput is not yet known are left out of it, and with none known it is unknown (the policy's usual rule);
+* **queue age**: the oldest member's (the pool must serve its longest-waiting request);
 * **read time**: the oldest member's, so a pool is as stale as its stalest model; **partitions**: the smallest cap.
 
 ``describe`` names each model's share for the decision's reason.
@@ -37,6 +38,7 @@ def pool_signals(members: Mapping[str, Signals], current_replicas: int, target_d
     lag = None if any(v is None for v in lags) else sum(v or 0 for v in lags)
     rates = [s.arrival_rate for s in signals if s.arrival_rate is not None]
     partitions = [s.partitions for s in signals if s.partitions]
+    ages = [s.queue_age_s for s in signals if s.queue_age_s is not None]
     return Signals(
         at_s=min(s.at_s for s in signals),
         lag=lag,
@@ -44,6 +46,7 @@ def pool_signals(members: Mapping[str, Signals], current_replicas: int, target_d
         throughput_per_replica=mix_throughput(signals, target_drain_s),
         current_replicas=current_replicas,
         partitions=min(partitions) if partitions else None,
+        queue_age_s=max(ages) if ages else None,
     )
 
 

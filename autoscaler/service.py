@@ -56,6 +56,11 @@ CURRENT_REPLICAS = Gauge(
 DESIRED_REPLICAS = Gauge(
     "fleet_autoscaler_desired_replicas", "Replicas the signals ask for, within min/max (before smoothing)", ["model"]
 )
+QUEUE_AGE = Gauge(
+    "fleet_autoscaler_queue_age_seconds",
+    "Seconds the oldest request not yet finished has waited (0: none waits), as the autoscaler read it",
+    ["model"],
+)
 RECORD_EVERY_S = 30.0
 
 
@@ -349,6 +354,7 @@ class Autoscaler:
             desired_replicas=desired,
             lag=signals.lag,
             arrival_rate=signals.arrival_rate,
+            queue_age_s=signals.queue_age_s,
             min_replicas=config.min_replicas,
             max_replicas=config.max_replicas,
             paused=config.paused,
@@ -373,5 +379,6 @@ def _set_gauges(model: str, signals: Signals, running: int, desired: int) -> Non
         LAG.labels(model).set(signals.lag)
     if signals.arrival_rate is not None:
         ARRIVAL_RATE.labels(model).set(signals.arrival_rate)
+    QUEUE_AGE.labels(model).set(signals.queue_age_s or 0.0)
     CURRENT_REPLICAS.labels(model).set(running)
     DESIRED_REPLICAS.labels(model).set(desired)

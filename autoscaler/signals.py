@@ -14,6 +14,12 @@
   when there is nothing to do. The estimate is an exponentially weighted mean over workers and time.
 * **Live workers** are those starting or ready whose last heartbeat is recent; a worker silent for
   ``SILENT_INTERVALS`` heartbeat intervals, or one that announced ``stopped``, is dropped.
+* **Queue age** is the age of the oldest request a model's group has not finished, over its priority levels,
+  read through the broker seam (``Broker.oldest_waiting_age_s``: JetStream the first message after the consumer's
+  ack floor, by its stream timestamp; Kafka the record at the committed offset of each partition with a backlog, by
+  its timestamp; in memory the oldest unacked entry). From the broker rather than the job records: the broker holds
+  exactly the requests not finished, including those raw producers published without a record, in one or two
+  requests per level, where the records would need an index by age. A failed read keeps the previous age.
 * **Partitions** (Kafka) are passed in by the composition root (the count Fleet creates request topics with): the
   broker seam has no call that reports a topic's partition count.
 """
@@ -30,7 +36,7 @@ from fleet import constants as c
 from fleet.autoscaler.policy import Signals
 from fleet.brokers.base import Broker, EventStream
 from fleet.brokers.events import Listener, validated
-from fleet.lag import read_lag
+from fleet.lag import read_lag, read_queue_age
 from fleet.schemas.wire import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,7 @@ class _Model:
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)  # (at_s, completed, lag) per read
     lag_at_s: float | None = None
     lag: int | None = None
+    queue_age_s: float | None = None
 
 
 def _sample_throughput(prev: Heartbeat, hb: Heartbeat) -> float | None:
@@ -185,6 +192,10 @@ class SignalReader:
         else:
             state.lag, state.lag_at_s = lag, self.clock()
             self._add_sample(state, state.lag_at_s, lag)
+        try:
+            state.queue_age_s = await read_queue_age(self.broker, model)
+        except Exception as exc:
+            log.warning("queue age of %s not read: %s", model, exc)
         return Signals(
             at_s=state.lag_at_s if state.lag_at_s is not None else self.clock(),
             lag=state.lag,
@@ -192,6 +203,7 @@ class SignalReader:
             throughput_per_replica=state.throughput,
             current_replicas=current_replicas,
             partitions=self.partitions,
+            queue_age_s=state.queue_age_s,
         )
 
     def _add_sample(self, state: _Model, at_s: float, lag: int) -> None:

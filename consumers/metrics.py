@@ -27,6 +27,17 @@ JOB_LATENCY = Histogram(
     ["model"],
     buckets=c.JOB_LATENCY_BUCKETS_S,
 )
+DEVICE_SECONDS = Counter(
+    "fleet_device_seconds_total",
+    "Device time of computed jobs whose results a worker stored, shared by cost (fleet.consumers.usage). The "
+    "tenant label is bounded by the tenants of API keys (and whatever tenants raw producers name on the wire)",
+    ["model", "version", "tenant"],
+)
+USAGE_WRITE_FAILURES = Counter(
+    "fleet_usage_write_failures_total",
+    "Usage writes (each carrying the usage of one or more settled batches) the usage store did not take",
+    ["model"],
+)
 IN_FLIGHT = Gauge("fleet_worker_in_flight", "Messages held by workers (fetched, not yet settled)", ["model"])
 BREAKER_STATE = Gauge(
     "fleet_worker_breaker_state", "A worker's circuit breaker: 0 closed, 1 half-open, 2 open", ["model", "worker"]

@@ -10,7 +10,11 @@ Every message a worker takes leaves through here, whatever became of it: a resul
    raises hands the message back, and because the record is terminal its redelivery only runs the hooks again;
 3. ``acks.for_stored`` says ack or dead letter (a ``failed`` job (re)sends its letter, de-duplicated by id);
 4. with tenants' quotas on (``fleet.store.quotas``), the batch's jobs give their queued places back, in one
-   pipelined call, never raising: a release that fails only delays the places until a sweep or their holds end.
+   pipelined call, never raising: a release that fails only delays the places until a sweep or their holds end;
+5. the computed jobs whose records this write made terminal add their device-seconds (written into each record in
+   step 1, ``fleet.consumers.usage``) to ``fleet_device_seconds_total`` and to the worker's usage buffer
+   (``fleet.consumers.usage_buffer``), which writes them to the usage store in one call per second at most: nothing
+   here waits on the usage store, and a usage write that fails loses usage, never a job.
 
 A message whose job id holds another model's or another tenant's record (``fleet.store.transitions.foreign``,
 checked by the store inside its compare-and-set of start and finish) is a conflict (``conflicts``): it is never
@@ -40,6 +44,8 @@ from fleet.consumers.crashes import start_of
 from fleet.consumers.outage import StoreOutage
 from fleet.consumers.requests import Job
 from fleet.consumers.stats import WorkerStats
+from fleet.consumers.usage import usage_of
+from fleet.consumers.usage_buffer import UsageBuffer
 from fleet.deadletter import dead_letter_bytes, publish_dead_letter
 from fleet.errors import BrokerError, StoreError
 from fleet.schemas.jobs import JobError, JobRecord, JobState
@@ -111,6 +117,8 @@ class Settler:
         stats: WorkerStats,
         stop: asyncio.Event,
         quotas: Quotas | None = None,
+        usage: UsageBuffer | None = None,
+        device: str = "cpu",
     ) -> None:
         self.model = model
         self.worker_id = worker_id
@@ -122,9 +130,12 @@ class Settler:
         self.stats = stats
         self.stop = stop
         self.quotas = quotas  # tenants' queued-job quotas: each settled batch gives its places back in one call
+        self.usage = usage  # each settled batch adds its computed jobs' device-seconds (written by the worker)
+        self.device = device  # the worker's torch device: its kind prices the usage (``cuda:0`` -> ``cuda``)
         self.on_settled: list[OnSettled] = []
         self._counters: dict[str, Any] = {}
         self._latency = metrics.JOB_LATENCY.labels(model)
+        self._device_seconds: dict[tuple[str, str, str], Any] = {}  # the metric's children, by labels
 
     # -- outcomes -------------------------------------------------------------------------------------------
     async def results(self, jobs: list[Job], results: list[Any]) -> None:
@@ -217,6 +228,21 @@ class Settler:
         if self.quotas is not None and settled:  # after the acks: a Redis hiccup here never touches the jobs
             ended = [(tenant_of_record(record), job.job_id) for job, record, _ in settled if job.job_id]
             await release_quietly(self.quotas, ended)
+        await self._count_usage(settled)
+
+    async def _count_usage(self, settled: list[tuple[Job, JobRecord, bool]]) -> None:
+        """Step 5 of the module docstring: the metric and the usage buffer; nothing waits, nothing raises."""
+        counts = usage_of(settled, self.device)
+        if not counts:
+            return
+        for key, count in counts.items():
+            labels = (key.model, key.version, key.tenant)
+            child = self._device_seconds.get(labels)
+            if child is None:
+                child = self._device_seconds[labels] = metrics.DEVICE_SECONDS.labels(*labels)
+            child.inc(count.device_seconds)
+        if self.usage is not None:
+            self.usage.add(counts)
 
     async def release(self, delivery: Delivery, delay_s: float = 0.0) -> None:
         """Hand a message back to the broker, unsettled; it is delivered again (a lost nak: after the ack wait)."""
@@ -263,6 +289,7 @@ class Settler:
             worker_id=worker_id,
             tenant=tenant,
             version=job.version,
+            device_seconds=job.device_seconds,
         )
 
     async def _store_and_settle(self, items: list[tuple[Job, Finish]], patient: bool) -> None:

@@ -68,6 +68,8 @@ from fleet.consumers.replicas import check_replicas, model_executor
 from fleet.consumers.requests import Job, parse_delivery
 from fleet.consumers.settle import Held, OnSettled, Settler
 from fleet.consumers.stats import WorkerStats
+from fleet.consumers.usage import share_device_seconds, weigh
+from fleet.consumers.usage_buffer import UsageBuffer
 from fleet.encoding import DEFAULT_ENCODING
 from fleet.errors import BrokerError, ConfigError, FleetError, InvalidInput, ModelUnavailable
 from fleet.finite import non_finite_at
@@ -76,7 +78,8 @@ from fleet.schemas.jobs import JobError
 from fleet.schemas.wire import GpuStats, Heartbeat
 from fleet.settings import FleetSettings
 from fleet.store.base import ResultStore
-from fleet.store.bundle import Stores
+from fleet.store.bundle import Stores, has_bundle
+from fleet.store.usage import UsageStore
 from fleet.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
@@ -167,8 +170,9 @@ class Worker:
         on_drain: called when an operator asks this worker to drain (``fleet.consumers.drain``); ``fleet worker`` passes
             what SIGTERM does. Without it the worker runs its own ``stop``.
         stores: the process's stores beside ``store`` (``fleet.store.bundle.Stores``); the worker releases its
-            tenants' queued-job places in ``stores.quotas`` when limits bound them. ``fleet up`` passes the bundle
-            it shares with the gateway; None builds one when needed.
+            tenants' queued-job places in ``stores.quotas`` when limits bound them, and counts its jobs' device
+            time in ``stores.usage`` (``worker.usage``, a ``fleet.consumers.usage_buffer.UsageBuffer``, flushed
+            every second and at stop). ``fleet up`` passes the bundle it shares with the gateway; None builds one.
         pool: the process's ``ModelPool`` (``fleet.consumers.pool``), shared with its other workers: the worker
             then loads nothing at start, and each batch's versions are loaded on demand through the pool (``handler``
             is only asked for input costs). None: ``handler`` is loaded at start and serves its one version.
@@ -247,6 +251,8 @@ class Worker:
         self.held = Held()
         self._stopping = asyncio.Event()
         self.outage = StoreOutage(f"worker {self.worker_id}")
+        usage = _usage_store(stores, store)
+        self.usage = UsageBuffer(usage, self.model, self.worker_id) if usage is not None else None
         self.settler = Settler(
             model=self.model,
             worker_id=self.worker_id,
@@ -258,6 +264,8 @@ class Worker:
             stats=self.stats,
             stop=self._stopping,
             quotas=(stores or Stores.beside(store)).quotas if settings.limit_policy().bounds_queued else None,
+            usage=self.usage,
+            device=device,
         )
         self.settler.on_settled.extend(on_settled or [])
         self.admission = Admission(self.spec, self.settler)
@@ -318,6 +326,9 @@ class Worker:
         try:
             await self.broker.ensure_model(self.model)  # a broker misconfiguration surfaces before a slow load
             self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
+            if self.usage is not None:
+                flusher = self.usage.run(self._aux_stop)
+                self._aux_tasks.append(asyncio.create_task(flusher, name=f"{self.worker_id}-usage"))
             t0 = time.perf_counter()
             if self.pool is None:
                 await asyncio.to_thread(self.handler.load)
@@ -396,6 +407,8 @@ class Worker:
         self._model_thread.shutdown(wait=False)
         self._aux_stop.set()
         await cancel_and_wait(self._aux_tasks)
+        if self.usage is not None:  # after the last settle: what the flusher has not written yet
+            await self.usage.flush()
         self._release_gc()
         self.breaker.close()
         with contextlib.suppress(KeyError):
@@ -507,10 +520,11 @@ class Worker:
         if job.input is None:
             return 1  # not a valid request: admission settles it without computing
         try:
-            return int(self.handler.cost(job.input))
+            job.cost = int(self.handler.cost(job.input))
         except Exception:
             log.exception("worker %s: the model's cost() raised; counting the item as 1", self.worker_id)
             return 1
+        return job.cost
 
     async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
         """Admit a fetched batch: the jobs that may compute. Never raises (but cancellation)."""
@@ -696,16 +710,19 @@ class Worker:
         """Compute running jobs (on ``handler``, default the worker's), then hand their results to a settle task
         and return for the next batch."""
         t0 = time.perf_counter()
+        handler = handler or self.handler
         self._computing[id(jobs)] = jobs
         try:
-            results = await self._predict(jobs, handler or self.handler)
+            results = await self._predict(jobs, handler)
         finally:
             del self._computing[id(jobs)]
+        compute_ms = (time.perf_counter() - t0) * 1000
+        weigh(jobs, handler)
+        share_device_seconds(jobs, compute_ms / 1000)
         if self.breaker.config is not None:
             jobs, results = await self._after_outcome(jobs, results)
             if not jobs:
                 return
-        compute_ms = (time.perf_counter() - t0) * 1000
         self.stats.record_batch(len(jobs), compute_ms)
         if self._control is not None:
             self._adapt(jobs, compute_ms)
@@ -815,6 +832,13 @@ class Worker:
             return JobError(type="invalid_input", message=exc.message, retriable=False)
         retriable = exc.retriable if isinstance(exc, FleetError) else True
         return JobError(type="model_error", message=f"{type(exc).__name__}: {exc}", retriable=retriable)
+
+
+def _usage_store(stores: Stores | None, store: ResultStore) -> UsageStore | None:
+    """The usage store beside ``store``; None beside a store no bundle is built for (a test's stand-in)."""
+    if stores is not None:
+        return stores.usage
+    return Stores.beside(store).usage if has_bundle(store) else None
 
 
 def _encoding(job: Job) -> str:

@@ -355,3 +355,17 @@ DEFAULT_CACHE_L1_MAX_ENTRIES = 100_000  # per gateway, every cached model togeth
 DEFAULT_CACHE_L1_TTL_S = 300.0
 DEFAULT_CACHE_L2_TTL_S = 3600
 DEFAULT_CACHE_L3_MAX_ENTRIES = 100_000  # per model and version, in each gateway's index and in the shared stream
+
+
+# -- usage: device-seconds per tenant, model, version and device kind (fleet.store.usage) -------------------------
+# One hash per hour of wall-clock time; its hash tag ``{<bucket>}`` keeps each hour in one Redis Cluster slot, so a
+# worker's write of what its settled batches counted (all in the current hour) is one key, one pipeline round trip.
+USAGE_BUCKET_S = 3600  # the counts' time resolution: a usage query's range is widened to whole buckets
+USAGE_TTL_S = 40 * 86400  # each bucket is kept this long after its last write (retention)
+USAGE_MAX_RANGE_S = 31 * 86400  # the longest range one query sums (744 buckets, one pipeline)
+
+
+def usage_key(bucket: int) -> str:
+    """The usage counts of one ``USAGE_BUCKET_S`` bucket (``int(unix seconds // USAGE_BUCKET_S)``): a hash whose
+    fields are ``<tenant>|<model>|<version>|<device kind>|<jobs, items or ds>``."""
+    return f"{KEY_PREFIX}:usage:{{{bucket}}}"

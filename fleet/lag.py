@@ -41,6 +41,17 @@ async def read_lag_by_priority(broker: Broker, model: str) -> dict[str, int]:
     }
 
 
+async def read_queue_age(broker: Broker, model: str) -> float | None:
+    """Seconds the model's oldest unfinished request has waited: the oldest over its priority levels (each level's
+    ``Broker.oldest_waiting_age_s``); None when none waits. Raises what the broker raises."""
+    ages = [
+        await broker.oldest_waiting_age_s(c.request_subject(model, level), c.consumer_name(model, level))
+        for level in c.PRIORITIES
+    ]
+    known = [age for age in ages if age is not None]
+    return max(known) if known else None
+
+
 class LagMonitor:
     """Refreshes ``fleet_queue_lag`` for ``models`` every ``interval_s``; ``async with`` starts and stops it."""
 

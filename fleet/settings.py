@@ -7,6 +7,7 @@ Every field can be set by an environment variable with the ``FLEET_`` prefix (``
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ from fleet.priorities import check_weights
 from fleet.redaction import redact
 
 BROKER_SCHEMES = ("memory", "nats", "tls", "kafka")  # tls:// is NATS over TLS
+DEVICE_KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # what a worker's device is before its ':' (cuda:0 -> cuda)
 STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
@@ -152,6 +154,12 @@ class FleetSettings(BaseSettings):
         description="per model: the most summed item cost (embed: estimated tokens) one batch may hold, overriding "
         "the model's declaration; e.g. 'embed=8192' or a JSON object",
     )
+    price_per_device_hour: Annotated[dict[str, Annotated[float, Field(ge=0, le=1_000_000)]], NoDecode] = Field(
+        default_factory=dict,
+        description="per device kind (cpu, cuda, ...): the price of one device-hour, which turns usage into cost "
+        "(GET /v1/usage); e.g. 'cpu=0.05,cuda=2.5' or a JSON object; a kind without a price costs nothing",
+    )
+    price_currency: str = Field("USD", pattern=r"^[A-Za-z]{1,8}$", description="the currency of the prices")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     replicas: int = Field(
         1,
@@ -324,6 +332,12 @@ class FleetSettings(BaseSettings):
     autoscale_target_drain_s: float = Field(
         30.0, gt=0, description="rate mode: run enough workers to drain the current backlog within this many seconds"
     )
+    autoscale_max_queue_age_s: Annotated[dict[str, Annotated[float, Field(gt=0, le=86_400)]], NoDecode] = Field(
+        default_factory=dict,
+        description="per model (or pool): the longest a request may wait before the autoscaler adds workers, "
+        "whatever the lag says (fleet.autoscaler.config.ScalingConfig.max_queue_age_s); e.g. 'embed=2,echo=0.5' "
+        "or a JSON object",
+    )
 
     # rollout controller (`fleet up` and `fleet autoscaler`: fleet.lifecycle.service)
     rollout_interval_s: float = Field(
@@ -467,6 +481,26 @@ class FleetSettings(BaseSettings):
     @classmethod
     def _parse_batch_costs(cls, value: object) -> object:
         return parse_pairs(value, "max_batch_cost", "MODEL=COST")
+
+    @field_validator("autoscale_max_queue_age_s", mode="before")
+    @classmethod
+    def _parse_queue_ages(cls, value: object) -> object:
+        return parse_pairs(value, "autoscale_max_queue_age_s", "MODEL=SECONDS")
+
+    @field_validator("price_per_device_hour", mode="before")
+    @classmethod
+    def _parse_prices(cls, value: object) -> object:
+        return parse_pairs(value, "price_per_device_hour", "DEVICE=PRICE")
+
+    @field_validator("price_per_device_hour")
+    @classmethod
+    def _check_price_kinds(cls, value: dict[str, float]) -> dict[str, float]:
+        for kind in value:
+            if not DEVICE_KIND_RE.match(kind):
+                raise ValueError(
+                    f"price_per_device_hour: {kind!r} is not a device kind (cpu, cuda, ...: a lower-case name)"
+                )
+        return value
 
     def p99_target_for(self, model: str, declared: float | None) -> float | None:
         """The p99 target that sizes ``model``'s batches, or ``None`` when its batches are not adapted."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -56,6 +56,7 @@ from fleet.errors import (
 from fleet.producers.sdk_http import GatewayUnreachable, make_http
 from fleet.schemas.api import BatchItemResult, BatchResponse, JobPage, JobSummary
 from fleet.schemas.jobs import JobRecord, JobState
+from fleet.schemas.usage import UsageReport
 
 __all__ = [
     "FleetClient",
@@ -561,6 +562,25 @@ class FleetClient:
         """The model's recent shadow comparisons, newest first (operator)."""
         answer = await self._request("GET", f"/v1/models/{model}/comparisons", params={"limit": limit})
         return list(answer)
+
+    async def usage(
+        self,
+        group_by: str | Sequence[str] = ("model",),
+        *,
+        since: str | float | None = None,
+        until: str | float | None = None,
+    ) -> UsageReport:
+        """Jobs, items, device-seconds and cost (``GET /v1/usage``), grouped by any of ``tenant``, ``model``,
+        ``version`` and ``device``, between ``since`` and ``until`` (unix seconds, ISO 8601 or a time ago such as
+        ``"24h"``; default: the last 24 hours), widened to whole hours. A tenant's key sees its own tenant's usage
+        only; the operator token every tenant's. Raises InvalidInput or GatewayError (422) naming a bad argument."""
+        fields = group_by if isinstance(group_by, str) else ",".join(group_by)
+        params = {"group_by": fields}
+        if since is not None:
+            params["from"] = str(since)
+        if until is not None:
+            params["to"] = str(until)
+        return UsageReport.model_validate(await self._request("GET", "/v1/usage", params=params))
 
     async def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> AsyncIterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end, over one WebSocket (``/v1/ws``).

@@ -16,7 +16,7 @@ event loop is already running, and one client may be shared by threads.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from anyio.from_thread import start_blocking_portal
 from fleet.producers.sdk import FleetClient
 from fleet.schemas.api import BatchResponse, JobPage, JobSummary
 from fleet.schemas.jobs import JobRecord
+from fleet.schemas.usage import UsageReport
 
 __all__ = ["FleetSyncClient"]
 
@@ -138,6 +139,17 @@ class FleetSyncClient:
     def subscribe(self, job_ids: Iterable[str], *, timeout_s: float | None = None) -> Iterator[JobRecord]:
         """Yield each job's terminal record once, in the order they end (``FleetClient.subscribe``)."""
         return self._iterate(self._client.subscribe(list(job_ids), timeout_s=timeout_s))
+
+    def usage(
+        self,
+        group_by: str | Sequence[str] = ("model",),
+        *,
+        since: str | float | None = None,
+        until: str | float | None = None,
+    ) -> UsageReport:
+        """Usage and cost grouped as asked (``FleetClient.usage``)."""
+        report: UsageReport = self._call(self._client.usage, group_by, since=since, until=until)
+        return report
 
     # -- DAGs -----------------------------------------------------------------------------------------------------
     def register_dag(self, spec: str | Mapping[str, Any]) -> tuple[str, int]:

@@ -84,6 +84,9 @@ class ScalingStatus(BaseModel):
     )
     lag: int | None = Field(description="requests not yet finished (waiting + in flight); null when unknown")
     arrival_rate: float | None = Field(description="requests per second arriving; null when unknown")
+    queue_age_s: float | None = Field(
+        None, description="seconds the oldest unfinished request has waited; null when none waits (or unknown)"
+    )
     min_replicas: int
     max_replicas: int
     paused: bool

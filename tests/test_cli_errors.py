@@ -91,6 +91,7 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     # autoscaler
     ("autoscaler-bad-backend", ("autoscaler", "--backend", "magic", *DOWN), "'magic'"),
     ("autoscaler-bad-replicas", ("autoscaler", "--min-replicas", "5", "--max-replicas", "2", *DOWN), "replicas"),
+    ("autoscaler-bad-queue-age", ("autoscaler", "--max-queue-age-s", "0", *DOWN), "max_queue_age_s"),
     ("autoscaler-unreachable", ("autoscaler", "--backend", "dry-run", "--model", "echo", *DOWN), "could not connect"),
     # sim
     ("sim-bad-loads", ("sim", "--loads", "2"), "load"),
@@ -120,6 +121,8 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("keys-bad-expiry", ("keys", "create", "--tenant", "t", "--role", "admin", "--expires", "soon"), "expires 'soon'"),
     ("keys-memory-store", ("keys", "list", "--store", "memory://"), "fleet up"),
     ("keys-unreachable", ("keys", "list", "--store", "redis://127.0.0.1:1/0"), "127.0.0.1:1"),
+    ("usage-bad-group", ("usage", "--group-by", "tenant,password"), "--group-by 'tenant,password'"),
+    ("usage-unreachable", ("usage", "--url", "http://127.0.0.1:1"), "cannot reach the gateway"),
     ("keys-revoke-missing-id", ("keys", "revoke"), "Missing argument"),
     ("keys-unknown-subcommand", ("keys", "rotate"), "No such command 'rotate'"),
     # jobs

@@ -133,6 +133,11 @@ class Broker(Protocol):
 
     async def lag(self, subject: str, group: str) -> int: ...
 
+    async def oldest_waiting_age_s(self, subject: str, group: str) -> float | None:
+        """Seconds since the oldest message ``group`` has not acked on ``subject`` was stored by the broker (waiting
+        or in flight: the queue age the autoscaler may target); None when there is none. Raises
+        ``BrokerUnavailable`` when the broker cannot be asked."""
+
     async def emit(self, subject: str, data: bytes) -> None: ...
 
     async def listen(self, subject: str) -> EventStream: ...

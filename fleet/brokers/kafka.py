@@ -56,6 +56,7 @@ from fleet.brokers.base import Outgoing
 from fleet.brokers.kafka_batches import KeyPartitioner, Record, send_batches
 from fleet.brokers.kafka_events import EVENTS_TOPIC, KafkaEventStream
 from fleet.brokers.kafka_names import bootstrap_servers, start_client, stop_client, stopping_clients, topic_for
+from fleet.brokers.kafka_peek import Peeker
 from fleet.brokers.kafka_subscription import KafkaSubscription
 from fleet.brokers.recent import RecentKeys
 from fleet.brokers.subjects import check_group, check_subject
@@ -120,6 +121,7 @@ class KafkaBroker:
         self._producer: AIOKafkaProducer | None = None
         self._offsets: AIOKafkaConsumer | None = None  # group-less consumer for end/beginning offsets
         self._offsets_lock = asyncio.Lock()
+        self._peeker = Peeker(self._client_options("peek"), self.url)  # reads the oldest waiting records' times
         self._topics: set[str] = set()
         self._recent = RecentKeys(settings.dedup_window_s, RECENT_IDS)  # msg id -> monotonic time of its publish
         self._publishing: dict[str, list[asyncio.Future[None]] | None] = {}  # msg id -> waiters of its publish
@@ -203,6 +205,7 @@ class KafkaBroker:
             await stop_client(producer.stop)
         if offsets is not None:
             await stop_client(offsets.stop)
+        await self._peeker.close()
         if admin is not None:
             await stop_client(admin.close)
         await stopping_clients()  # clean-ups of starts that timed out or were cancelled
@@ -553,7 +556,18 @@ class KafkaBroker:
         within ``kafka_subscription.COMMIT_DELAY_S``): read from the members rather than committed first, so that
         polling lag adds no commits to the group's (serialised) commits.
         """
-        topic = topic_for(subject)
+        return sum(end - done for done, end in (await self._unsettled(topic_for(subject), group)).values())
+
+    async def oldest_waiting_age_s(self, subject: str, group: str) -> float | None:
+        """Seconds since the oldest record the group has not settled was written: the records at the group's
+        committed offsets (as ``lag`` counts them) of the partitions with a backlog, read by a group-less consumer
+        (``fleet.brokers.kafka_peek``), by their timestamps. None when no partition has a backlog."""
+        waiting = {tp: done for tp, (done, _end) in (await self._unsettled(topic_for(subject), group)).items()}
+        stamps = await self._peeker.first_timestamps_ms(waiting, self._request_timeout_ms / 1000)
+        return max(0.0, time.time() - min(stamps) / 1000) if stamps else None
+
+    async def _unsettled(self, topic: str, group: str) -> dict[TopicPartition, tuple[int, int]]:
+        """Per partition with a backlog: (the group's first unsettled offset, the end offset)."""
         count = await self._partition_count_for_lag(topic)
         tps = [TopicPartition(topic, p) for p in range(count)]
         offsets = await self._offsets_reader()
@@ -567,12 +581,13 @@ class KafkaBroker:
         for sub in list(self._subscriptions):
             if sub.topic == topic and sub.group == group:
                 local.update(sub.settled_offsets())
-        total = 0
+        out = {}
         for tp in tps:
             done = committed[tp].offset if tp in committed and committed[tp].offset >= 0 else start[tp]
-            done = max(done, local.get(tp, done))
-            total += max(0, end[tp] - max(done, start[tp]))
-        return total
+            done = max(done, local.get(tp, done), start[tp])
+            if end[tp] > done:
+                out[tp] = (done, end[tp])
+        return out
 
     async def _partition_count_for_lag(self, topic: str) -> int:
         """The topic's partition count, described again at most every PARTITIONS_TTL_S: ``lag`` is polled often (by

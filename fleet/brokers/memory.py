@@ -43,13 +43,14 @@ _WAITING, _IN_FLIGHT, _DELAYED, _DONE = range(4)
 
 
 class _Message:
-    __slots__ = ("data", "headers", "msg_id", "subject")
+    __slots__ = ("data", "headers", "msg_id", "stored_at", "subject")
 
     def __init__(self, subject: str, data: bytes, headers: dict[str, str], msg_id: str | None) -> None:
         self.subject = subject
         self.data = data
         self.headers = headers
         self.msg_id = msg_id
+        self.stored_at = time.time()  # unix seconds: when the broker took it (its queue age counts from here)
 
 
 class _Entry:
@@ -132,6 +133,13 @@ class _Group:
 
     def lag(self) -> int:
         return len(self.ready) - self.acked_in_ready + len(self.in_flight) + len(self.delayed)
+
+    def oldest_stored_at(self) -> float | None:
+        """When the oldest message not acked yet (waiting, delayed or in flight) was stored; None: none."""
+        entries = [e for e in self.ready if e.state != _DONE]
+        entries.extend(self.in_flight.values())
+        entries.extend(e for _, _, e in self.delayed)
+        return min((e.message.stored_at for e in entries), default=None)
 
     def add(self, message: _Message) -> None:
         self._next_key += 1
@@ -428,6 +436,18 @@ class MemoryBroker:
         if found is not None:
             return found.lag()
         return len(topic.backlog)  # what a first group created now would receive
+
+    async def oldest_waiting_age_s(self, subject: str, group: str) -> float | None:
+        """Seconds since the oldest message the group has not acked was stored (waiting, delayed or in flight);
+        None when there is none. Without that group: the oldest a first group created now would receive."""
+        topic = self._topics.get(subject)
+        if topic is None:
+            return None
+        found = topic.groups.get(group)
+        oldest = (
+            found.oldest_stored_at() if found is not None else min((m.stored_at for m in topic.backlog), default=None)
+        )
+        return None if oldest is None else max(0.0, time.time() - oldest)
 
     async def emit(self, subject: str, data: bytes) -> None:
         """Best effort: hand the event to every current listener whose pattern matches."""

@@ -48,6 +48,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -576,6 +577,29 @@ class NatsBroker:
         except nats.errors.Error as exc:
             raise BrokerUnavailable(f"cannot read the lag of {durable} at {self.url}: {exc!r}") from exc
         return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+    async def oldest_waiting_age_s(self, subject: str, group: str) -> float | None:
+        """Seconds since the oldest message ``group`` has not acked was stored: the first message on ``subject``
+        after the consumer's ack floor (``ack_floor.stream_seq + 1``, a direct ``STREAM.MSG.GET`` with
+        ``next_by_subj``), by its stream timestamp. None when the group has nothing pending or in flight. Without
+        that group: the subject's oldest stored message. Two JetStream API requests (one when idle)."""
+        stream, durable = self._stream_of(subject), durable_name(subject, group)
+        js = await self._live_jetstream()
+        try:
+            info = await self._consumer_info(js, stream, durable)
+            floor = 0
+            if info is not None:
+                if not (info.num_pending or 0) + (info.num_ack_pending or 0):
+                    return None
+                floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+            message = await js.get_msg(stream, seq=(floor or 0) + 1, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(f"cannot read the queue age of {durable} at {self.url}: {exc!r}") from exc
+        if message.time is None:
+            return None
+        return max(0.0, time.time() - message.time.timestamp())
 
     async def _unclaimed(self, js: JetStreamContext, stream: str, subject: str) -> int:
         """What a first group created on ``subject`` now would receive: its stored messages, or 0 if it has a group."""

@@ -296,9 +296,18 @@ def version() -> None:
 
 def _register_commands() -> None:
     """Commands that live in their own modules (one per process role) add themselves to ``app`` here."""
-    from fleet.cli import autoscaler_cmd, dag_cmd, dispatcher_cmd, jobs_cmd, keys_cmd, models_cmd, sim_cmd
+    from fleet.cli import (
+        autoscaler_cmd,
+        dag_cmd,
+        dispatcher_cmd,
+        jobs_cmd,
+        keys_cmd,
+        models_cmd,
+        sim_cmd,
+        usage_cmd,
+    )
 
-    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd, dag_cmd, jobs_cmd, keys_cmd, models_cmd):
+    for module in (dispatcher_cmd, sim_cmd, autoscaler_cmd, dag_cmd, jobs_cmd, keys_cmd, models_cmd, usage_cmd):
         module.register(app)
 
 

@@ -41,16 +41,24 @@ class Mode(StrEnum):
     keda = "keda"
 
 
-def scaling_configs(models: list[str], flags: dict[str, Any]) -> "dict[str, ScalingConfig]":
-    """One validated ``ScalingConfig`` per model name from the flags that were given.
+def scaling_configs(
+    models: list[str], flags: dict[str, Any], queue_ages: dict[str, float] | None = None
+) -> "dict[str, ScalingConfig]":
+    """One validated ``ScalingConfig`` per model name from the flags that were given; ``queue_ages`` (per model,
+    ``FLEET_AUTOSCALE_MAX_QUEUE_AGE_S``) sets a model's ``max_queue_age_s`` over the flag's.
 
     Raises:
-        ValueError: a bad value or two conflicting settings (the message names both).
+        ValueError: a bad value or two conflicting settings (the message names both), or a queue age for a model
+            not scaled.
     """
     from fleet.autoscaler.config import ScalingConfig
 
+    unknown = sorted(set(queue_ages or {}) - set(models))
+    if unknown:
+        raise ValueError(f"autoscale_max_queue_age_s names {', '.join(unknown)}, not among {', '.join(models)}")
     config = ScalingConfig.model_validate({k: v for k, v in flags.items() if v is not None})
-    return dict.fromkeys(models, config)
+    ages = queue_ages or {}
+    return {m: config.with_changes(max_queue_age_s=ages[m]) if m in ages else config for m in models}
 
 
 def describe_config_error(exc: "ValidationError") -> str:
@@ -188,6 +196,13 @@ def register(app: typer.Typer) -> None:
         default_throughput: Annotated[
             float | None, typer.Option(help="rate mode: jobs/s per worker assumed until heartbeats tell")
         ] = None,
+        max_queue_age_s: Annotated[
+            float | None,
+            typer.Option(
+                help="add workers when the oldest request waited longer than this (per model: env "
+                "FLEET_AUTOSCALE_MAX_QUEUE_AGE_S)"
+            ),
+        ] = None,
         interval_s: Annotated[float | None, typer.Option(help="seconds between decisions (default 2)")] = None,
         metrics_port: Annotated[
             int | None, typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port (/metrics)")
@@ -235,6 +250,7 @@ def register(app: typer.Typer) -> None:
             "stale_after_s": stale_after_s,
             "predictive_horizon_s": predictive_horizon_s,
             "default_throughput_per_replica": default_throughput,
+            "max_queue_age_s": max_queue_age_s,
         }
         configs, scaler = _build(
             settings,
@@ -267,9 +283,12 @@ def register(app: typer.Typer) -> None:
 
         try:
             names = list(resolve_specs(settings.models))
-            configs = scaling_configs(list(scaling_targets(names, settings.pools)), flags)
+            targets = list(scaling_targets(names, settings.pools))
+            configs = scaling_configs(targets, flags, settings.autoscale_max_queue_age_s)
             return configs, make_backend(backend, settings, **kwargs)
         except ValidationError as exc:
             raise fail(describe_config_error(exc)) from None
+        except ValueError as exc:
+            raise fail(str(exc)) from None
         except FleetError as exc:
             raise fail(exc.message) from None

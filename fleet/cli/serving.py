@@ -35,7 +35,7 @@ from fleet.cli.compose import (
 from fleet.cli.httpserver import QuietServer
 from fleet.consumers.worker import Worker
 from fleet.dispatcher.service import Dispatcher
-from fleet.errors import FleetError
+from fleet.errors import ConfigError, FleetError
 from fleet.lifecycle.service import RolloutService
 from fleet.models import resolve_served, resolve_specs
 from fleet.pools import members, scaling_targets
@@ -125,11 +125,19 @@ def up_autoscaler(settings: FleetSettings, broker: Broker, stores: Stores, scali
         scale_down_stabilization_s=settings.autoscale_stabilization_s,
         target_drain_s=settings.autoscale_target_drain_s,
     )
+    ages = settings.autoscale_max_queue_age_s
+    targets = scaling_targets(list(refs), settings.pools)
+    unknown = sorted(set(ages) - set(targets))
+    if unknown:
+        raise ConfigError(
+            f"autoscale_max_queue_age_s names {', '.join(unknown)}, which this fleet does not scale "
+            f"(it scales {', '.join(targets)})"
+        )
     return Autoscaler(
         broker,
         scaling,
         backend,
-        dict.fromkeys(scaling_targets(list(refs), settings.pools), config),
+        {t: config.with_changes(max_queue_age_s=ages[t]) if t in ages else config for t in targets},
         settings.autoscale_interval_s,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         partitions=settings.kafka_partitions if settings.broker_scheme == "kafka" else None,

@@ -10,7 +10,8 @@ Contract (checked by ``tests/contract/test_store_contract.py`` on Redis and on t
   record is announced to waiters. It returns ``(True, record)`` for the winner, ``(False, current)`` otherwise.
 * ``get_many`` reads a batch of records in one round trip (``None`` for an unknown job), in order.
 * ``start_many`` / ``finish_many`` write an item's ``version`` (the model version that runs or answered the job) into
-  its record; an item without one leaves the record's version as it was.
+  its record; an item without one leaves the record's version as it was. An item's ``device_seconds`` (its share
+  of its batch's compute, ``fleet.consumers.usage``) goes into the terminal record it writes.
 * ``start_many`` / ``finish_many`` do the same for a micro-batch in a few round trips (one result per item, in
   order); a worker uses them so that the store costs a handful of round trips per batch, not per job. They leave a
   record of another model or another tenant than the item's untouched (``transitions.foreign``): ``start_many``
@@ -74,6 +75,7 @@ class Finish:
     worker_id: str | None = None
     tenant: str | None = None  # written into a record the finish creates (a job that had none)
     version: str | None = None  # the model version that answered (None: the record keeps its own)
+    device_seconds: float | None = None  # the job's share of its batch's compute time (None: it did not compute)
 
 
 class ResultStore(Protocol):

@@ -4,10 +4,10 @@ A gateway, a worker and ``fleet up`` (which runs both, with the DAG starter, in 
 ``Stores`` from the result store they connected (``Stores.beside``) and hand it to every part that needs a store:
 the key store and the audit log of ``FLEET_AUTH=keys``, the per-tenant limits (``quotas``), the DAG store, the dead
 letters, the result caches' entries, the published manifests of repository models and the models' traffic policies and
-rollout measurements (``rollouts``). With Redis each is a view on
-the result store's own client (one connection); with ``memory://`` each is a fresh in-memory store, shared by
-everything in the process because they all hold this one bundle. Nothing is attached to the result store at run
-time, and no part reaches through it.
+rollout measurements (``rollouts``), and the device-seconds of each tenant, model and version (``usage``). With
+Redis each is a view on the result store's own client (one connection); with ``memory://`` each is a fresh
+in-memory store, shared by everything in the process because they all hold this one bundle. Nothing is attached
+to the result store at run time, and no part reaches through it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fleet.store.memory import MemoryStore
 from fleet.store.quotas import MemoryQuotas, Quotas, RedisQuotas
 from fleet.store.redis import RedisStore
 from fleet.store.rollouts import MemoryRolloutStore, RedisRolloutStore, RolloutStore
+from fleet.store.usage import MemoryUsageStore, RedisUsageStore, UsageStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class Stores:
     cache: CacheStore
     manifests: ManifestStore
     rollouts: RolloutStore
+    usage: UsageStore
 
     @classmethod
     def beside(cls, results: ResultStore) -> Stores:
@@ -61,6 +63,7 @@ class Stores:
                 cache=RedisCacheStore(results.redis, results.display_url),
                 manifests=RedisManifestStore(results),
                 rollouts=RedisRolloutStore(results),
+                usage=RedisUsageStore(results),
             )
         if isinstance(results, MemoryStore):
             # one bundle per memory store, as a Redis holds one set of feature stores: every gateway or worker built
@@ -76,9 +79,15 @@ class Stores:
                     cache=MemoryCacheStore(),
                     manifests=MemoryManifestStore(),
                     rollouts=MemoryRolloutStore(),
+                    usage=MemoryUsageStore(),
                 )
             return _MEMORY_BUNDLES[results]
         raise ConfigError(f"no feature stores beside a {type(results).__name__} ({results.scheme}://)")
+
+
+def has_bundle(results: object) -> bool:
+    """Whether ``Stores.beside(results)`` can build the feature stores (a ``RedisStore`` or a ``MemoryStore``)."""
+    return isinstance(results, RedisStore | MemoryStore)
 
 
 _MEMORY_BUNDLES: weakref.WeakKeyDictionary[MemoryStore, Stores] = weakref.WeakKeyDictionary()

@@ -129,6 +129,7 @@ class MemoryStore:
         worker_id: str | None = None,
         tenant: str | None = None,
         version: str | None = None,
+        device_seconds: float | None = None,
     ) -> tuple[bool, JobRecord]:
         current = await self.get(job_id)
         if current is not None and current.terminal:
@@ -144,6 +145,7 @@ class MemoryStore:
             now=time.time(),
             tenant=tenant,
             version=version,
+            device_seconds=device_seconds,
         )
         raw = transitions.record_json(record)
         self._write(job_id, raw)
@@ -193,6 +195,7 @@ class MemoryStore:
                     worker_id=i.worker_id,
                     tenant=i.tenant,
                     version=i.version,
+                    device_seconds=i.device_seconds,
                 )
             )
         return results

@@ -573,6 +573,7 @@ class RedisStore:
                 now=now,
                 tenant=it.tenant,
                 version=it.version,
+                device_seconds=it.device_seconds,
             )
 
         return await self._cas_many(items, step, publish=True)

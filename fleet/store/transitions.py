@@ -170,9 +170,11 @@ def finished(
     now: float,
     tenant: str | None = None,
     version: str | None = None,
+    device_seconds: float | None = None,
 ) -> JobRecord:
     """The terminal record that replaces a non-terminal ``current`` (or stands alone when there is none, then of
-    ``tenant``); ``version`` names the model version that answered (None: the record keeps its own)."""
+    ``tenant``); ``version`` names the model version that answered (None: the record keeps its own);
+    ``device_seconds`` is the job's share of its batch's compute (None: it did not compute here)."""
     if state.__class__ is not JobState:
         state = JobState(state)
     if state not in TERMINAL_STATES:
@@ -191,9 +193,11 @@ def finished(
             worker_id=worker_id,
             tenant=tenant,
             version=version,
+            device_seconds=device_seconds,
         )
     values = dict(current.__dict__)
     values["state"] = state
+    values["device_seconds"] = device_seconds
     values["output"] = output
     values["error"] = error
     values["finished_at"] = now

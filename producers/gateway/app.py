@@ -53,6 +53,7 @@ from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecor
 from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.policies import TrafficPolicies
 from fleet.producers.gateway.state import GatewayState
+from fleet.producers.gateway.usage import routes as usage_routes
 from fleet.readiness import WorkerTracker
 from fleet.repository.layout import Repository
 from fleet.scaling import ScalingStore, make_scaling_store
@@ -406,5 +407,6 @@ def create_app(
     app.include_router(deadletters.router)
     app.include_router(worker_routes.router)
     app.include_router(access_keys.router)
+    app.include_router(usage_routes.router)
     install_openapi(app, settings.max_long_poll_s)
     return app

@@ -7,6 +7,7 @@ import { confirmAction } from "./dialog.js";
 import { el, fmt, setText, syncRows } from "./dom.js";
 import { JobLookup, historyQuery, renderRecent } from "./jobs.js";
 import { ROLLOUTS_EVERY_MS, RolloutsPanel } from "./rollouts.js";
+import { USAGE_EVERY_MS, UsagePanel } from "./usage.js";
 
 const $ = (id) => document.getElementById(id);
 const WORKER_STATES = { starting: "warming", ready: "serving", draining: "draining", degraded: "degraded" };
@@ -31,6 +32,7 @@ const state = {
   history: { model: "", state: "", cursor: null }, // its filters, and the cursor of an older page (null: newest)
   rollouts: null, // the latest GET /v1/rollouts answer
   rolloutsTimer: null,
+  usageTimer: null,
 };
 window.fleetDashboard = state; // for the browser tests and for poking at in devtools
 
@@ -56,6 +58,7 @@ function showLogin(message = "") {
   clearInterval(state.auditTimer);
   clearInterval(state.recentTimer);
   clearInterval(state.rolloutsTimer);
+  clearInterval(state.usageTimer);
   $("main").hidden = true;
   $("login").hidden = false;
   $("logout").hidden = true;
@@ -99,6 +102,9 @@ function connect(attempt = 0) {
   clearInterval(state.rolloutsTimer);
   refreshRollouts();
   state.rolloutsTimer = setInterval(refreshRollouts, ROLLOUTS_EVERY_MS);
+  clearInterval(state.usageTimer);
+  refreshUsage();
+  state.usageTimer = setInterval(refreshUsage, USAGE_EVERY_MS);
   let first = true;
   stream("/v1/operator/stream", (name, data) => {
     if (name !== "snapshot") return;
@@ -535,6 +541,23 @@ async function refreshRollouts() {
     return;
   }
   setText($("rollouts-error"), "");
+}
+
+// --- usage: device time and cost per model and tenant (GET /v1/usage, polled and on a change of the form) ------
+
+const usage = new UsagePanel($("usage-form"), $("usage"), $("usage-note"));
+$("usage-form").addEventListener("change", () => refreshUsage());
+$("usage-form").addEventListener("submit", (event) => event.preventDefault());
+
+async function refreshUsage() {
+  try {
+    usage.render(await get(usage.query()));
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.isAuth) return refused(exc);
+    setText($("usage-error"), `Cannot read the usage: ${describe(exc)}`);
+    return;
+  }
+  setText($("usage-error"), "");
 }
 
 // --- jobs: the lookup and the job history (GET /v1/jobs, filtered, paged, polled) --------------------------
