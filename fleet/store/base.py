@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.jobs import JobError, JobRecord, JobState, StageTimings
 
 
 @dataclass(slots=True)  # not frozen: built for every job, and a frozen __init__ costs 3x
@@ -69,6 +69,8 @@ class Finish:
     worker_id: str | None = None
     tenant: str | None = None  # written into a record the finish creates (a job that had none)
     version: str | None = None  # the model version that answered (None: the record keeps its own)
+    timings: StageTimings | None = None  # the run's stage instants; the store sets ``stored`` as it writes
+    trace_id: str | None = None  # the job's W3C trace id, when it was traced
 
 
 class ResultStore(Protocol):

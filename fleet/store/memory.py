@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.jobs import JobError, JobRecord, JobState, StageTimings
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.packed import parse_record
@@ -124,6 +124,8 @@ class MemoryStore:
         worker_id: str | None = None,
         tenant: str | None = None,
         version: str | None = None,
+        timings: StageTimings | None = None,
+        trace_id: str | None = None,
     ) -> tuple[bool, JobRecord]:
         current = await self.get(job_id)
         if current is not None and current.terminal:
@@ -139,6 +141,8 @@ class MemoryStore:
             now=time.time(),
             tenant=tenant,
             version=version,
+            timings=timings,
+            trace_id=trace_id,
         )
         raw = transitions.record_json(record)
         self._write(job_id, raw)
@@ -186,6 +190,8 @@ class MemoryStore:
                     worker_id=i.worker_id,
                     tenant=i.tenant,
                     version=i.version,
+                    timings=i.timings,
+                    trace_id=i.trace_id,
                 )
             )
         return results

@@ -441,6 +441,8 @@ class RedisStore:
                 now=now,
                 tenant=it.tenant,
                 version=it.version,
+                timings=it.timings,
+                trace_id=it.trace_id,
             )
 
         return await self._cas_many(items, step, publish=True)

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from fleet.constants import DEFAULT_TENANT
 from fleet.schemas.construct import built
-from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
+from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState, StageTimings
 from fleet.store.packed import pack
 
 _SERIALIZER = JobRecord.__pydantic_serializer__
@@ -89,6 +89,8 @@ _ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def _orjson_default(value: Any) -> Any:
+    if value.__class__ is StageTimings:  # on every terminal record: its floats as they are
+        return value.__dict__
     if isinstance(value, BaseModel):  # a JobError, or a model object left in an output
         return value.model_dump(mode="json")
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
@@ -170,15 +172,20 @@ def finished(
     now: float,
     tenant: str | None = None,
     version: str | None = None,
+    timings: StageTimings | None = None,
+    trace_id: str | None = None,
 ) -> JobRecord:
     """The terminal record that replaces a non-terminal ``current`` (or stands alone when there is none, then of
-    ``tenant``); ``version`` names the model version that answered (None: the record keeps its own)."""
+    ``tenant``); ``version`` names the model version that answered (None: the record keeps its own). ``timings``
+    (the run's stage instants) get ``stored`` = ``now`` and go into the record, as ``trace_id`` does when given."""
     if state.__class__ is not JobState:
         state = JobState(state)
     if state not in TERMINAL_STATES:
         raise ValueError(f"finish() needs a terminal state, got {state.value!r}")
     if error is not None and not isinstance(error, JobError):
         error = JobError.model_validate(error)
+    if timings is not None:
+        timings.__dict__["stored"] = now  # built by the settler for this write: no validation needed
     if current is None:
         return _fresh(
             job_id,
@@ -191,6 +198,8 @@ def finished(
             worker_id=worker_id,
             tenant=tenant,
             version=version,
+            timings=timings,
+            trace_id=trace_id,
         )
     values = dict(current.__dict__)
     values["state"] = state
@@ -201,4 +210,8 @@ def finished(
         values["worker_id"] = worker_id
     if version is not None:
         values["version"] = version
+    if timings is not None:
+        values["timings"] = timings
+    if trace_id is not None:
+        values["trace_id"] = trace_id
     return trusted(values)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from fleet import tracing
 from fleet.brokers.base import Broker
 from fleet.dags.runner import DagRunner
 from fleet.errors import ConfigError
@@ -40,6 +41,7 @@ from fleet.producers.gateway.jobs.backlog import Backlog
 from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.producers.gateway.metrics import MetricsMiddleware
+from fleet.producers.gateway.tracing_middleware import TracingMiddleware
 from fleet.producers.gateway.models import embeddings, listing, rerank
 from fleet.producers.gateway.models import traffic as traffic_routes
 from fleet.producers.gateway.openapi_doc import install_openapi
@@ -268,6 +270,7 @@ def _lifespan(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_access(gate)
         async with AsyncExitStack() as stack:
+            stack.callback(tracing.flush)  # last: the spans of the requests served go out before the process ends
             try:
                 state = await _open_state(stack, settings, limits, gate, auth_mode, given)
             except Exception as exc:  # uvicorn logs it and gives up; the command that runs the app says why
@@ -387,6 +390,9 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(MetricsMiddleware)
+    traced = tracing.start("fleet-gateway")  # None unless the OTEL_* environment asks (fleet.tracing)
+    if traced is not None:  # outermost: the SERVER span covers the whole request
+        app.add_middleware(TracingMiddleware, tracing=traced)
     app.include_router(job_routes.router)
     app.include_router(infer.router)
     app.include_router(ws.router)

@@ -1,0 +1,289 @@
+"""The OpenTelemetry side of Fleet's traces: the SDK pipeline and every span Fleet makes. Imported only when tracing
+is on (``fleet.tracing.state.start``).
+
+Pipeline: the SDK's ``TracerProvider`` (its sampler from ``OTEL_TRACES_SAMPLER`` / ``_ARG``, parent-based by default;
+its resource from ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``), a ``BatchSpanProcessor`` and the OTLP/HTTP
+exporter (its endpoint from ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``). Spans follow
+OpenTelemetry's messaging conventions (``messaging.system``, ``messaging.destination.name``,
+``messaging.operation.type``, ``messaging.message.id`` = the job id) plus ``fleet.model``, ``fleet.version``,
+``fleet.tenant`` and ``fleet.batch.size``.
+
+Spans of one job (its trace, parent: the context its message carries):
+
+* ``submit`` (SERVER, the gateway's ``POST /v1/jobs``; a client's ``traceparent`` header is its parent) and
+  ``publish <subject>`` (PRODUCER: its context is what goes on the wire);
+* at the worker, made after the fact from the instants the worker records (``Job.fetched_at`` ...): ``queue
+  <model>`` (the request's ``submitted_at`` to the fetch), ``process <subject>`` (CONSUMER, fetch to stored) and
+  under it ``admit <model>`` (fetch to the batch's start);
+* ``batch <model>`` (one span per batch, the batch-receiving pattern: a link to each job's context; its parent is
+  the first traced job's ``process`` span, so that job's trace shows it), with ``compute <model>`` and ``settle
+  <model>`` under it;
+* for a DAG run, one trace: ``run <dag>`` at its start, and ``hop <dag>`` under the ``process`` span of the step
+  that launched the next ones, whose ``publish`` spans it parents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from fleet.constants import HEADER_TRACEPARENT, HEADER_TRACESTATE
+from fleet.tracing.wire import carried
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_NS = 1_000_000_000
+SCOPE = "fleet"
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * _NS)
+
+
+def span_context(traceparent: str, tracestate: str | None = None) -> SpanContext:
+    """The remote ``SpanContext`` of a valid ``traceparent`` (``fleet.tracing.wire.valid``)."""
+    state = TraceState.from_header([tracestate]) if tracestate else None
+    return SpanContext(
+        trace_id=int(traceparent[3:35], 16),
+        span_id=int(traceparent[36:52], 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(traceparent[53:55], 16) & 0x01),
+        trace_state=state,
+    )
+
+
+def traceparent_of(ctx: SpanContext) -> str:
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def _parent(ctx: SpanContext | None) -> otel_context.Context | None:
+    return trace.set_span_in_context(NonRecordingSpan(ctx)) if ctx is not None else None
+
+
+def _exporter(kind: str) -> SpanExporter:
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+class Tracing:
+    """The process's tracer and the spans Fleet makes (see the module docstring)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer(SCOPE)
+
+    @classmethod
+    def from_environment(cls, service: str, kind: str) -> Tracing:
+        """The SDK pipeline as the ``OTEL_*`` variables say; ``service`` when ``OTEL_SERVICE_NAME`` names none."""
+        resource = Resource.create({"service.name": service}).merge(OTELResourceDetector().detect())
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(_exporter(kind)))
+        return cls(provider)
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        self.provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+    # -- the current context ---------------------------------------------------------------------------------
+    @staticmethod
+    def current_traceparent() -> str | None:
+        """The current span's ``traceparent`` (None: no span is current)."""
+        ctx = trace.get_current_span().get_span_context()
+        return traceparent_of(ctx) if ctx.is_valid else None
+
+    @staticmethod
+    def current_trace_id() -> str | None:
+        ctx = trace.get_current_span().get_span_context()
+        return f"{ctx.trace_id:032x}" if ctx.is_valid else None
+
+    @contextmanager
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        parent: str | SpanContext | None = None,
+    ) -> Iterator[trace.Span]:
+        """A span current for the block: a child of ``parent`` (a ``traceparent`` or a context) when given, else
+        of the current span."""
+        ctx = span_context(parent) if isinstance(parent, str) else parent
+        with self.tracer.start_as_current_span(name, context=_parent(ctx), kind=kind, attributes=attributes) as s:
+            yield s
+
+    @contextmanager
+    def resumed(self, traceparent: str | None) -> Iterator[None]:
+        """Make the remote context ``traceparent`` current for the block (None: change nothing)."""
+        if traceparent is None:
+            yield
+            return
+        token = otel_context.attach(_parent(span_context(traceparent)) or otel_context.Context())
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+
+    @contextmanager
+    def server(self, method: str, route: str, headers: Mapping[str, str]) -> Iterator[trace.Span]:
+        """The SERVER span of a REST request, child of the client's ``traceparent`` header when it sends one."""
+        found = carried(headers, None)
+        parent = span_context(*found) if found else None
+        attributes = {"http.request.method": method, "http.route": route}
+        with self.span(f"{method} {route}", attributes, kind=SpanKind.SERVER, parent=parent) as s:
+            yield s
+
+    @contextmanager
+    def publish(
+        self, system: str, subject: str, job_id: str, model: str, headers: dict[str, str], **fleet: Any
+    ) -> Iterator[None]:
+        """A PRODUCER span around a publish; its context is written into ``headers`` (``traceparent``,
+        ``tracestate``) for the message to carry."""
+        attributes = {
+            "messaging.system": system,
+            "messaging.destination.name": subject,
+            "messaging.operation.type": "publish",
+            "messaging.message.id": job_id,
+            "fleet.model": model,
+            **{f"fleet.{k}": v for k, v in fleet.items() if v is not None},
+        }
+        with self.tracer.start_as_current_span(f"publish {subject}", kind=SpanKind.PRODUCER, attributes=attributes):
+            _PROPAGATOR.inject(headers)
+            yield
+
+    # -- the worker: spans made after the fact ----------------------------------------------------------------
+    @staticmethod
+    def job_context(job: Any) -> SpanContext | None:
+        """The context a delivered job's message carries (header, else body field), or None."""
+        found = carried(job.delivery.headers, job.request)
+        return span_context(*found) if found is not None else None
+
+    def settled(self, system: str, model: str, items: Sequence[tuple[Any, Any]]) -> None:
+        """The spans of settled jobs (``(Job, terminal record)`` pairs, ``Job.trace`` their incoming context or
+        None), from the instants on the jobs and records. Each traced job's ``trace`` becomes its ``process``
+        span's context (the parent of a DAG hop)."""
+        tracer = self.tracer
+        computed: list[tuple[Any, Any]] = []
+        first: SpanContext | None = None
+        links: list[Link] = []
+        for job, record in items:
+            if job.batch_started_at is not None and job.computed_at is not None:
+                computed.append((job, record))
+            remote = job.trace
+            if remote is None or job.fetched_at is None:
+                continue
+            stored = record.timings.stored if record.timings is not None else None
+            end = _ns(stored if stored is not None else record.finished_at or job.fetched_at)
+            fetched = _ns(job.fetched_at)
+            request = job.request
+            base = {
+                "messaging.system": system,
+                "messaging.destination.name": job.delivery.subject,
+                "messaging.message.id": job.job_id or "",
+                "fleet.model": model,
+            }
+            if record.version:
+                base["fleet.version"] = record.version
+            if record.tenant:
+                base["fleet.tenant"] = record.tenant
+            parent = _parent(remote)
+            if request is not None:
+                queued = min(_ns(request.submitted_at), fetched)
+                queue = tracer.start_span(
+                    f"queue {model}",
+                    parent,
+                    SpanKind.INTERNAL,
+                    {**base, "messaging.operation.type": "receive"},
+                    start_time=queued,
+                )
+                queue.end(fetched)
+            process = tracer.start_span(
+                f"process {job.delivery.subject}",
+                parent,
+                SpanKind.CONSUMER,
+                {**base, "messaging.operation.type": "process", "fleet.job.state": record.state.value},
+                start_time=fetched,
+            )
+            if job.batch_started_at is not None:
+                admit = tracer.start_span(
+                    f"admit {model}", _parent(process.get_span_context()), attributes=base, start_time=fetched
+                )
+                admit.end(max(fetched, _ns(job.batch_started_at)))
+            process.end(max(fetched, end))
+            job.trace = process.get_span_context()
+            if job.batch_started_at is not None:
+                links.append(Link(job.trace, {"messaging.message.id": job.job_id or ""}))
+                if first is None:
+                    first = job.trace
+        if computed:
+            self._batch(system, model, computed, first, links)
+
+    def _batch(
+        self,
+        system: str,
+        model: str,
+        jobs: list[tuple[Any, Any]],
+        parent: SpanContext | None,
+        links: list[Link],
+    ) -> None:
+        """One ``batch`` span for the jobs that computed together, with ``compute`` and ``settle`` under it."""
+        tracer = self.tracer
+        fetched = min(_ns(job.fetched_at or job.batch_started_at) for job, _ in jobs)
+        started = min(_ns(job.batch_started_at) for job, _ in jobs)
+        computed = max(_ns(job.computed_at) for job, _ in jobs)
+        stored = max(
+            _ns(r.timings.stored if r.timings is not None and r.timings.stored else job.computed_at) for job, r in jobs
+        )
+        job, record = jobs[0]
+        attributes: dict[str, Any] = {
+            "messaging.system": system,
+            "messaging.destination.name": job.delivery.subject,
+            "messaging.operation.type": "process",
+            "messaging.batch.message_count": len(jobs),
+            "fleet.model": model,
+            "fleet.batch.size": len(jobs),
+        }
+        if record.version:
+            attributes["fleet.version"] = record.version
+        batch = tracer.start_span(
+            f"batch {model}", _parent(parent), SpanKind.CONSUMER, attributes, links, start_time=fetched
+        )
+        inside = _parent(batch.get_span_context())
+        compute = tracer.start_span(f"compute {model}", inside, attributes={"fleet.model": model}, start_time=started)
+        compute.end(max(started, computed))
+        settle = tracer.start_span(
+            f"settle {model}", inside, attributes={"fleet.model": model}, links=links, start_time=computed
+        )
+        settle.end(max(computed, stored))
+        batch.end(max(fetched, stored))
+
+    @staticmethod
+    def parent_of(job: Any, fallback: str | None) -> SpanContext | None:
+        """The parent for what a settled job leads to (a DAG hop): its ``process`` span, else ``fallback`` (a
+        ``traceparent``, e.g. the run's root)."""
+        ctx = getattr(job, "trace", None)
+        if isinstance(ctx, SpanContext):
+            return ctx
+        return span_context(fallback) if fallback else None
+
+
+def inject(headers: dict[str, str]) -> None:
+    """Write the current context into ``headers`` (what ``Tracing.publish`` does inside its span)."""
+    _PROPAGATOR.inject(headers)
+
+
+__all__ = ["HEADER_TRACEPARENT", "HEADER_TRACESTATE", "Tracing", "inject", "span_context", "traceparent_of"]
