@@ -8,6 +8,6 @@ with tracing off pays one ``is None`` check per batch, per submit and per DAG ho
 """
 
 from fleet.tracing.config import enabled
-from fleet.tracing.state import active, flush, shutdown, start
+from fleet.tracing.state import active, flush, shutdown, start, use
 
-__all__ = ["active", "enabled", "flush", "shutdown", "start"]
+__all__ = ["active", "enabled", "flush", "shutdown", "start", "use"]

@@ -43,6 +43,15 @@ def start(service: str) -> Tracing | None:
         return _active
 
 
+def use(given: Tracing | None) -> Tracing | None:
+    """Make ``given`` (built elsewhere, e.g. on an in-memory exporter) the process's tracing, instead of the
+    environment's; the one it replaces is returned, not shut down. Tests and benchmarks use it."""
+    global _active, _started
+    with _lock:
+        previous, _active, _started = _active, given, True
+        return previous
+
+
 def flush(timeout_s: float = 5.0) -> None:
     """Export the spans ended so far (a stopping worker or gateway); nothing when tracing is off."""
     if _active is not None:

@@ -41,7 +41,6 @@ from fleet.producers.gateway.jobs.backlog import Backlog
 from fleet.producers.gateway.jobs.reconcile import Reconciler
 from fleet.producers.gateway.limits import GatewayLimits
 from fleet.producers.gateway.metrics import MetricsMiddleware
-from fleet.producers.gateway.tracing_middleware import TracingMiddleware
 from fleet.producers.gateway.models import embeddings, listing, rerank
 from fleet.producers.gateway.models import traffic as traffic_routes
 from fleet.producers.gateway.openapi_doc import install_openapi
@@ -55,6 +54,7 @@ from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecor
 from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.policies import TrafficPolicies
 from fleet.producers.gateway.state import GatewayState
+from fleet.producers.gateway.tracing_middleware import TracingMiddleware
 from fleet.readiness import WorkerTracker
 from fleet.repository.layout import Repository
 from fleet.scaling import ScalingStore, make_scaling_store
