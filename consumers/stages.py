@@ -9,8 +9,12 @@ The worker stamps each job as it passes a stage (``Job.fetched_at`` when the bat
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Any
+
+from prometheus_client.samples import Exemplar
 
 from fleet.consumers.metrics import STAGE_SECONDS
 from fleet.consumers.requests import Job
@@ -37,37 +41,68 @@ def timings_of(job: Job) -> StageTimings | None:
 
 
 class StageHistograms:
-    """``fleet_job_stage_seconds`` of one model, its label children looked up once."""
+    """``fleet_job_stage_seconds`` of one model, its label children looked up once.
+
+    A settled batch is observed at once: each stage's values are counted into their buckets and each bucket, and
+    the sum, is incremented once per batch (what ``Histogram.observe`` per value would leave, at a fraction of its
+    cost: it takes a lock and scans the buckets per value). A client without the histogram internals this relies on
+    gets ``observe`` per value."""
 
     def __init__(self, model: str) -> None:
         self.model = model
         self._children = {stage: STAGE_SECONDS.labels(model, stage) for stage in STAGES}
+        self._bulk = all(hasattr(child, a) for child in self._children.values() for a in _INTERNALS)
 
     def observe(self, records: Iterable[JobRecord]) -> None:
         """Each stage of each record that has timings (a stage whose two ends are not both known is skipped)."""
-        queue, wait, compute, store = (self._children[s] for s in STAGES[:4])
+        values: tuple[list[float], ...] = ([], [], [], [])
+        exemplars: tuple[list[tuple[str, float]], ...] = ([], [], [], [])
         for record in records:
             t = record.timings
             if t is None:
                 continue
-            exemplar = {"trace_id": record.trace_id} if record.trace_id else None
-            _observe(queue, t.queued, t.fetched, exemplar)
-            _observe(wait, t.fetched, t.batch_started, exemplar)
-            _observe(compute, t.batch_started, t.computed, exemplar)
-            _observe(store, t.computed, t.stored, exemplar)
+            d = t.__dict__
+            ends = (d["queued"], d["fetched"], d["batch_started"], d["computed"], d["stored"])
+            trace_id = record.trace_id
+            for stage in range(4):
+                start, end = ends[stage], ends[stage + 1]
+                if start is not None and end is not None:
+                    values[stage].append(end - start)
+                    if trace_id:
+                        exemplars[stage].append((trace_id, end - start))
+        for stage, amounts in enumerate(values):
+            if amounts:
+                self._add(self._children[STAGES[stage]], amounts, exemplars[stage])
 
     def on_hop(self, record: JobRecord, seconds: float) -> None:
         """A DAG step's hop (``DagRunner.on_hop``): its record written to its next steps published."""
-        _observe(self._children["hop"], 0.0, seconds, {"trace_id": record.trace_id} if record.trace_id else None)
+        exemplars = [(record.trace_id, seconds)] if record.trace_id else []
+        self._add(self._children["hop"], [seconds], exemplars)
+
+    def _add(self, child: Any, amounts: list[float], exemplars: list[tuple[str, float]]) -> None:
+        if not self._bulk:
+            for amount in amounts:
+                child.observe(max(amount, 0.0))
+            for trace_id, amount in exemplars:
+                child.observe(max(amount, 0.0), {"trace_id": trace_id})
+            return
+        bounds = child._upper_bounds
+        counts: dict[int, int] = {}
+        total = 0.0
+        for amount in amounts:
+            if amount < 0:
+                amount = 0.0  # clocks of two hosts (a producer's submitted_at): a skew is no negative wait
+            total += amount
+            i = bisect_left(bounds, amount)
+            counts[i] = counts.get(i, 0) + 1
+        child._sum.inc(total)
+        buckets = child._buckets
+        for i, count in counts.items():
+            buckets[i].inc(count)
+        now = time.time()
+        for trace_id, amount in exemplars:  # the latest traced value of a bucket names its trace
+            amount = max(amount, 0.0)
+            buckets[bisect_left(bounds, amount)].set_exemplar(Exemplar({"trace_id": trace_id}, amount, now))
 
 
-def _observe(child: Any, start: float | None, end: float | None, exemplar: dict[str, str] | None) -> None:
-    if start is None or end is None:
-        return
-    value = end - start
-    if value < 0:
-        value = 0.0  # clocks of two hosts (a producer's submitted_at): a skew is no negative wait
-    if exemplar is None:
-        child.observe(value)
-    else:
-        child.observe(value, exemplar)
+_INTERNALS = ("_upper_bounds", "_buckets", "_sum")

@@ -89,8 +89,6 @@ _ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def _orjson_default(value: Any) -> Any:
-    if value.__class__ is StageTimings:  # on every terminal record: its floats as they are
-        return value.__dict__
     if isinstance(value, BaseModel):  # a JobError, or a model object left in an output
         return value.model_dump(mode="json")
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
@@ -106,6 +104,9 @@ def record_json(record: JobRecord) -> bytes:
     read either form with ``parse_record``)."""
     try:
         values = {name: value for name, value in record.__dict__.items() if value is not None}
+        timings = values.get("timings")
+        if timings is not None:  # on every record a worker ends: its floats as they are, not through ``default``
+            values["timings"] = timings.__dict__
         if values.get("output").__class__ is dict:  # may hold base64 vectors to pack
             packed = pack(values, _dumps)
             if packed is not None:
