@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACEPARENT = "00-{trace}-{span}-01"
+TRACEPARENT = "00-{trace}-{span}-{flags}"
 
 
 async def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,6 +61,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         await broker.ensure_model(model)
         subject = c.request_subject(model)
         sem = asyncio.Semaphore(64)
+        every = round(1 / args.sampled) if args.sampled > 0 else args.jobs + 1  # 1 in every: sampled upstream
 
         async def publish(i: int) -> None:
             job_id = f"{model}-{i}"
@@ -68,7 +69,9 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
             headers = {
                 c.HEADER_JOB_ID: job_id,
                 c.HEADER_MODEL: model,
-                "traceparent": TRACEPARENT.format(trace=uuid.uuid4().hex, span=uuid.uuid4().hex[:16]),
+                "traceparent": TRACEPARENT.format(
+                    trace=uuid.uuid4().hex, span=uuid.uuid4().hex[:16], flags="01" if i % every == 0 else "00"
+                ),
             }
             async with sem:
                 await broker.publish(subject, data, msg_id=job_id, headers=headers)
@@ -96,7 +99,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_child(tree: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     argv = [sys.executable, str(Path(__file__)), "--child", "--jobs", str(args.jobs), "--nats", args.nats]
-    argv += ["--redis", args.redis]
+    argv += ["--redis", args.redis, "--sampled", env.pop("SAMPLED", "1")]
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLEET_"))}
     child_env.update(env, PYTHONPATH=str(tree), PYTHONUNBUFFERED="1")
     proc = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=600, cwd=tree)
@@ -145,6 +148,8 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nats", default="", help=argparse.SUPPRESS)
     parser.add_argument("--redis", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--sampled", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--share", type=float, default=0.1, help="the sampled share of the 'on-sampled' variant")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(asyncio.run(child(args))))
@@ -156,28 +161,33 @@ def main() -> None:
     from tests.jaeger_service import jaeger_server
 
     rev = before_commit(args.before)
-    runs: dict[str, list[dict[str, Any]]] = {"before": [], "off": [], "on": []}
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "off": [], "on": [], "on-sampled": []}
     load_start = os.getloadavg()
     with services(nats=True, redis=True) as urls, jaeger_server() as jaeger, worktree(rev) as (old, commit):
         args.nats, args.redis = urls["nats"], urls["redis"]
         on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_SERVICE_NAME": "fleet-bench-tracing"}
         for round_no in range(args.rounds):
-            order = [("before", old, {}), ("off", ROOT, {}), ("on", ROOT, on_env)]
+            sampled_env = {**on_env, "SAMPLED": str(args.share)}
+            order = [("before", old, {}), ("off", ROOT, {}), ("on", ROOT, on_env), ("on-sampled", ROOT, sampled_env)]
             if round_no % 2:
                 order.reverse()  # neither side always runs first
             for name, tree, env in order:
-                result = run_child(tree, env, args)
+                result = run_child(tree, dict(env), args)
                 runs[name].append(result)
                 print(f"round {round_no + 1} {name}: {result['jobs_per_s']:.0f} jobs/s", flush=True)
     assert all(r["traced"] and r["trace_id"] for r in runs["on"]), "the 'on' runs did not trace"
+    assert all(r["traced"] for r in runs["on-sampled"]), "the 'on-sampled' runs did not trace"
     assert not any(r["traced"] for r in runs["off"]), "the 'off' runs traced"
     median = {name: statistics.median(r["jobs_per_s"] for r in rs) for name, rs in runs.items()}
     on_off, off_before = median["on"] / median["off"], median["off"] / median["before"]
+    sampled_off = median["on-sampled"] / median["off"]
     rows = [
         ("before (jobs/s, median)", f"{median['before']:.0f}", ""),
         ("off (jobs/s, median)", f"{median['off']:.0f}", ""),
-        ("on, exporting to Jaeger (jobs/s, median)", f"{median['on']:.0f}", ""),
-        ("on / off", f"{on_off:.3f}", ">= 0.9"),
+        ("on, every job sampled, exporting to Jaeger (jobs/s, median)", f"{median['on']:.0f}", ""),
+        (f"on, {args.share:.0%} of jobs sampled upstream (jobs/s, median)", f"{median['on-sampled']:.0f}", ""),
+        ("on (every job) / off", f"{on_off:.3f}", ">= 0.9"),
+        (f"on ({args.share:.0%} sampled) / off", f"{sampled_off:.3f}", ">= 0.9"),
         ("off / before", f"{off_before:.3f}", ">= 0.98"),
     ]
     show(f"Tracing cost: echo over NATS + Redis, {args.jobs} jobs x {args.rounds} rounds", rows)
@@ -187,12 +197,19 @@ def main() -> None:
         "before_commit": commit,
         "jobs_per_s": {name: [round(r["jobs_per_s"], 1) for r in rs] for name, rs in runs.items()},
         "median_jobs_per_s": {name: round(v, 1) for name, v in median.items()},
+        "sampled_share": args.share,
         "on_over_off": round(on_off, 4),
+        "on_sampled_over_off": round(sampled_off, 4),
         "off_over_before": round(off_before, 4),
         "load_average_before": list(load_start),
+        "sampled_flag": "the producer's traceparent flag: 01 on 1 in round(1/share) jobs, 00 on the others; the "
+        "worker's parent-based sampler (the default) follows it",
         "load_average_after": list(os.getloadavg()),
     }
-    print(f"on/off {on_off:.3f} (target >= 0.9)   off/before {off_before:.3f} (target >= 0.98)")
+    print(
+        f"on/off {on_off:.3f} (every job sampled), {sampled_off:.3f} ({args.share:.0%} sampled) (target >= 0.9)   "
+        f"off/before {off_before:.3f} (target >= 0.98)"
+    )
     print(f"wrote {write_result('tracing', figures)}")
 
 

@@ -56,7 +56,7 @@ class StageHistograms:
     def observe(self, records: Iterable[JobRecord]) -> None:
         """Each stage of each record that has timings (a stage whose two ends are not both known is skipped)."""
         values: tuple[list[float], ...] = ([], [], [], [])
-        exemplars: tuple[list[tuple[str, float]], ...] = ([], [], [], [])
+        exemplars: tuple[list[tuple[int, str]], ...] = ([], [], [], [])  # (index in values, trace id)
         for record in records:
             t = record.timings
             if t is None:
@@ -67,41 +67,39 @@ class StageHistograms:
             for stage in range(4):
                 start, end = ends[stage], ends[stage + 1]
                 if start is not None and end is not None:
-                    values[stage].append(end - start)
                     if trace_id:
-                        exemplars[stage].append((trace_id, end - start))
+                        exemplars[stage].append((len(values[stage]), trace_id))
+                    values[stage].append(end - start)
         for stage, amounts in enumerate(values):
             if amounts:
                 self._add(self._children[STAGES[stage]], amounts, exemplars[stage])
 
     def on_hop(self, record: JobRecord, seconds: float) -> None:
         """A DAG step's hop (``DagRunner.on_hop``): its record written to its next steps published."""
-        exemplars = [(record.trace_id, seconds)] if record.trace_id else []
-        self._add(self._children["hop"], [seconds], exemplars)
+        self._add(self._children["hop"], [seconds], [(0, record.trace_id)] if record.trace_id else [])
 
-    def _add(self, child: Any, amounts: list[float], exemplars: list[tuple[str, float]]) -> None:
+    def _add(self, child: Any, amounts: list[float], exemplars: list[tuple[int, str]]) -> None:
+        """Observe ``amounts`` (a negative one, clocks of two hosts apart, as 0); ``exemplars``: (index, trace id)
+        of the traced ones, whose bucket then names that trace (the latest traced value of a bucket wins)."""
+        amounts = [amount if amount > 0 else 0.0 for amount in amounts]
         if not self._bulk:
-            for amount in amounts:
-                child.observe(max(amount, 0.0))
-            for trace_id, amount in exemplars:
-                child.observe(max(amount, 0.0), {"trace_id": trace_id})
+            traced = dict(exemplars)
+            for i, amount in enumerate(amounts):
+                trace_id = traced.get(i)
+                child.observe(amount, {"trace_id": trace_id} if trace_id else None)
             return
         bounds = child._upper_bounds
         counts: dict[int, int] = {}
-        total = 0.0
         for amount in amounts:
-            if amount < 0:
-                amount = 0.0  # clocks of two hosts (a producer's submitted_at): a skew is no negative wait
-            total += amount
             i = bisect_left(bounds, amount)
             counts[i] = counts.get(i, 0) + 1
-        child._sum.inc(total)
+        child._sum.inc(sum(amounts))
         buckets = child._buckets
         for i, count in counts.items():
             buckets[i].inc(count)
         now = time.time()
-        for trace_id, amount in exemplars:  # the latest traced value of a bucket names its trace
-            amount = max(amount, 0.0)
+        for index, trace_id in exemplars:
+            amount = amounts[index]
             buckets[bisect_left(bounds, amount)].set_exemplar(Exemplar({"trace_id": trace_id}, amount, now))
 
 

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from fleet import constants as c
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.stages import StageHistograms
 from fleet.consumers.worker import Worker
 from fleet.schemas.jobs import JobRecord, JobState, StageTimings
 from fleet.store import transitions
@@ -92,3 +93,48 @@ async def test_the_store_stamps_stored_and_keeps_a_trace_id_and_an_answer_from_e
     )
     assert plain.timings is None and plain.trace_id is None
     assert b"timings" not in transitions.record_json(plain)
+
+
+def test_a_batch_observed_at_once_counts_as_each_value_observed_alone(unique: str) -> None:
+    """``StageHistograms`` adds a batch's values bucket by bucket; the buckets, counts and sums are those of
+    ``Histogram.observe`` per value (its fallback), skewed clocks (a negative wait) counted as 0."""
+    records = []
+    for i, (queued, fetched) in enumerate([(1.0, 1.0004), (1.0, 1.3), (2.0, 1.5), (1.0, 61.0), (1.0, 1.0)]):
+        timings = StageTimings(queued=queued, fetched=fetched, batch_started=fetched + 0.002 * i)
+        timings.computed = timings.batch_started + 0.01 if i % 2 else None  # type: ignore[operator]
+        record = transitions.finished(
+            None,
+            f"j{i}",
+            JobState.succeeded,
+            model="m",
+            output=None,
+            error=None,
+            worker_id=None,
+            now=70.0,
+            timings=timings,
+            trace_id="ab" * 16 if i == 1 else None,
+        )
+        records.append(record)
+    bulk, alone = StageHistograms(f"bulk-{unique}"), StageHistograms(f"alone-{unique}")
+    alone._bulk = False
+    bulk.observe(records)
+    alone.observe(records)
+    samples = {
+        s.name + repr(sorted((k, v) for k, v in s.labels.items() if k != "model")): s.value
+        for metric in REGISTRY.collect()
+        if metric.name == "fleet_job_stage_seconds"
+        for s in metric.samples
+        if s.labels.get("model") in (bulk.model, alone.model) and s.labels.get("model") == bulk.model
+    }
+    for name, value in samples.items():
+        other = next(
+            s.value
+            for metric in REGISTRY.collect()
+            if metric.name == "fleet_job_stage_seconds"
+            for s in metric.samples
+            if s.labels.get("model") == alone.model
+            and s.name + repr(sorted((k, v) for k, v in s.labels.items() if k != "model")) == name
+        )
+        assert value == pytest.approx(other), name
+    assert stage_count(bulk.model, "queue") == 5 and stage_count(bulk.model, "compute") == 2
+    assert stage_count(bulk.model, "store") == 2  # only the records that computed

@@ -31,16 +31,22 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.status import Status
 
 from fleet.constants import HEADER_TRACEPARENT, HEADER_TRACESTATE
 from fleet.tracing.wire import carried
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NS = 1_000_000_000
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status()
+_INTERNAL, _CONSUMER = SpanKind.INTERNAL, SpanKind.CONSUMER
 SCOPE = "fleet"
 
 
@@ -84,6 +90,13 @@ class Tracing:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer(SCOPE)
+        # what the worker's after-the-fact spans need of the provider (``_emit``)
+        self._on_end = provider._active_span_processor.on_end
+        self._resource = provider.resource
+        self._ids = provider.id_generator
+        self._sampler = provider.sampler
+        self._parent_based = isinstance(provider.sampler, ParentBased)
+        self._scope = InstrumentationScope(SCOPE)
 
     @classmethod
     def from_environment(cls, service: str, kind: str) -> Tracing:
@@ -172,11 +185,52 @@ class Tracing:
         found = carried(job.delivery.headers, job.request)
         return span_context(*found) if found is not None else None
 
+    def _sampled(self, parent: SpanContext | None, trace_id: int, name: str, kind: SpanKind) -> bool:
+        """The sampler's decision for a span of ``parent`` (None: a new trace). A parent-based sampler (the
+        default) follows a remote parent's flag without being asked, as it would decide."""
+        if parent is not None and self._parent_based:
+            return parent.trace_flags.sampled
+        context = _parent(parent)
+        return self._sampler.should_sample(context, trace_id, name, kind).decision.is_sampled()
+
+    def _emit(
+        self,
+        name: str,
+        trace_id: int,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        start: int,
+        end: int,
+        links: Sequence[Link] = (),
+        state: TraceState | None = None,
+    ) -> SpanContext:
+        """A finished span handed straight to the span processor: what ``Tracer.start_span`` + ``end`` make with
+        explicit times, without a live span object (its locks, limits and sampler call) per span."""
+        context = SpanContext(trace_id, self._ids.generate_span_id(), False, _SAMPLED, state)
+        span = ReadableSpan(
+            name,
+            context,
+            parent,
+            self._resource,
+            attributes,
+            (),
+            links,
+            kind,
+            None,
+            _UNSET,
+            start,
+            max(start, end),
+            self._scope,
+        )
+        self._on_end(span)
+        return context
+
     def settled(self, system: str, model: str, items: Sequence[tuple[Any, Any]]) -> None:
         """The spans of settled jobs (``(Job, terminal record)`` pairs, ``Job.trace`` their incoming context or
-        None), from the instants on the jobs and records. Each traced job's ``trace`` becomes its ``process``
-        span's context (the parent of a DAG hop)."""
-        tracer = self.tracer
+        None), from the instants on the jobs and records. Each sampled job's ``trace`` becomes its ``process``
+        span's context (the parent of a DAG hop); per job: ``queue`` and ``process``; per batch: ``batch``,
+        ``admit``, ``compute`` and ``settle``."""
         computed: list[tuple[Any, Any]] = []
         first: SpanContext | None = None
         links: list[Link] = []
@@ -184,49 +238,39 @@ class Tracing:
             if job.batch_started_at is not None and job.computed_at is not None:
                 computed.append((job, record))
             remote = job.trace
-            if remote is None or job.fetched_at is None:
+            if remote is None or job.fetched_at is None or remote.is_remote is False:
                 continue
-            stored = record.timings.stored if record.timings is not None else None
-            end = _ns(stored if stored is not None else record.finished_at or job.fetched_at)
+            subject = job.delivery.subject
+            if not self._sampled(remote, remote.trace_id, subject, SpanKind.CONSUMER):
+                continue
+            timings = record.timings
+            stored = timings.stored if timings is not None else None
             fetched = _ns(job.fetched_at)
+            job_id = job.job_id or ""
             request = job.request
-            base = {
-                "messaging.system": system,
-                "messaging.destination.name": job.delivery.subject,
-                "messaging.message.id": job.job_id or "",
-                "fleet.model": model,
-            }
-            if record.version:
-                base["fleet.version"] = record.version
-            if record.tenant:
-                base["fleet.tenant"] = record.tenant
-            parent = _parent(remote)
+            trace_id, state = remote.trace_id, remote.trace_state
             if request is not None:
                 queued = min(_ns(request.submitted_at), fetched)
-                queue = tracer.start_span(
-                    f"queue {model}",
-                    parent,
-                    SpanKind.INTERNAL,
-                    {**base, "messaging.operation.type": "receive"},
-                    start_time=queued,
-                )
-                queue.end(fetched)
-            process = tracer.start_span(
-                f"process {job.delivery.subject}",
-                parent,
-                SpanKind.CONSUMER,
-                {**base, "messaging.operation.type": "process", "fleet.job.state": record.state.value},
-                start_time=fetched,
+                attributes = {"messaging.message.id": job_id, "fleet.model": model}
+                self._emit(f"queue {model}", trace_id, remote, _INTERNAL, attributes, queued, fetched, state=state)
+            attributes = {
+                "messaging.system": system,
+                "messaging.destination.name": subject,
+                "messaging.operation.type": "process",
+                "messaging.message.id": job_id,
+                "fleet.model": model,
+                "fleet.job.state": record.state.value,
+            }
+            if record.version:
+                attributes["fleet.version"] = record.version
+            if record.tenant:
+                attributes["fleet.tenant"] = record.tenant
+            end = _ns(stored if stored is not None else record.finished_at or job.fetched_at)
+            job.trace = self._emit(
+                f"process {subject}", trace_id, remote, _CONSUMER, attributes, fetched, end, state=state
             )
             if job.batch_started_at is not None:
-                admit = tracer.start_span(
-                    f"admit {model}", _parent(process.get_span_context()), attributes=base, start_time=fetched
-                )
-                admit.end(max(fetched, _ns(job.batch_started_at)))
-            process.end(max(fetched, end))
-            job.trace = process.get_span_context()
-            if job.batch_started_at is not None:
-                links.append(Link(job.trace, {"messaging.message.id": job.job_id or ""}))
+                links.append(Link(job.trace, {"messaging.message.id": job_id}))
                 if first is None:
                     first = job.trace
         if computed:
@@ -240,8 +284,8 @@ class Tracing:
         parent: SpanContext | None,
         links: list[Link],
     ) -> None:
-        """One ``batch`` span for the jobs that computed together, with ``compute`` and ``settle`` under it."""
-        tracer = self.tracer
+        """One ``batch`` span for the jobs that computed together, with ``admit``, ``compute`` and ``settle``
+        under it; a child of ``parent`` (the first sampled job's ``process`` span), else the root of a trace."""
         fetched = min(_ns(job.fetched_at or job.batch_started_at) for job, _ in jobs)
         started = min(_ns(job.batch_started_at) for job, _ in jobs)
         computed = max(_ns(job.computed_at) for job, _ in jobs)
@@ -249,6 +293,12 @@ class Tracing:
             _ns(r.timings.stored if r.timings is not None and r.timings.stored else job.computed_at) for job, r in jobs
         )
         job, record = jobs[0]
+        if parent is None:
+            trace_id = self._ids.generate_trace_id()
+            if not self._sampled(None, trace_id, f"batch {model}", _CONSUMER):
+                return
+        else:
+            trace_id = parent.trace_id
         attributes: dict[str, Any] = {
             "messaging.system": system,
             "messaging.destination.name": job.delivery.subject,
@@ -259,17 +309,12 @@ class Tracing:
         }
         if record.version:
             attributes["fleet.version"] = record.version
-        batch = tracer.start_span(
-            f"batch {model}", _parent(parent), SpanKind.CONSUMER, attributes, links, start_time=fetched
-        )
-        inside = _parent(batch.get_span_context())
-        compute = tracer.start_span(f"compute {model}", inside, attributes={"fleet.model": model}, start_time=started)
-        compute.end(max(started, computed))
-        settle = tracer.start_span(
-            f"settle {model}", inside, attributes={"fleet.model": model}, links=links, start_time=computed
-        )
-        settle.end(max(computed, stored))
-        batch.end(max(fetched, stored))
+        end = max(fetched, stored)
+        batch = self._emit(f"batch {model}", trace_id, parent, _CONSUMER, attributes, fetched, end, links)
+        inside = {"fleet.model": model}
+        self._emit(f"admit {model}", trace_id, batch, _INTERNAL, inside, fetched, started)
+        self._emit(f"compute {model}", trace_id, batch, _INTERNAL, inside, started, computed)
+        self._emit(f"settle {model}", trace_id, batch, _INTERNAL, inside, computed, stored, links)
 
     @staticmethod
     def parent_of(job: Any, fallback: str | None) -> SpanContext | None:
