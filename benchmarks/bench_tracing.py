@@ -106,6 +106,7 @@ def run_child(tree: Path, env: dict[str, str], args: argparse.Namespace) -> dict
     if proc.returncode != 0:
         raise RuntimeError(f"child on {tree} failed:\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["spans_dropped"] = "dropping" in proc.stderr.lower()  # the batch span processor's queue overflowed
     return result
 
 
@@ -197,6 +198,7 @@ def main() -> None:
         "before_commit": commit,
         "jobs_per_s": {name: [round(r["jobs_per_s"], 1) for r in rs] for name, rs in runs.items()},
         "median_jobs_per_s": {name: round(v, 1) for name, v in median.items()},
+        "runs_that_dropped_spans": {name: sum(r["spans_dropped"] for r in rs) for name, rs in runs.items()},
         "sampled_share": args.share,
         "on_over_off": round(on_off, 4),
         "on_sampled_over_off": round(sampled_off, 4),

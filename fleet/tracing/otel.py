@@ -10,14 +10,14 @@ OpenTelemetry's messaging conventions (``messaging.system``, ``messaging.destina
 
 Spans of one job (its trace, parent: the context its message carries):
 
-* ``submit`` (SERVER, the gateway's ``POST /v1/jobs``; a client's ``traceparent`` header is its parent) and
-  ``publish <subject>`` (PRODUCER: its context is what goes on the wire);
-* at the worker, made after the fact from the instants the worker records (``Job.fetched_at`` ...): ``queue
-  <model>`` (the request's ``submitted_at`` to the fetch), ``process <subject>`` (CONSUMER, fetch to stored) and
-  under it ``admit <model>`` (fetch to the batch's start);
+* ``<method> <route>`` (SERVER, the gateway's request, ``fleet.producers.gateway.tracing_middleware``; a client's
+  ``traceparent`` header is its parent) and ``publish <subject>`` (PRODUCER: its context is what goes on the wire);
+* at the worker, made after the fact from the instants the worker records (``Job.fetched_at`` ...) and handed
+  straight to the span processor (``_emit``): ``queue <model>`` (the request's ``submitted_at`` to the fetch) and
+  ``process <subject>`` (CONSUMER, fetch to stored);
 * ``batch <model>`` (one span per batch, the batch-receiving pattern: a link to each job's context; its parent is
-  the first traced job's ``process`` span, so that job's trace shows it), with ``compute <model>`` and ``settle
-  <model>`` under it;
+  the first traced job's ``process`` span, so that job's trace shows it), with ``admit <model>`` (fetch to the
+  batch's start), ``compute <model>`` and ``settle <model>`` under it;
 * for a DAG run, one trace: ``run <dag>`` at its start, and ``hop <dag>`` under the ``process`` span of the step
   that launched the next ones, whose ``publish`` spans it parents.
 """
@@ -273,7 +273,7 @@ class Tracing:
                 links.append(Link(job.trace, {"messaging.message.id": job_id}))
                 if first is None:
                     first = job.trace
-        if computed:
+        if computed and first is not None:  # a batch without a sampled job makes no spans (it would be a trace alone)
             self._batch(system, model, computed, first, links)
 
     def _batch(
@@ -281,11 +281,11 @@ class Tracing:
         system: str,
         model: str,
         jobs: list[tuple[Any, Any]],
-        parent: SpanContext | None,
+        parent: SpanContext,
         links: list[Link],
     ) -> None:
         """One ``batch`` span for the jobs that computed together, with ``admit``, ``compute`` and ``settle``
-        under it; a child of ``parent`` (the first sampled job's ``process`` span), else the root of a trace."""
+        under it; a child of ``parent`` (the first sampled job's ``process`` span)."""
         fetched = min(_ns(job.fetched_at or job.batch_started_at) for job, _ in jobs)
         started = min(_ns(job.batch_started_at) for job, _ in jobs)
         computed = max(_ns(job.computed_at) for job, _ in jobs)
@@ -293,12 +293,7 @@ class Tracing:
             _ns(r.timings.stored if r.timings is not None and r.timings.stored else job.computed_at) for job, r in jobs
         )
         job, record = jobs[0]
-        if parent is None:
-            trace_id = self._ids.generate_trace_id()
-            if not self._sampled(None, trace_id, f"batch {model}", _CONSUMER):
-                return
-        else:
-            trace_id = parent.trace_id
+        trace_id = parent.trace_id
         attributes: dict[str, Any] = {
             "messaging.system": system,
             "messaging.destination.name": job.delivery.subject,
