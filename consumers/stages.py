@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 from prometheus_client.samples import Exemplar
@@ -54,22 +55,36 @@ class StageHistograms:
         self._bulk = all(hasattr(child, a) for child in self._children.values() for a in _INTERNALS)
 
     def observe(self, records: Iterable[JobRecord]) -> None:
-        """Each stage of each record that has timings (a stage whose two ends are not both known is skipped)."""
+        """Each stage of each record that has timings (a stage whose two ends are not both known is skipped). The
+        jobs of a batch share their batch's instants: those stages are worked out once per run of equal instants."""
         values: tuple[list[float], ...] = ([], [], [], [])
         exemplars: tuple[list[tuple[int, str]], ...] = ([], [], [], [])  # (index in values, trace id)
+        queue, later = values[0], values[1:]
+        shared: tuple[float | None, ...] = ()
+        durations: list[tuple[int, float]] = []  # (stage, seconds) of the shared instants
         for record in records:
             t = record.timings
             if t is None:
                 continue
             d = t.__dict__
-            ends = (d["queued"], d["fetched"], d["batch_started"], d["computed"], d["stored"])
+            queued, fetched = d["queued"], d["fetched"]
+            instants = (fetched, d["batch_started"], d["computed"], d["stored"])
+            if instants != shared:
+                shared = instants
+                durations = [
+                    (stage, end - start)
+                    for stage, (start, end) in enumerate(pairwise(instants))
+                    if start is not None and end is not None
+                ]
             trace_id = record.trace_id
-            for stage in range(4):
-                start, end = ends[stage], ends[stage + 1]
-                if start is not None and end is not None:
-                    if trace_id:
-                        exemplars[stage].append((len(values[stage]), trace_id))
-                    values[stage].append(end - start)
+            if queued is not None and fetched is not None:
+                if trace_id:
+                    exemplars[0].append((len(queue), trace_id))
+                queue.append(fetched - queued)
+            for stage, seconds in durations:
+                if trace_id:
+                    exemplars[stage + 1].append((len(later[stage]), trace_id))
+                later[stage].append(seconds)
         for stage, amounts in enumerate(values):
             if amounts:
                 self._add(self._children[STAGES[stage]], amounts, exemplars[stage])
