@@ -20,8 +20,11 @@ from fleet import constants as c
 from fleet import tracing
 from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
+from fleet.consumers.stages import StageHistograms
 from fleet.consumers.worker import Worker
 from fleet.errors import ConfigError
+from fleet.schemas.jobs import JobState, StageTimings
+from fleet.store import transitions
 from fleet.tracing import wire
 from fleet.tracing.caller import trace_headers
 from fleet.tracing.config import exporter
@@ -126,3 +129,33 @@ def test_the_sdk_sends_the_callers_current_span_and_nothing_without_one() -> Non
     ctx = SpanContext(int("3" * 32, 16), int("4" * 16, 16), is_remote=False, trace_flags=TraceFlags(1))
     with trace.use_span(NonRecordingSpan(ctx)):
         assert trace_headers() == {c.HEADER_TRACEPARENT: HEADER}
+
+
+async def test_metrics_answer_openmetrics_with_exemplars_to_a_scraper_that_asks(unique: str) -> None:
+    from tests.gateway_helpers import asgi_gateway
+    from tests.infra import settings_for
+
+    StageHistograms(f"om-{unique}").observe(
+        [
+            transitions.finished(
+                None,
+                "j",
+                JobState.succeeded,
+                model="m",
+                output=None,
+                error=None,
+                worker_id=None,
+                now=3.0,
+                timings=StageTimings(queued=1.0, fetched=2.0),
+                trace_id=wire.trace_id(HEADER),
+            )
+        ]
+    )
+    async with asgi_gateway(settings_for("memory", {})) as (_, http):
+        plain = await http.get("/metrics")
+        open_metrics = await http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert plain.headers["content-type"].startswith("text/plain") and "# {" not in plain.text
+    assert open_metrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert open_metrics.text.rstrip().endswith("# EOF")
+    line = next(x for x in open_metrics.text.splitlines() if f'model="om-{unique}",stage="queue"' in x and "# {" in x)
+    assert f'trace_id="{wire.trace_id(HEADER)}"' in line
