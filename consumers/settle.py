@@ -256,10 +256,7 @@ class Settler:
         worker_id = self.worker_id
         trace_id = None
         if self.tracing is not None:
-            if job.trace is None:
-                job.trace = self.tracing.job_context(job)
-            if job.trace is not None:
-                trace_id = f"{job.trace.trace_id:032x}"
+            trace_id = self.tracing.trace_id_of(job)
         return Finish(
             job.job_id,
             state,

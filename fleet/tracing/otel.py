@@ -180,6 +180,19 @@ class Tracing:
 
     # -- the worker: spans made after the fact ----------------------------------------------------------------
     @staticmethod
+    def trace_id_of(job: Any) -> str | None:
+        """The trace id (32 hex) of a delivered job's trace, or None; the first call keeps what its message carries
+        in ``job.trace`` (``(traceparent, tracestate)``: no OpenTelemetry object until a span is made of it)."""
+        trace = job.trace
+        if trace is None:
+            trace = job.trace = carried(job.delivery.headers, job.request)
+            if trace is None:
+                return None
+        if trace.__class__ is tuple:
+            return str(trace[0][3:35])
+        return f"{trace.trace_id:032x}"
+
+    @staticmethod
     def job_context(job: Any) -> SpanContext | None:
         """The context a delivered job's message carries (header, else body field), or None."""
         found = carried(job.delivery.headers, job.request)
@@ -237,11 +250,14 @@ class Tracing:
         for job, record in items:
             if job.batch_started_at is not None and job.computed_at is not None:
                 computed.append((job, record))
-            remote = job.trace
-            if remote is None or job.fetched_at is None or remote.is_remote is False:
+            found = job.trace  # (traceparent, tracestate) as the message carried it (``trace_id_of``), or None
+            if found.__class__ is not tuple or job.fetched_at is None:
                 continue
             subject = job.delivery.subject
-            if not self._sampled(remote, remote.trace_id, subject, SpanKind.CONSUMER):
+            if self._parent_based and not int(found[0][54], 16) & 1:  # not sampled upstream: no context built
+                continue
+            remote = span_context(*found)
+            if not self._parent_based and not self._sampled(remote, remote.trace_id, subject, _CONSUMER):
                 continue
             timings = record.timings
             stored = timings.stored if timings is not None else None
@@ -318,6 +334,8 @@ class Tracing:
         ctx = getattr(job, "trace", None)
         if isinstance(ctx, SpanContext):
             return ctx
+        if isinstance(ctx, tuple):  # not sampled, or made no span: the context it carried
+            return span_context(*ctx)
         return span_context(fallback) if fallback else None
 
 
