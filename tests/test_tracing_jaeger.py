@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from fleet import constants as c
 from fleet import tracing
@@ -125,6 +126,8 @@ async def test_a_dag_run_through_nats_and_redis_is_one_trace_with_every_hop(
             assert run["state"] == "succeeded", run
             job_ids = [job for step in ("a", "b") for job in run["steps"][step]["job_ids"]]
             records = [(await http.get(f"/v1/jobs/{job_id}")).json() for job_id in job_ids]
+        hops = REGISTRY.get_sample_value("fleet_job_stage_seconds_count", {"model": gw.echo, "stage": "hop"})
+        assert hops == 1  # step a's record written to step b published: the one hop of the run
         trace_ids = {record["trace_id"] for record in records}
         assert len(trace_ids) == 1 and None not in trace_ids, records  # both steps: one trace
         (trace_id,) = trace_ids

@@ -16,6 +16,8 @@ from fleet.producers.gateway.metrics import route_label
 
 
 class TracingMiddleware:
+    """Pure ASGI middleware: one SERVER span per HTTP request (WebSockets pass through untraced)."""
+
     def __init__(self, app: ASGIApp, tracing: Any) -> None:
         self.app = app
         self.tracing = tracing
