@@ -145,6 +145,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "Priorities under overload: latency of high, normal and low jobs on one worker offered more than it can do.",
     ),
     Benchmark(
+        "tracing",
+        "benchmarks.bench_tracing",
+        (),
+        "Job throughput of an echo worker over NATS + Redis with tracing exporting to a real Jaeger, with it off, "
+        "and on the commit before tracing (a temporary git worktree), interleaved in fresh processes.",
+    ),
+    Benchmark(
         "peers",
         "benchmarks.bench_peers",
         (),

@@ -63,16 +63,20 @@ class Admission:
         self.settler = settler
         self.max_deliveries = settler.max_deliveries
 
-    async def admit(self, batch: list[Delivery], parsed: list[Job | None] | None = None) -> list[Job]:
+    async def admit(
+        self, batch: list[Delivery], parsed: list[Job | None] | None = None, fetched_at: float | None = None
+    ) -> list[Job]:
         """The jobs of ``batch`` that may run; everything else in it is settled. Never raises (but cancellation).
 
-        ``parsed`` holds, per delivery, the job it was already parsed into (to weigh its cost), or ``None``.
+        ``parsed`` holds, per delivery, the job it was already parsed into (to weigh its cost), or ``None``;
+        ``fetched_at`` (unix seconds) is when the batch was handed over (``Job.fetched_at``).
         """
         given = parsed or [None] * len(batch)
         jobs = [job or parse_delivery(delivery, self.spec) for delivery, job in zip(batch, given, strict=True)]
         candidates: list[Job] = []
         rejected: list[tuple[Job, JobError]] = []
         for job in jobs:
+            job.fetched_at = fetched_at
             if job.error is not None:
                 rejected.append((job, job.error))
             elif poisoned(job.delivery.delivery_count, self.max_deliveries):

@@ -104,3 +104,15 @@ def export_objectives(model: str, latency_s: float, latency_target: float, error
     """Publish a model's SLO targets; ``latency_s`` is labelled as the histogram labels its bucket."""
     SLO_LATENCY_OBJECTIVE.labels(model, floatToGoString(latency_s)).set(latency_target)
     SLO_ERROR_OBJECTIVE.labels(model).set(error_target)
+
+
+# Where jobs' time went (fleet.consumers.stages): one observation per job and stage, with the job's trace id as
+# the exemplar when it was traced (shown by the OpenMetrics exposition: Accept: application/openmetrics-text).
+STAGE_SECONDS = Histogram(
+    "fleet_job_stage_seconds",
+    "Seconds a job spent in a stage: queue (published to fetched), batch_wait (fetched to its batch's start), "
+    "compute, store (computed to its record written) and hop (a DAG step's record written to its next steps "
+    "published)",
+    ["model", "stage"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)

@@ -42,7 +42,8 @@ class Job:
     computed_at: float | None = None
     device_seconds: float | None = None  # its share of its batch's compute time (by cost), set after compute
     cost: int | None = None  # the handler's cost(input), weighed when fetched (None: not weighed)
-    trace: Any = None  # the job's trace context while it is in the worker (fleet.tracing; None: not traced)
+    trace: Any = None  # the job's trace context while it is in the worker (fleet.tracing: what its message carried,
+    # then its process span's context; None: not traced)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

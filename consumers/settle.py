@@ -43,6 +43,7 @@ from fleet.consumers.acks import Action, decide, for_stored
 from fleet.consumers.crashes import start_of
 from fleet.consumers.outage import StoreOutage
 from fleet.consumers.requests import Job
+from fleet.consumers.stages import StageHistograms, timings_of
 from fleet.consumers.stats import WorkerStats
 from fleet.consumers.usage import usage_of
 from fleet.consumers.usage_buffer import UsageBuffer
@@ -136,6 +137,8 @@ class Settler:
         self._counters: dict[str, Any] = {}
         self._latency = metrics.JOB_LATENCY.labels(model)
         self._device_seconds: dict[tuple[str, str, str], Any] = {}  # the metric's children, by labels
+        self.stages = StageHistograms(model)
+        self.tracing: Any = None  # the process's fleet.tracing Tracing when tracing is on (the worker sets it)
 
     # -- outcomes -------------------------------------------------------------------------------------------
     async def results(self, jobs: list[Job], results: list[Any]) -> None:
@@ -280,6 +283,9 @@ class Settler:
         assert job.job_id is not None
         tenant = tenant_of(job)
         worker_id = self.worker_id
+        trace_id = None
+        if self.tracing is not None:
+            trace_id = self.tracing.trace_id_of(job)
         return Finish(
             job.job_id,
             state,
@@ -290,6 +296,8 @@ class Settler:
             tenant=tenant,
             version=job.version,
             device_seconds=job.device_seconds,
+            timings=timings_of(job),
+            trace_id=trace_id,
         )
 
     async def _store_and_settle(self, items: list[tuple[Job, Finish]], patient: bool) -> None:
@@ -309,11 +317,20 @@ class Settler:
             await asyncio.gather(*(self.release(job.delivery) for job, _ in items))
             return
         settled = [(job, record, won) for (job, _), (won, record) in zip(items, stored, strict=True)]
+        self.stages.observe(record for _, record, won in settled if won)
+        if self.tracing is not None:  # before the hooks: a DAG hop is a child of its job's process span
+            self._trace([(job, record) for job, record, won in settled if won])
         foreign = [job for job, record, won in settled if not won and self.foreign(job, record)]
         if foreign:  # rare: the store handed back another job's record and wrote nothing
             settled = [(job, record, won) for job, record, won in settled if won or not self.foreign(job, record)]
             await self.conflicts(foreign)
         await self.stored(settled)
+
+    def _trace(self, items: list[tuple[Job, JobRecord]]) -> None:
+        try:
+            self.tracing.settled(self.broker.scheme, self.model, items)
+        except Exception:  # a tracing defect never holds up a settle
+            log.exception("worker %s: the spans of %d jobs were not recorded", self.worker_id, len(items))
 
     async def _run_hooks(self, job: Job, record: JobRecord, won: bool) -> bool:
         try:

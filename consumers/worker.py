@@ -50,6 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from fleet import constants as c
+from fleet import tracing
 from fleet.brokers.base import Broker, Delivery, Subscription
 from fleet.brokers.prioritized import subscribe_inbox, subscribe_priorities
 from fleet.consumers import gpu_stats, metrics
@@ -324,6 +325,7 @@ class Worker:
     async def start(self) -> None:
         """Check the broker, load and warm up the model, then start taking work. On failure nothing is left running."""
         try:
+            self.settler.tracing = tracing.start("fleet-worker")  # None unless the OTEL_* environment asks
             await self.broker.ensure_model(self.model)  # a broker misconfiguration surfaces before a slow load
             self._aux_tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"))
             if self.usage is not None:
@@ -414,6 +416,8 @@ class Worker:
         with contextlib.suppress(KeyError):
             metrics.REPLICAS_BUSY.remove(self.model, self.worker_id)
         self._device_gauges.clear()
+        if self.settler.tracing is not None:
+            await asyncio.to_thread(self.settler.tracing.flush)
         log.info("worker %s stopped after %d items", self.worker_id, self.stats.items)
 
     async def _mark_draining(self) -> None:
@@ -493,13 +497,14 @@ class Worker:
                 continue
             if not batch:  # every fetched message, held over ones included, is in self.held already
                 continue
+            fetched_at = time.time()
             self._window.fetched(collector.closed_full)
             if self._announcer is not None:
                 self._announcer.on_assigned(batch)
                 count_prior_deliveries(batch)
             self._in_flight.set(len(self.held))
             # Parsing and moving jobs to running overlap the previous batch's compute, and the next fetch.
-            admission = asyncio.create_task(self._admit_batch(batch), name=f"{self.worker_id}-admit")
+            admission = asyncio.create_task(self._admit_batch(batch, fetched_at), name=f"{self.worker_id}-admit")
             self._admissions.add(admission)
             admission.add_done_callback(self._admissions.discard)
             if limit is not None and self.breaker.take_probe():
@@ -526,11 +531,12 @@ class Worker:
             return 1
         return job.cost
 
-    async def _admit_batch(self, batch: list[Delivery]) -> list[Job]:
-        """Admit a fetched batch: the jobs that may compute. Never raises (but cancellation)."""
+    async def _admit_batch(self, batch: list[Delivery], fetched_at: float | None = None) -> list[Job]:
+        """Admit a fetched batch (handed over at ``fetched_at``): the jobs that may compute. Never raises (but
+        cancellation)."""
         parsed = [self._parsed.pop(id(d), None) for d in batch] if self._parsed else None
         try:
-            return await self.admission.admit(batch, parsed)
+            return await self.admission.admit(batch, parsed, fetched_at)
         except Exception:  # a defect, not a message: admission settles every message problem itself
             log.exception("worker %s: could not admit a batch; handing it back", self.worker_id)
             await asyncio.gather(*(self.settler.release(d, 1.0) for d in batch))
@@ -711,12 +717,17 @@ class Worker:
         and return for the next batch."""
         t0 = time.perf_counter()
         handler = handler or self.handler
+        started_at = time.time()
         self._computing[id(jobs)] = jobs
         try:
             results = await self._predict(jobs, handler)
         finally:
             del self._computing[id(jobs)]
         compute_ms = (time.perf_counter() - t0) * 1000
+        computed_at = time.time()
+        for job in jobs:
+            job.batch_started_at = started_at
+            job.computed_at = computed_at
         weigh(jobs, handler)
         share_device_seconds(jobs, compute_ms / 1000)
         if self.breaker.config is not None:

@@ -35,12 +35,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from fleet import constants as c
-from fleet import tenancy
+from fleet import tenancy, tracing
 from fleet.brokers.base import Broker
 from fleet.dags import evaluate, limits
 from fleet.dags.spec import load_spec
@@ -76,6 +76,9 @@ class DagRunner:
         self.models = dict(models or {})
         self._compiled: dict[tuple[str, int], CompiledDag] = {}
         self._joining: dict[str, list[tuple[DagContext, JobRecord, asyncio.Future[None]]]] = {}
+        # hears of each settled step whose result launched the next steps: (its record, seconds from its record's
+        # write to their publish); the worker's stage histograms (``hop``)
+        self.on_hop: Callable[[JobRecord, float], None] | None = None
 
     # -- specs ------------------------------------------------------------------------------------------------
     async def register(
@@ -156,7 +159,13 @@ class DagRunner:
         _stamp(doc, None, state, now)
         if over:  # over at its start: nothing will settle it later
             doc["finished_at"] = now
-        created, doc = await self.dags.create_run(scoped(run_id, tenant), doc)
+        traced = tracing.active()
+        if traced is None:
+            created, doc = await self.dags.create_run(scoped(run_id, tenant), doc)
+        else:  # the run is one trace: this span is its root (or a child of the caller's, e.g. the REST request's)
+            with traced.span(f"run {name}", {"fleet.dag": name, "fleet.dag.run": run_id, "fleet.tenant": tenant or ""}):
+                doc["traceparent"] = traced.current_traceparent()
+                created, doc = await self.dags.create_run(scoped(run_id, tenant), doc)
         if not created and tenancy.owner(doc.get("tenant")) != tenancy.owner(tenant):
             raise RunIdTaken(run_id)  # only a run from before namespaces, under the default tenant's bare id
         await self._publish_outstanding(doc)
@@ -203,7 +212,7 @@ class DagRunner:
         finally:
             del self._joining[sid]
         try:
-            await self._continue(sid, ref, ctx, [(c, r) for c, r, _ in batch])
+            await self._continue(sid, ref, ctx, [(c, r) for c, r, _ in batch], job)
         except BaseException as exc:
             for _, _, other in batch[1:]:
                 if not other.done():
@@ -213,7 +222,9 @@ class DagRunner:
             if not other.done():
                 other.set_result(None)
 
-    async def _continue(self, sid: str, ref: str, ctx: DagContext, results: list[tuple[DagContext, JobRecord]]) -> None:
+    async def _continue(
+        self, sid: str, ref: str, ctx: DagContext, results: list[tuple[DagContext, JobRecord]], job: Any = None
+    ) -> None:
         _, dag = await self.compiled(ref, ctx.version)
         change = _Change(dag, results)
         current = await self.dags.get_run(sid)
@@ -229,12 +240,34 @@ class DagRunner:
         # A change publishes what it launched (the jobs it rendered). A result the run had already means a
         # redelivery: the settle that recorded it may have died before publishing, so everything the run has
         # outstanding goes out again.
+        traced = tracing.active()
+        if traced is None or not (change.replayed or change.launches):
+            await self._publish_next(before, after, change)
+        else:  # the hop: a child of the settled step's process span, parent of the next steps' publish spans
+            parent = traced.parent_of(job, after.get("traceparent"))
+            attributes = {"fleet.dag": ctx.dag, "fleet.dag.run": ctx.run, "fleet.dag.step": ctx.step}
+            with traced.span(f"hop {ctx.dag}", attributes, parent=parent):
+                await self._publish_next(before, after, change)
+        if change.launches and not change.replayed:
+            self._hopped(results, job)
+        if after is not before and after.get("finished_at") is not None and before.get("finished_at") is None:
+            await self._cancel_outstanding(dag, after)
+
+    async def _publish_next(self, before: RunDoc, after: RunDoc, change: _Change) -> None:
         if change.replayed:
             await self._publish_outstanding(after)
         elif after is not before:
             await self._publish_launches(after, change.launches)
-        if after is not before and after.get("finished_at") is not None and before.get("finished_at") is None:
-            await self._cancel_outstanding(dag, after)
+
+    def _hopped(self, results: list[tuple[DagContext, JobRecord]], job: Any) -> None:
+        """The hop stage of the steps whose results launched the next ones: record written to next published."""
+        if self.on_hop is None:
+            return
+        now = time.time()
+        for _, record in results:
+            stored = record.timings.stored if record.timings is not None else None
+            if stored is not None:
+                self.on_hop(record, now - stored)
 
     async def cancel(
         self,
@@ -324,9 +357,17 @@ class DagRunner:
             ),
             tenant=doc.get("tenant"),
         )
-        await self.broker.publish(
-            c.request_subject(launch.model), message.model_dump_json().encode(), msg_id=job.job_id
-        )
+        subject = c.request_subject(launch.model)
+        traced = tracing.active()
+        if traced is None:
+            await self.broker.publish(subject, message.model_dump_json().encode(), msg_id=job.job_id)
+            return
+        headers: dict[str, str] = {}
+        # a PRODUCER span under the hop, else under the run's root span (its start, a republish)
+        with traced.resumed(None if traced.current_traceparent() else doc.get("traceparent")):
+            with traced.publish(self.broker.scheme, subject, job.job_id, launch.model, headers, tenant=message.tenant):
+                data = message.model_dump_json().encode()
+                await self.broker.publish(subject, data, msg_id=job.job_id, headers=headers)
 
     async def _cancel_outstanding(self, dag: CompiledDag, doc: RunDoc) -> None:
         """Cancel the jobs of a run that is over which have no result yet, so that no worker computes them."""

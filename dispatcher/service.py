@@ -290,6 +290,11 @@ class Dispatcher:
             headers[c.HEADER_TOKEN] = str(choice.token)
         if assignment.version is not None:
             headers[c.HEADER_VERSION] = assignment.version
+        if assignment.deliveries:  # the request's trace context goes on to the worker as it came (fleet.tracing)
+            carried = assignment.deliveries[0].headers
+            for name in (c.HEADER_TRACEPARENT, c.HEADER_TRACESTATE):
+                if name in carried:
+                    headers[name] = carried[name]
         assignment.attempts += 1
         try:
             await self.broker.publish(

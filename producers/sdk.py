@@ -57,6 +57,7 @@ from fleet.producers.sdk_http import GatewayUnreachable, make_http
 from fleet.schemas.api import BatchItemResult, BatchResponse, JobPage, JobSummary
 from fleet.schemas.jobs import JobRecord, JobState
 from fleet.schemas.usage import UsageReport
+from fleet.tracing.caller import trace_headers
 
 __all__ = [
     "FleetClient",
@@ -282,6 +283,8 @@ class FleetClient:
     async def _request(self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
         if self._auth:
             kwargs["headers"] = {**self._auth, **(kwargs.get("headers") or {})}
+        if traced := trace_headers():  # the caller's current span, when it has one: the gateway joins its trace
+            kwargs["headers"] = {**traced, **(kwargs.get("headers") or {})}
         if kwargs.get("json") is not None:  # serialised here, strictly: a value JSON cannot carry is refused now
             kwargs["content"] = request_json(kwargs.pop("json"))
             kwargs["headers"] = {"content-type": "application/json", **(kwargs.get("headers") or {})}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the servers the tests start are installed: Redis and NATS from Debian's packages, kcat for the Kafka
 # interop test, Chromium for the operator dashboard's browser tests, promtool (Debian's prometheus) for the alert
-# rules' tests, and Java 17 + Maven, which fetch and run
+# rules' tests, Jaeger (built with Go, cached) for the tracing tests, and Java 17 + Maven, which fetch and run
 # Apache Kafka (tests/kafka_service.py caches the jars).
 # The test fixtures start the servers on free ports; this only installs what is missing.
 set -euo pipefail
@@ -23,3 +23,5 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# Jaeger for the tracing tests: built from the Go module proxy once, cached (scripts/jaeger/build.sh)
+bash "$(dirname "$0")/jaeger/build.sh" >/dev/null

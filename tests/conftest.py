@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests import fast_lane, services
+from tests.jaeger_service import Jaeger
 
 pytest_plugins = ["pytester"]  # tests/test_fast_lane.py runs the fast lane's guard in a pytest run of its own
 
@@ -83,3 +84,12 @@ def kafka_url() -> Iterator[str]:
 
     with kafka_server() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def jaeger() -> Iterator[Jaeger]:
+    """A real Jaeger (OTLP/HTTP receiver and query API, ``tests/jaeger_service.py``) or FLEET_TEST_JAEGER_*."""
+    from tests.jaeger_service import jaeger_server
+
+    with jaeger_server() as server:
+        yield server

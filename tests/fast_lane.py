@@ -32,6 +32,7 @@ SERVER_FIXTURES = frozenset(
         "nats_url",
         "kafka_url",
         "redis_cluster_url",
+        "jaeger",
         # fixtures starting servers of their own
         "private_redis",  # tests/contract/test_store_contract.py
         "aof_server",  # tests/contract/test_store_contract.py

@@ -80,6 +80,45 @@ def test_building_an_echo_worker_imports_no_gateway_fastapi_faiss_kubernetes_aut
     assert imported_after(WORKER, SERVER) == set()
 
 
+# What Fleet's tracing would import: the tracing SDK, the exporter, the W3C propagator. (Not ``opentelemetry`` itself:
+# redis-py 7 imports OpenTelemetry's metrics API for its own observability whenever the package is installed.)
+OTEL = (
+    "fleet.tracing.otel",
+    "opentelemetry.sdk.trace",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.exporter.otlp.proto.http",
+    "opentelemetry.trace.propagation.tracecontext",
+)
+RUNNING_ECHO = """
+import asyncio
+from fleet import tracing
+from fleet.brokers import make_broker
+from fleet.cli.compose import build_worker
+from fleet.settings import FleetSettings
+from fleet.store.memory import MemoryStore
+from tests.infra import publish_requests, wait_terminal
+
+async def main():
+    settings = FleetSettings(broker_url="memory://", models="echo")
+    broker, store = make_broker(settings), MemoryStore(job_ttl_s=60)
+    await broker.connect()
+    async with build_worker("echo", broker, store, settings):
+        ids = await publish_requests(broker, "echo", [{"text": "a"}], "off")
+        record = (await wait_terminal(store, ids))[ids[0]]
+    assert record.timings is not None and record.trace_id is None and tracing.active() is None
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_with_tracing_off_imports_no_tracing_sdk_exporter_or_propagator() -> None:
+    """No ``OTEL_*`` exporter or endpoint: a worker that ran a job (timings recorded) imported none of it."""
+    assert imported_after(RUNNING_ECHO, OTEL) == set()
+    assert imported_after("from fleet.tracing import otel", OTEL) == set(OTEL) - {
+        "opentelemetry.exporter.otlp.proto.http"
+    }
+
+
 def test_the_gateway_side_does_import_them() -> None:
     """The probe sees what it looks for: the module that serves the gateway imports FastAPI and the autoscaler."""
     assert {"fastapi", "uvicorn", "fleet.producers.gateway", "fleet.autoscaler"} <= imported_after(

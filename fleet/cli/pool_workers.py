@@ -127,7 +127,9 @@ def build_pool_worker(
     version's, not loaded: it weighs input costs)."""
     stores = stores or Stores.beside(store)
     worker = Worker(handler, broker, store, settings=settings, stores=stores, pool=pool, versions=served, **overrides)
-    worker.settler.on_settled.append(DagRunner(broker, store, stores.dags).on_settled)
+    runner = DagRunner(broker, store, stores.dags)
+    runner.on_hop = worker.settler.stages.on_hop
+    worker.settler.on_settled.append(runner.on_settled)
     outcomes = VersionOutcomes(store, stores.rollouts, runtimes_of(Repository.from_settings(settings)))
     worker.settler.on_settled.append(outcomes.on_settled)
     return worker

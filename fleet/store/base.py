@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.jobs import JobError, JobRecord, JobState, StageTimings
 from fleet.store.jobindex import Position, Scope
 
 
@@ -76,6 +76,8 @@ class Finish:
     tenant: str | None = None  # written into a record the finish creates (a job that had none)
     version: str | None = None  # the model version that answered (None: the record keeps its own)
     device_seconds: float | None = None  # the job's share of its batch's compute time (None: it did not compute)
+    timings: StageTimings | None = None  # the run's stage instants; the store sets ``stored`` as it writes
+    trace_id: str | None = None  # the job's W3C trace id, when it was traced
 
 
 class ResultStore(Protocol):

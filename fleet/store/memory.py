@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from fleet.schemas.jobs import JobError, JobRecord, JobState
+from fleet.schemas.jobs import JobError, JobRecord, JobState, StageTimings
 from fleet.store import transitions
 from fleet.store.base import Finish, Start
 from fleet.store.jobindex import MemoryIndex, Position, Scope
@@ -130,6 +130,8 @@ class MemoryStore:
         tenant: str | None = None,
         version: str | None = None,
         device_seconds: float | None = None,
+        timings: StageTimings | None = None,
+        trace_id: str | None = None,
     ) -> tuple[bool, JobRecord]:
         current = await self.get(job_id)
         if current is not None and current.terminal:
@@ -146,6 +148,8 @@ class MemoryStore:
             tenant=tenant,
             version=version,
             device_seconds=device_seconds,
+            timings=timings,
+            trace_id=trace_id,
         )
         raw = transitions.record_json(record)
         self._write(job_id, raw)
@@ -196,6 +200,8 @@ class MemoryStore:
                     tenant=i.tenant,
                     version=i.version,
                     device_seconds=i.device_seconds,
+                    timings=i.timings,
+                    trace_id=i.trace_id,
                 )
             )
         return results

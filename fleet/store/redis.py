@@ -574,6 +574,8 @@ class RedisStore:
                 tenant=it.tenant,
                 version=it.version,
                 device_seconds=it.device_seconds,
+                timings=it.timings,
+                trace_id=it.trace_id,
             )
 
         return await self._cas_many(items, step, publish=True)

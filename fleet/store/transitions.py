@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from fleet.constants import DEFAULT_TENANT
 from fleet.schemas.construct import built
-from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState
+from fleet.schemas.jobs import TERMINAL_STATES, JobError, JobRecord, JobState, StageTimings
 from fleet.store.packed import pack
 
 _SERIALIZER = JobRecord.__pydantic_serializer__
@@ -104,6 +104,9 @@ def record_json(record: JobRecord) -> bytes:
     read either form with ``parse_record``)."""
     try:
         values = {name: value for name, value in record.__dict__.items() if value is not None}
+        timings = values.get("timings")
+        if timings is not None:  # on every record a worker ends: its floats as they are, not through ``default``
+            values["timings"] = timings.__dict__
         if values.get("output").__class__ is dict:  # may hold base64 vectors to pack
             packed = pack(values, _dumps)
             if packed is not None:
@@ -171,16 +174,21 @@ def finished(
     tenant: str | None = None,
     version: str | None = None,
     device_seconds: float | None = None,
+    timings: StageTimings | None = None,
+    trace_id: str | None = None,
 ) -> JobRecord:
     """The terminal record that replaces a non-terminal ``current`` (or stands alone when there is none, then of
     ``tenant``); ``version`` names the model version that answered (None: the record keeps its own);
-    ``device_seconds`` is the job's share of its batch's compute (None: it did not compute here)."""
+    ``device_seconds`` is the job's share of its batch's compute (None: it did not compute here). ``timings`` (the
+    run's stage instants) get ``stored`` = ``now`` and go into the record, as ``trace_id`` does when given."""
     if state.__class__ is not JobState:
         state = JobState(state)
     if state not in TERMINAL_STATES:
         raise ValueError(f"finish() needs a terminal state, got {state.value!r}")
     if error is not None and not isinstance(error, JobError):
         error = JobError.model_validate(error)
+    if timings is not None:
+        timings.__dict__["stored"] = now  # built by the settler for this write: no validation needed
     if current is None:
         return _fresh(
             job_id,
@@ -194,6 +202,8 @@ def finished(
             tenant=tenant,
             version=version,
             device_seconds=device_seconds,
+            timings=timings,
+            trace_id=trace_id,
         )
     values = dict(current.__dict__)
     values["state"] = state
@@ -205,4 +215,8 @@ def finished(
         values["worker_id"] = worker_id
     if version is not None:
         values["version"] = version
+    if timings is not None:
+        values["timings"] = timings
+    if trace_id is not None:
+        values["trace_id"] = trace_id
     return trusted(values)

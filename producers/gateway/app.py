@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from fleet import tracing
 from fleet.brokers.base import Broker
 from fleet.dags.runner import DagRunner
 from fleet.errors import ConfigError
@@ -53,6 +54,7 @@ from fleet.producers.gateway.operator.deadletter_recorder import DeadLetterRecor
 from fleet.producers.gateway.operator.feed import OperatorFeed
 from fleet.producers.gateway.policies import TrafficPolicies
 from fleet.producers.gateway.state import GatewayState
+from fleet.producers.gateway.tracing_middleware import TracingMiddleware
 from fleet.producers.gateway.usage import routes as usage_routes
 from fleet.readiness import WorkerTracker
 from fleet.repository.layout import Repository
@@ -269,6 +271,7 @@ def _lifespan(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_access(gate)
         async with AsyncExitStack() as stack:
+            stack.callback(tracing.flush)  # last: the spans of the requests served go out before the process ends
             try:
                 state = await _open_state(stack, settings, limits, gate, auth_mode, given)
             except Exception as exc:  # uvicorn logs it and gives up; the command that runs the app says why
@@ -390,6 +393,9 @@ def create_app(
     app.add_middleware(MetricsMiddleware)
     app.include_router(history.router)
     app.include_router(batch.router)
+    traced = tracing.start("fleet-gateway")  # None unless the OTEL_* environment asks (fleet.tracing)
+    if traced is not None:  # outermost: the SERVER span covers the whole request
+        app.add_middleware(TracingMiddleware, tracing=traced)
     app.include_router(job_routes.router)
     app.include_router(infer.router)
     app.include_router(ws.router)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fleet import constants as c
-from fleet import tenancy
+from fleet import tenancy, tracing
 from fleet.brokers.base import Broker
 from fleet.errors import BrokerUnavailable, JobNotFound, QueueFull, StoreError
 from fleet.producers.gateway.limits import GatewayLimits
@@ -171,10 +171,15 @@ async def publish_request(
     if version is not None:
         headers[c.HEADER_VERSION] = version
     timeout_s = limits.publish_timeout_s
+    traced = tracing.active()
     try:
         async with asyncio.timeout(timeout_s):
             subject = c.request_subject(model, priority)
-            await broker.publish(subject, data, msg_id=msg_id or job_id, headers=headers)
+            if traced is None:
+                await broker.publish(subject, data, msg_id=msg_id or job_id, headers=headers)
+            else:  # a PRODUCER span whose context the message carries (traceparent / tracestate headers)
+                with traced.publish(broker.scheme, subject, job_id, model, headers, version=version):
+                    await broker.publish(subject, data, msg_id=msg_id or job_id, headers=headers)
     except QueueFull:
         raise
     except TimeoutError as exc:

@@ -7,7 +7,7 @@ from collections.abc import Awaitable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, Field
 
 from fleet.producers.gateway.errors import error_response
@@ -81,6 +81,8 @@ async def readyz(request: Request, state: GatewayState = Depends(gateway_state))
 
 
 @router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=Response)
-async def metrics() -> Response:
-    """Every metric of this process in the Prometheus text format (gateway and, under ``fleet up``, workers)."""
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+async def metrics(request: Request) -> Response:
+    """Every metric of this process in the Prometheus text format (gateway and, under ``fleet up``, workers), or
+    in the OpenMetrics format (with exemplars: a stage latency's trace id) when the scraper accepts it."""
+    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+    return Response(encoder(REGISTRY), media_type=content_type)

@@ -59,7 +59,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
 from fleet import constants as c
-from fleet import tenancy
+from fleet import tenancy, tracing
 from fleet.encoding import no_vectors_message
 from fleet.errors import InvalidInput, PayloadTooLarge, QueueFull, StoreError
 from fleet.models import served_spec
@@ -386,6 +386,8 @@ async def _submit(request: Request, state: GatewayState, principal: Principal, b
     validate_input(spec, body.input)
     check_encoding(spec, body.encoding_format)
     record, data = new_job(body, time.time(), principal.tenant, choice)
+    if (traced := tracing.active()) is not None:
+        record.trace_id = traced.current_trace_id()
     if len(data) > settings.max_message_bytes:
         raise PayloadTooLarge(len(data), settings.max_message_bytes, what="request message")
     # The tenant's rate and queued-job quota (429 when refused): before a cache lookup, since a hit counts against

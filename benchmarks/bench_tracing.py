@@ -1,0 +1,219 @@
+"""What tracing costs a worker: job throughput with tracing exporting to a real Jaeger, with it off, and before it.
+
+    python -m benchmarks.bench_tracing [--jobs 4000] [--rounds 5] [--before REV]
+
+One ``Worker`` of ``echo`` (the cheapest model: the per-job overhead is all there is) drains ``--jobs`` requests
+published ahead over NATS JetStream + Redis, each carrying a ``traceparent`` header as the gateway's publish
+writes it; a job's throughput is jobs / (the worker's start to its last job settled). Three variants, each run in a
+fresh child process, interleaved round by round (so they share the machine's noise), the median of ``--rounds``:
+
+* **on**: ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at a real Jaeger v1.75.0 (``tests/jaeger_service.py``), the
+  ``OTEL_*`` defaults otherwise (batch span processor, parent-based sampling: every job is sampled). Every job gets
+  its queue, process and admit spans, every batch its batch, compute and settle spans, all exported;
+* **off**: this checkout, no ``OTEL_*`` variable: the stage timings are written, the stage histograms observed,
+  and tracing costs its ``is None`` checks;
+* **before**: the same child run on the commit before tracing (``--before``; default: the parent of the first
+  commit that added ``fleet/tracing``), checked out in a temporary git worktree and removed after.
+
+Targets: on / off >= 0.9; off / before >= 0.98. ``benchmarks/results/tracing.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACEPARENT = "00-{trace}-{span}-{flags}"
+
+
+async def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One run in this process: publish, start the worker, time the drain. Runs on whichever checkout is first on
+    PYTHONPATH (this one or the 'before' worktree): it uses only what both have."""
+    from fleet import constants as c
+    from fleet.brokers import make_broker
+    from fleet.consumers.handlers import with_name
+    from fleet.consumers.handlers.echo import EchoHandler
+    from fleet.consumers.worker import Worker
+    from fleet.schemas.wire import RequestMessage
+    from fleet.settings import FleetSettings
+    from fleet.store import make_store
+
+    settings = FleetSettings(broker_url=args.nats, store_url=args.redis, models="echo", heartbeat_interval_s=5)
+    model = f"bt-{uuid.uuid4().hex[:10]}"
+    handler = with_name(EchoHandler, model)
+    broker, store = make_broker(settings), make_store(settings)
+    await broker.connect()
+    await store.connect()
+    try:
+        await broker.ensure_model(model)
+        subject = c.request_subject(model)
+        sem = asyncio.Semaphore(64)
+        every = round(1 / args.sampled) if args.sampled > 0 else args.jobs + 1  # 1 in every: sampled upstream
+
+        async def publish(i: int) -> None:
+            job_id = f"{model}-{i}"
+            data = RequestMessage(job_id=job_id, model=model, input={"text": f"t{i}"}).model_dump_json().encode()
+            headers = {
+                c.HEADER_JOB_ID: job_id,
+                c.HEADER_MODEL: model,
+                "traceparent": TRACEPARENT.format(
+                    trace=uuid.uuid4().hex, span=uuid.uuid4().hex[:16], flags="01" if i % every == 0 else "00"
+                ),
+            }
+            async with sem:
+                await broker.publish(subject, data, msg_id=job_id, headers=headers)
+
+        await asyncio.gather(*(publish(i) for i in range(args.jobs)))
+        worker = Worker(handler(), broker, store, settings=settings)
+        await worker.start()
+        started = time.perf_counter()
+        while worker.stats.items < args.jobs:  # noqa: ASYNC110 (polled: no event to wait on in both checkouts)
+            await asyncio.sleep(0.005)
+        seconds = time.perf_counter() - started
+        traced = getattr(worker.settler, "tracing", None) is not None
+        await worker.stop()
+        last = await store.get(f"{model}-{args.jobs - 1}")
+        return {
+            "jobs_per_s": args.jobs / seconds,
+            "seconds": seconds,
+            "traced": traced,
+            "trace_id": getattr(last, "trace_id", None),
+        }
+    finally:
+        await store.close()
+        await broker.close()
+
+
+def run_child(tree: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    argv = [sys.executable, str(Path(__file__)), "--child", "--jobs", str(args.jobs), "--nats", args.nats]
+    argv += ["--redis", args.redis, "--sampled", env.pop("SAMPLED", "1")]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLEET_"))}
+    child_env.update(env, PYTHONPATH=str(tree), PYTHONUNBUFFERED="1")
+    proc = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=600, cwd=tree)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child on {tree} failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["spans_dropped"] = "dropping" in proc.stderr.lower()  # the batch span processor's queue overflowed
+    return result
+
+
+def before_commit(given: str | None) -> str:
+    if given:
+        return given
+    added = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", "fleet/tracing/__init__.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if not added:
+        raise SystemExit("no commit adds fleet/tracing: pass --before REV")
+    return added[-1] + "^"
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[tuple[Path, str]]:
+    with tempfile.TemporaryDirectory(prefix="fleet-before-") as tmp:
+        path = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True, capture_output=True
+        )
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=True
+            ).stdout.strip()
+            yield path, commit
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--before", default=None, help="the commit before tracing (default: found by git log)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nats", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--redis", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--sampled", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--share", type=float, default=0.1, help="the sampled share of the 'on-sampled' variant")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(asyncio.run(child(args))))
+        return
+    if args.jobs < 1 or args.rounds < 1:
+        parser.error(f"--jobs and --rounds must be at least 1, got {args.jobs} and {args.rounds}")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import services, show, write_result
+    from tests.jaeger_service import jaeger_server
+
+    rev = before_commit(args.before)
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "off": [], "on": [], "on-sampled": []}
+    load_start = os.getloadavg()
+    with services(nats=True, redis=True) as urls, jaeger_server() as jaeger, worktree(rev) as (old, commit):
+        args.nats, args.redis = urls["nats"], urls["redis"]
+        on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_SERVICE_NAME": "fleet-bench-tracing"}
+        for round_no in range(args.rounds):
+            sampled_env = {**on_env, "SAMPLED": str(args.share)}
+            order = [("before", old, {}), ("off", ROOT, {}), ("on", ROOT, on_env), ("on-sampled", ROOT, sampled_env)]
+            if round_no % 2:
+                order.reverse()  # neither side always runs first
+            for name, tree, env in order:
+                result = run_child(tree, dict(env), args)
+                runs[name].append(result)
+                print(f"round {round_no + 1} {name}: {result['jobs_per_s']:.0f} jobs/s", flush=True)
+    assert all(r["traced"] and r["trace_id"] for r in runs["on"]), "the 'on' runs did not trace"
+    assert all(r["traced"] for r in runs["on-sampled"]), "the 'on-sampled' runs did not trace"
+    assert not any(r["traced"] for r in runs["off"]), "the 'off' runs traced"
+    median = {name: statistics.median(r["jobs_per_s"] for r in rs) for name, rs in runs.items()}
+    on_off, off_before = median["on"] / median["off"], median["off"] / median["before"]
+    sampled_off = median["on-sampled"] / median["off"]
+    rows = [
+        ("before (jobs/s, median)", f"{median['before']:.0f}", ""),
+        ("off (jobs/s, median)", f"{median['off']:.0f}", ""),
+        ("on, every job sampled, exporting to Jaeger (jobs/s, median)", f"{median['on']:.0f}", ""),
+        (f"on, {args.share:.0%} of jobs sampled upstream (jobs/s, median)", f"{median['on-sampled']:.0f}", ""),
+        ("on (every job) / off", f"{on_off:.3f}", ">= 0.9"),
+        (f"on ({args.share:.0%} sampled) / off", f"{sampled_off:.3f}", ">= 0.9"),
+        ("off / before", f"{off_before:.3f}", ">= 0.98"),
+    ]
+    show(f"Tracing cost: echo over NATS + Redis, {args.jobs} jobs x {args.rounds} rounds", rows)
+    figures = {
+        "jobs": args.jobs,
+        "rounds": args.rounds,
+        "before_commit": commit,
+        "jobs_per_s": {name: [round(r["jobs_per_s"], 1) for r in rs] for name, rs in runs.items()},
+        "median_jobs_per_s": {name: round(v, 1) for name, v in median.items()},
+        "runs_that_dropped_spans": {name: sum(r["spans_dropped"] for r in rs) for name, rs in runs.items()},
+        "sampled_share": args.share,
+        "on_over_off": round(on_off, 4),
+        "on_sampled_over_off": round(sampled_off, 4),
+        "off_over_before": round(off_before, 4),
+        "load_average_before": list(load_start),
+        "sampled_flag": "the producer's traceparent flag: 01 on 1 in round(1/share) jobs, 00 on the others; the "
+        "worker's parent-based sampler (the default) follows it",
+        "load_average_after": list(os.getloadavg()),
+    }
+    print(
+        f"on/off {on_off:.3f} (every job sampled), {sampled_off:.3f} ({args.share:.0%} sampled) (target >= 0.9)   "
+        f"off/before {off_before:.3f} (target >= 0.98)"
+    )
+    print(f"wrote {write_result('tracing', figures)}")
+
+
+if __name__ == "__main__":
+    main()
