@@ -351,9 +351,10 @@ async def test_base64_round_trips_through_rest_websocket_and_sse(fleet: Served, 
         ids[0]: vector_of("hi"),
         ids[1]: [vector_of("a"), vector_of("b")],
     }
-    if isinstance(fleet.store, RedisStore):  # kept as its bytes in the store: under a quarter of the float record
+    if isinstance(fleet.store, RedisStore):  # kept as its bytes in the store: under 30 % of the float record
+        # (the 384 floats' bytes, 1.5 KB, then the record's fields: its stage timings and device-seconds ~190 bytes)
         sizes = [await fleet.store.redis.strlen(c.job_key(job_id)) for job_id in (ids[0], ids[2])]
-        assert sizes[0] <= 2200 < 6000 < sizes[1], sizes
+        assert sizes[0] <= 2400 < 6000 < sizes[1] and sizes[0] < 0.3 * sizes[1], sizes
 
 
 async def test_the_sdk_asks_for_base64_and_gives_floats_back(fleet: Served) -> None:

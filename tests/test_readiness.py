@@ -179,17 +179,18 @@ async def test_fleet_ready_workers_follows_fresh_ready_heartbeats(unique: str) -
         return REGISTRY.get_sample_value("fleet_ready_workers", {"model": model})
 
     async def reads(value: float) -> None:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while exported() != value:
             assert time.monotonic() < deadline, f"fleet_ready_workers reads {exported()}, not {value}"
             await asyncio.sleep(0.02)
 
     try:
-        async with WorkerTracker(broker, heartbeat_interval_s=0.2):
+        async with WorkerTracker(broker, heartbeat_interval_s=0.5):
             assert exported() is None, "no series before the model's first heartbeat"
             await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w1", "ready"))
             await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w2", "starting"))
             await reads(1)
+            await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w1", "ready"))  # both fresh now
             await broker.emit(c.heartbeat_subject(model), heartbeat(model, "w2", "ready"))
             await reads(2)
             await reads(0)  # no heartbeat for FRESH_INTERVALS intervals: neither vouches for itself any more

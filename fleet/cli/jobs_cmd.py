@@ -22,7 +22,6 @@ from fleet import strict_json
 from fleet.errors import FleetError
 
 jobs_app = typer.Typer(help="Jobs: list the history, submit many at once.", no_args_is_help=True)
-out = Console()
 err = Console(stderr=True)
 
 Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
@@ -37,6 +36,11 @@ ApiKey = Annotated[
 ]
 DEFAULT_URL = "http://127.0.0.1:8000"
 STATE_STYLES = {"queued": "dim", "running": "yellow", "succeeded": "green", "failed": "bold red"}
+
+
+def _out() -> Console:
+    """Standard output, sized when a command prints (the terminal's width, or COLUMNS), not when it is imported."""
+    return Console()
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -148,11 +152,11 @@ def list_cmd(
         typer.echo(json.dumps(shown, indent=2))
         return
     if not shown["jobs"]:
-        out.print("no jobs match", highlight=False)
+        _out().print("no jobs match", highlight=False)
     else:
-        out.print(jobs_table(shown["jobs"]))
+        _out().print(jobs_table(shown["jobs"]))
     if shown["next_cursor"]:
-        out.print(f"more: --cursor {shown['next_cursor']}", highlight=False, soft_wrap=True)
+        _out().print(f"more: --cursor {shown['next_cursor']}", highlight=False, soft_wrap=True)
 
 
 @jobs_app.command("submit")
@@ -172,7 +176,7 @@ def submit_cmd(
         for item in answer["items"]:
             if item["status"] < 300:
                 line = lines[item["index"]]
-                out.print(f"line {line}: {item['job_id']} {item.get('state', '')}", highlight=False)
+                _out().print(f"line {line}: {item['job_id']} {item.get('state', '')}", highlight=False)
             else:
                 error = item["error"]
                 err.print(
@@ -181,7 +185,7 @@ def submit_cmd(
                     markup=False,
                     soft_wrap=True,
                 )
-        out.print(f"{answer['accepted']} accepted, {answer['refused']} refused", highlight=False)
+        _out().print(f"{answer['accepted']} accepted, {answer['refused']} refused", highlight=False)
     if answer["refused"]:
         raise typer.Exit(1)
 
