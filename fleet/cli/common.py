@@ -29,6 +29,15 @@ Broker = Annotated[
     str | None,
     typer.Option("--broker", help="memory://, nats://HOST:4222 or kafka://HOST:9092 (env FLEET_BROKER_URL)"),
 ]
+DEFAULT_URL = "http://127.0.0.1:8000"  # the gateway a client command talks to unless --url / FLEET_URL says
+Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
+
+
+def api_key_option(help: str) -> Any:
+    """The ``--api-key`` option of a client command (env FLEET_API_KEY), with what the key must be for it."""
+    return typer.Option("--api-key", envvar="FLEET_API_KEY", show_envvar=True, help=help)
+
+
 Store = Annotated[str | None, typer.Option("--store", help="memory:// or redis://HOST:6379/0 (env FLEET_STORE_URL)")]
 Auth = Annotated[
     str | None,

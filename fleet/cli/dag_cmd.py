@@ -15,12 +15,12 @@ import typer
 from rich.console import Console
 
 from fleet import strict_json
+from fleet.cli.common import DEFAULT_URL, Url, api_key_option
 from fleet.errors import DagInvalid, FleetError
 
 if TYPE_CHECKING:  # rich's tables are imported by the commands that draw them
     from rich.table import Table
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 STATE_STYLES = {
     "pending": "dim",
     "running": "yellow",
@@ -35,15 +35,9 @@ dag_app = typer.Typer(help="DAG workflows: validate a spec, show its graph, run 
 out = Console()
 err = Console(stderr=True)
 
-Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
 ApiKey = Annotated[
     str | None,
-    typer.Option(
-        "--api-key",
-        envvar="FLEET_API_KEY",
-        show_envvar=True,
-        help="an API key for a gateway with FLEET_AUTH=keys; prefer the variable (a flag shows in ps)",
-    ),
+    api_key_option("an API key for a gateway with FLEET_AUTH=keys; prefer the variable (a flag shows in ps)"),
 ]
 Models = Annotated[
     str | None,

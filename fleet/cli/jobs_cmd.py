@@ -19,22 +19,16 @@ from rich.markup import escape
 
 from fleet import constants as c
 from fleet import strict_json
+from fleet.cli.common import DEFAULT_URL, Url, api_key_option
 from fleet.errors import FleetError
 
 jobs_app = typer.Typer(help="Jobs: list the history, submit many at once.", no_args_is_help=True)
 err = Console(stderr=True)
 
-Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
 ApiKey = Annotated[
     str | None,
-    typer.Option(
-        "--api-key",
-        envvar="FLEET_API_KEY",
-        show_envvar=True,
-        help="an API key for a gateway with FLEET_AUTH=keys; prefer the variable (a flag shows in ps)",
-    ),
+    api_key_option("an API key for a gateway with FLEET_AUTH=keys; prefer the variable (a flag shows in ps)"),
 ]
-DEFAULT_URL = "http://127.0.0.1:8000"
 STATE_STYLES = {"queued": "dim", "running": "yellow", "succeeded": "green", "failed": "bold red"}
 
 

@@ -13,18 +13,13 @@ from typing import Annotated, Any
 
 import typer
 
-from fleet.cli.common import fail
+from fleet.cli.common import api_key_option, fail
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 Name = Annotated[str, typer.Argument(help="the model's name")]
-Url = Annotated[str, typer.Option("--url", envvar="FLEET_URL", help="the gateway (env FLEET_URL)")]
 ApiKey = Annotated[
     str | None,
-    typer.Option(
-        "--api-key",
-        envvar="FLEET_API_KEY",
-        show_envvar=True,
-        help="the operator token or an operator key of the default tenant; prefer the variable (a flag shows in ps)",
+    api_key_option(
+        "the operator token or an operator key of the default tenant; prefer the variable (a flag shows in ps)"
     ),
 ]
 

@@ -14,8 +14,8 @@ the operator role) or cannot be reached, 2 for a bad argument.
 
 import typer
 
-from fleet.cli.common import fail
-from fleet.cli.model_ops import DEFAULT_URL, ApiKey, Name, Url, call
+from fleet.cli.common import DEFAULT_URL, Url, fail
+from fleet.cli.model_ops import ApiKey, Name, call
 
 
 def _pct(fraction: float) -> str:

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from fleet.cli.common import fail
-from fleet.cli.model_ops import DEFAULT_URL, ApiKey, Name, Url, call
+from fleet.cli.common import DEFAULT_URL, Url, fail
+from fleet.cli.model_ops import ApiKey, Name, call
 
 traffic_app = typer.Typer(
     help="A model's traffic policy on the gateway: canary weight, sticky A/B, shadow.", no_args_is_help=True

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fleet.cli.common import fail
-from fleet.cli.model_ops import DEFAULT_URL, Url, call
+from fleet.cli.common import DEFAULT_URL, Url, api_key_option, fail
+from fleet.cli.model_ops import call
 
 if TYPE_CHECKING:
     from fleet.schemas.usage import UsageReport, UsageRow
@@ -20,12 +20,7 @@ if TYPE_CHECKING:
 FIELDS = ("tenant", "model", "version", "device")
 ApiKey = Annotated[
     str | None,
-    typer.Option(
-        "--api-key",
-        envvar="FLEET_API_KEY",
-        show_envvar=True,
-        help="an API key (its tenant's usage) or the operator token (every tenant's); prefer the variable",
-    ),
+    api_key_option("an API key (its tenant's usage) or the operator token (every tenant's); prefer the variable"),
 ]
 
 
