@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from fleet import constants as c
@@ -38,6 +38,16 @@ def url_scheme(url: str, allowed: tuple[str, ...], what: str) -> str:
     return scheme
 
 
+PAIR_FORMS = {  # the settings written as KEY=VALUE pairs (or a JSON object), and the form their errors show
+    "routing": "MODEL=pull|dispatch",
+    "max_queued_per_model": "MODEL=COUNT",
+    "p99_target_ms": "MODEL=MILLISECONDS",
+    "max_batch_cost": "MODEL=COST",
+    "autoscale_max_queue_age_s": "MODEL=SECONDS",
+    "price_per_device_hour": "DEVICE=PRICE",
+}
+
+
 def parse_pairs(value: object, name: str, form: str) -> object:
     """``'a=1,b=2'`` or a JSON object as a dict (values still strings or as given; the field's type checks them)."""
     if not isinstance(value, str):
@@ -51,7 +61,8 @@ def parse_pairs(value: object, name: str, form: str) -> object:
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
     if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
         raise ValueError(
-            f"{name} {value!r}: write {form} pairs separated by commas (each with its model), or a JSON object"
+            f"{name} {value!r}: write {form} pairs separated by commas (each with its {form.split('=')[0].lower()}), "
+            "or a JSON object"
         )
     return {key.strip(): item.strip() for key, item in pairs}
 
@@ -413,10 +424,11 @@ class FleetSettings(BaseSettings):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
 
-    @field_validator("routing", mode="before")
+    @field_validator(*PAIR_FORMS, mode="before")
     @classmethod
-    def _parse_routing(cls, value: object) -> object:
-        return parse_pairs(value, "routing", "MODEL=pull|dispatch")
+    def _parse_pair_fields(cls, value: object, info: ValidationInfo) -> object:
+        name = info.field_name or ""
+        return parse_pairs(value, name, PAIR_FORMS[name])
 
     @field_validator("slo_latency_s")
     @classmethod
@@ -450,11 +462,6 @@ class FleetSettings(BaseSettings):
         (resolved by the gateway, which knows the spec)."""
         return self.cache.get(model, ())
 
-    @field_validator("max_queued_per_model", mode="before")
-    @classmethod
-    def _parse_max_queued(cls, value: object) -> object:
-        return parse_pairs(value, "max_queued_per_model", "MODEL=COUNT")
-
     @field_validator("rate_limit")
     @classmethod
     def _check_rate_limit(cls, value: str | None) -> str | None:
@@ -471,26 +478,6 @@ class FleetSettings(BaseSettings):
         """The per-tenant rate limits and quotas (``fleet.limit_policy``, enforced by ``fleet.store.quotas``);
         ``.enabled`` is False by default."""
         return build_policy(self.rate_limit, self.tenant_max_queued, self.tenant_limits)
-
-    @field_validator("p99_target_ms", mode="before")
-    @classmethod
-    def _parse_p99_targets(cls, value: object) -> object:
-        return parse_pairs(value, "p99_target_ms", "MODEL=MILLISECONDS")
-
-    @field_validator("max_batch_cost", mode="before")
-    @classmethod
-    def _parse_batch_costs(cls, value: object) -> object:
-        return parse_pairs(value, "max_batch_cost", "MODEL=COST")
-
-    @field_validator("autoscale_max_queue_age_s", mode="before")
-    @classmethod
-    def _parse_queue_ages(cls, value: object) -> object:
-        return parse_pairs(value, "autoscale_max_queue_age_s", "MODEL=SECONDS")
-
-    @field_validator("price_per_device_hour", mode="before")
-    @classmethod
-    def _parse_prices(cls, value: object) -> object:
-        return parse_pairs(value, "price_per_device_hour", "DEVICE=PRICE")
 
     @field_validator("price_per_device_hour")
     @classmethod
