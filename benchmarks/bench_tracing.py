@@ -25,8 +25,9 @@ the median of ``--rounds``:
 * **on-sampled**: the same with 1 job in ``round(1/--share)`` sampled upstream (the producer's flag);
 * **off**: this checkout, no ``OTEL_*`` variable: the stage timings are written, the stage histograms observed,
   and tracing costs its ``is None`` checks;
-* **before**: the same child run on the commit before tracing (``--before``; default: the parent of the first
-  commit that added ``fleet/tracing``), checked out in a temporary git worktree and removed after.
+* **before**: the same child run on the commit before tracing (``--before``; default: the first parent of the
+  first-parent commit that added ``fleet/tracing``, i.e. on a branch that merged tracing in, the branch just before
+  the merge), checked out in a temporary git worktree and removed after.
 
 Targets: on / off >= 0.9; off / before >= 0.98, per workload. ``benchmarks/results/tracing.json``.
 """
@@ -162,8 +163,10 @@ def run_child(tree: Path, env: dict[str, str], args: argparse.Namespace) -> dict
 def before_commit(given: str | None) -> str:
     if given:
         return given
+    # first-parent history: on a branch that merged tracing in, the merge (its first parent has every other change
+    # of the branch: "off" against it is what tracing's hooks cost, not what the branch's other work costs)
     added = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", "fleet/tracing/__init__.py"],
+        ["git", "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", "fleet/tracing/__init__.py"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -171,7 +174,7 @@ def before_commit(given: str | None) -> str:
     ).stdout.split()
     if not added:
         raise SystemExit("no commit adds fleet/tracing: pass --before REV")
-    return added[-1] + "^"
+    return added[-1] + "^1"
 
 
 @contextlib.contextmanager

@@ -246,6 +246,21 @@ def _int_env(name: str, default: int) -> int:
     return value if value > 0 else default
 
 
+def client_for(endpoint: str, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> _Client:
+    """The OpenTelemetry exporter's HTTP client (its retries and backoff) posting JSON to ``endpoint``."""
+    from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
+    from opentelemetry.exporter.otlp.common.http import _OTLPHTTPClient
+
+    return _OTLPHTTPClient(
+        transport=RequestsHTTPTransport(verify=True, cert=None, session=None),
+        endpoint=endpoint,
+        kind="spans",
+        timeout=timeout_s,
+        headers={**(headers or {}), "content-type": "application/json"},
+        logger=log,
+    )
+
+
 class JsonSpans:
     """A bounded queue of settled batches and the thread that exports their spans as OTLP/HTTP JSON."""
 
