@@ -196,8 +196,19 @@ def worktree(rev: str) -> Iterator[tuple[Path, str]]:
 VARIANTS = ("before", "off", "on", "on-sampled")
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_workload(
-    workload: str, args: argparse.Namespace, old: Path, on_env: dict[str, str]
+    workload: str, args: argparse.Namespace, old: Path, on_env: dict[str, str], jaeger_pid: int | None
 ) -> dict[str, list[dict[str, Any]]]:
     """``--rounds`` rounds of the four variants of one workload, interleaved (the order flips every round)."""
     args.workload = workload
@@ -208,7 +219,10 @@ def run_workload(
         if round_no % 2:
             order.reverse()  # neither side always runs first
         for name, tree, env in order:
+            jaeger_cpu = cpu_seconds(jaeger_pid)
             result = run_child(tree, dict(env), args)
+            after = cpu_seconds(jaeger_pid)
+            result["jaeger_cpu_s"] = after - jaeger_cpu if after is not None and jaeger_cpu is not None else None
             runs[name].append(result)
             print(f"{workload} round {round_no + 1} {name}: {result['jobs_per_s']:.0f} jobs/s", flush=True)
     assert all(r["traced"] and r["trace_id"] for r in runs["on"]), "the 'on' runs did not trace"
@@ -265,6 +279,11 @@ def summarise(workload: str, jobs: int, args: argparse.Namespace, runs: dict[str
             for name, rs in runs.items()
             if name.startswith("on") and all(r.get("exporter_thread_cpu_s") is not None for r in rs)
         },
+        "jaeger_cpu_us_per_job_median": {
+            name: round(statistics.median(r["jaeger_cpu_s"] for r in rs) / jobs * 1e6, 1)
+            for name, rs in runs.items()
+            if all(r.get("jaeger_cpu_s") is not None for r in rs)
+        },
         "on_over_off": round(on_off, 4),
         "on_sampled_over_off": round(sampled_off, 4),
         "off_over_before": round(off_before, 4),
@@ -309,7 +328,7 @@ def main() -> None:
         args.nats, args.redis = urls["nats"], urls["redis"]
         on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_SERVICE_NAME": "fleet-bench-tracing"}
         for workload in workloads:
-            runs = run_workload(workload, args, old, on_env)
+            runs = run_workload(workload, args, old, on_env, jaeger.pid)
             jobs = args.jobs if workload == "echo" else args.model_jobs
             figures["workloads"][workload] = summarise(workload, jobs, args, runs)
     figures["before_commit"] = commit
