@@ -355,6 +355,9 @@ class JsonSpans:
                 batch, n = queue.popleft()
                 self._queued -= n
             spans.extend(encode_batch(batch))
+            # Hand the GIL back after each batch: the event loop gives it up at every socket call, and a thread that
+            # held on to it would keep the loop waiting up to the switch interval (5 ms) each time.
+            time.sleep(0)
         return spans
 
     def _export_waiting(self) -> None:
