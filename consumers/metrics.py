@@ -111,8 +111,8 @@ def export_objectives(model: str, latency_s: float, latency_target: float, error
 STAGE_SECONDS = Histogram(
     "fleet_job_stage_seconds",
     "Seconds a job spent in a stage: queue (published to fetched), batch_wait (fetched to its batch's start), "
-    "compute, store (computed to its record written) and hop (a DAG step's record written to its next steps "
-    "published)",
+    "compute, store (computed to its record written) and hop (into a DAG step: the record that completed its "
+    "inputs written to the step published)",
     ["model", "stage"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )

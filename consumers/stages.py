@@ -2,9 +2,11 @@
 
 The worker stamps each job as it passes a stage (``Job.fetched_at`` when the batch collector hands its batch over,
 ``batch_started_at`` / ``computed_at`` around the batch's compute); ``timings_of`` turns them, with the request's
-``submitted_at`` (queued), into the record's ``timings`` (the store adds ``stored`` as it writes,
+``submitted_at`` (queued) and, for a DAG step, its ``DagContext.hop_started`` (the runner sets it as it publishes
+the step), into the record's ``timings`` (the store adds ``stored`` as it writes,
 ``fleet.store.transitions.finished``). ``StageHistograms.observe`` puts each stored job's stages into
-``fleet_job_stage_seconds{model, stage}``, with the job's trace id as the exemplar when it was traced.
+``fleet_job_stage_seconds{model, stage}`` (``hop``: hop_started to queued, the hop into a DAG step), with the job's
+trace id as the exemplar when it was traced.
 """
 
 from __future__ import annotations
@@ -22,21 +24,24 @@ from fleet.consumers.requests import Job
 from fleet.schemas.construct import built
 from fleet.schemas.jobs import JobRecord, StageTimings
 
-_FIELDS = frozenset({"queued", "fetched", "batch_started", "computed"})
+_FIELDS = frozenset({"queued", "fetched", "batch_started", "computed", "hop_started"})
 STAGES = ("queue", "batch_wait", "compute", "store", "hop")
+_HOP = STAGES.index("hop")
 
 
 def timings_of(job: Job) -> StageTimings | None:
     """The stage instants ``job`` passed (None: it was never fetched by a worker, e.g. a conflict record)."""
     if job.fetched_at is None:
         return None
+    request = job.request
+    dag = request.dag if request is not None else None
     values = {
-        "queued": job.request.submitted_at if job.request is not None else None,
+        "queued": request.submitted_at if request is not None else None,
         "fetched": job.fetched_at,
         "batch_started": job.batch_started_at,
         "computed": job.computed_at,
         "stored": None,
-        "next_published": None,
+        "hop_started": dag.hop_started if dag is not None else None,
     }
     return built(StageTimings, values, set(_FIELDS))
 
@@ -57,9 +62,9 @@ class StageHistograms:
     def observe(self, records: Iterable[JobRecord]) -> None:
         """Each stage of each record that has timings (a stage whose two ends are not both known is skipped). The
         jobs of a batch share their batch's instants: those stages are worked out once per run of equal instants."""
-        values: tuple[list[float], ...] = ([], [], [], [])
-        exemplars: tuple[list[tuple[int, str]], ...] = ([], [], [], [])  # (index in values, trace id)
-        queue, later = values[0], values[1:]
+        values: tuple[list[float], ...] = ([], [], [], [], [])  # per stage, in STAGES' order
+        exemplars: tuple[list[tuple[int, str]], ...] = ([], [], [], [], [])  # (index in values, trace id)
+        queue, later, hops = values[0], values[1:_HOP], values[_HOP]
         shared: tuple[float | None, ...] = ()
         durations: list[tuple[int, float]] = []  # (stage, seconds) of the shared instants
         for record in records:
@@ -81,6 +86,11 @@ class StageHistograms:
                 if trace_id:
                     exemplars[0].append((len(queue), trace_id))
                 queue.append(fetched - queued)
+            hop_started = d["hop_started"]
+            if hop_started is not None and queued is not None:
+                if trace_id:
+                    exemplars[_HOP].append((len(hops), trace_id))
+                hops.append(queued - hop_started)
             for stage, seconds in durations:
                 if trace_id:
                     exemplars[stage + 1].append((len(later[stage]), trace_id))
@@ -88,10 +98,6 @@ class StageHistograms:
         for stage, amounts in enumerate(values):
             if amounts:
                 self._add(self._children[STAGES[stage]], amounts, exemplars[stage])
-
-    def on_hop(self, record: JobRecord, seconds: float) -> None:
-        """A DAG step's hop (``DagRunner.on_hop``): its record written to its next steps published."""
-        self._add(self._children["hop"], [seconds], [(0, record.trace_id)] if record.trace_id else [])
 
     def _add(self, child: Any, amounts: list[float], exemplars: list[tuple[int, str]]) -> None:
         """Observe ``amounts`` (a negative one, clocks of two hosts apart, as 0); ``exemplars``: (index, trace id)

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -76,9 +76,6 @@ class DagRunner:
         self.models = dict(models or {})
         self._compiled: dict[tuple[str, int], CompiledDag] = {}
         self._joining: dict[str, list[tuple[DagContext, JobRecord, asyncio.Future[None]]]] = {}
-        # hears of each settled step whose result launched the next steps: (its record, seconds from its record's
-        # write to their publish); the worker's stage histograms (``hop``)
-        self.on_hop: Callable[[JobRecord, float], None] | None = None
 
     # -- specs ------------------------------------------------------------------------------------------------
     async def register(
@@ -240,34 +237,23 @@ class DagRunner:
         # A change publishes what it launched (the jobs it rendered). A result the run had already means a
         # redelivery: the settle that recorded it may have died before publishing, so everything the run has
         # outstanding goes out again.
+        hop_started = _hop_started(results)
         traced = tracing.active()
         if traced is None or not (change.replayed or change.launches):
-            await self._publish_next(before, after, change)
+            await self._publish_next(before, after, change, hop_started)
         else:  # the hop: a child of the settled step's process span, parent of the next steps' publish spans
             parent = traced.parent_of(job, after.get("traceparent"))
             attributes = {"fleet.dag": ctx.dag, "fleet.dag.run": ctx.run, "fleet.dag.step": ctx.step}
             with traced.span(f"hop {ctx.dag}", attributes, parent=parent):
-                await self._publish_next(before, after, change)
-        if change.launches and not change.replayed:
-            self._hopped(results, job)
+                await self._publish_next(before, after, change, hop_started)
         if after is not before and after.get("finished_at") is not None and before.get("finished_at") is None:
             await self._cancel_outstanding(dag, after)
 
-    async def _publish_next(self, before: RunDoc, after: RunDoc, change: _Change) -> None:
-        if change.replayed:
+    async def _publish_next(self, before: RunDoc, after: RunDoc, change: _Change, hop_started: float) -> None:
+        if change.replayed:  # a redelivery: what is outstanding may have been launched by another result (no hop)
             await self._publish_outstanding(after)
         elif after is not before:
-            await self._publish_launches(after, change.launches)
-
-    def _hopped(self, results: list[tuple[DagContext, JobRecord]], job: Any) -> None:
-        """The hop stage of the steps whose results launched the next ones: record written to next published."""
-        if self.on_hop is None:
-            return
-        now = time.time()
-        for _, record in results:
-            stored = record.timings.stored if record.timings is not None else None
-            if stored is not None:
-                self.on_hop(record, now - stored)
+            await self._publish_launches(after, change.launches, hop_started)
 
     async def cancel(
         self,
@@ -322,23 +308,28 @@ class DagRunner:
         return doc
 
     # -- publishing -------------------------------------------------------------------------------------------
-    async def _publish_outstanding(self, doc: RunDoc) -> None:
-        """Publish the jobs of ``doc`` that have no result yet."""
+    async def _publish_outstanding(self, doc: RunDoc, hop_started: float | None = None) -> None:
+        """Publish the jobs of ``doc`` that have no result yet (``hop_started``: see ``_publish_launches``)."""
         dag = await self.compiled_of(doc)
-        await self._publish_launches(doc, await asyncio.to_thread(_outstanding, dag, _state(doc)))
+        await self._publish_launches(doc, await asyncio.to_thread(_outstanding, dag, _state(doc)), hop_started)
 
-    async def _publish_launches(self, doc: RunDoc, launches: list[evaluate.StepLaunch]) -> None:
-        """Publish the jobs of ``launches``, recorded in ``doc``."""
+    async def _publish_launches(
+        self, doc: RunDoc, launches: list[evaluate.StepLaunch], hop_started: float | None = None
+    ) -> None:
+        """Publish the jobs of ``launches``, recorded in ``doc``. ``hop_started``: when the record that launched
+        them was stored (their ``DagContext.hop_started``); None for a run's first steps."""
         jobs = [(launch, job) for launch in launches for job in launch.jobs]
         # Concurrently, a window at a time: a fan-out's jobs cost about one broker round trip, not one each.
         for start in range(0, len(jobs), PUBLISH_WINDOW):
-            window = (self._publish(doc, step, job) for step, job in jobs[start : start + PUBLISH_WINDOW])
+            window = (self._publish(doc, step, job, hop_started) for step, job in jobs[start : start + PUBLISH_WINDOW])
             outcomes = await asyncio.gather(*window, return_exceptions=True)
             failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
             if failed is not None:
                 raise failed
 
-    async def _publish(self, doc: RunDoc, launch: evaluate.StepLaunch, job: evaluate.JobLaunch) -> None:
+    async def _publish(
+        self, doc: RunDoc, launch: evaluate.StepLaunch, job: evaluate.JobLaunch, hop_started: float | None = None
+    ) -> None:
         started = (doc["times"].get(launch.step_id) or {}).get("started_at") or time.time()
         deadlines = [d for d in (doc.get("deadline"), launch.timeout_s and started + launch.timeout_s) if d]
         message = RequestMessage(
@@ -354,6 +345,7 @@ class DagRunner:
                 step=launch.step_id,
                 index=job.index,
                 runs=None if launch.retries is None else launch.retries + 1,
+                hop_started=hop_started,
             ),
             tenant=doc.get("tenant"),
         )
@@ -567,3 +559,10 @@ def view_of(dag: CompiledDag, doc: RunDoc) -> dict[str, Any]:
 def _overdue(doc: RunDoc) -> bool:
     """A run still going past its deadline (reading it ends it ``expired``)."""
     return bool(doc.get("deadline")) and doc.get("finished_at") is None and time.time() > doc["deadline"]
+
+
+def _hop_started(results: list[tuple[DagContext, JobRecord]]) -> float:
+    """When the records that settled together were stored: the latest of them (the one that completed what the
+    next steps wait for), else now (a record without timings, e.g. a cancelled step's)."""
+    stored = [r.timings.stored for _, r in results if r.timings is not None and r.timings.stored is not None]
+    return max(stored) if stored else time.time()

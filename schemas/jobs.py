@@ -42,8 +42,8 @@ class JobError(BaseModel):
 
 class StageTimings(BaseModel):
     """Where a job's time went: unix seconds at each stage its latest run passed (null: not reached, or not
-    measured, e.g. a cache hit). In order: queued <= fetched <= batch_started <= computed <= stored (<=
-    next_published for a DAG step whose run went on)."""
+    measured, e.g. a cache hit). In order: queued <= fetched <= batch_started <= computed <= stored, and for a
+    DAG step hop_started <= queued (the hop into the step)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -52,8 +52,10 @@ class StageTimings(BaseModel):
     batch_started: float | None = Field(None, description="its batch started computing")
     computed: float | None = Field(None, description="its batch finished computing")
     stored: float | None = Field(None, description="its terminal record was written")
-    next_published: float | None = Field(
-        None, description="a DAG step: the next step's requests were published (the hop)"
+    hop_started: float | None = Field(
+        None,
+        description="a DAG step: the record that completed its inputs (the step before it; the last dependency "
+        "of a fan-in) was stored; the hop into this step runs from here to queued (its publish)",
     )
 
 

@@ -85,6 +85,11 @@ class DagContext(BaseModel):
     step: str = Field(description="the step's id")
     index: int = Field(0, ge=0, description="the item of a for_each step (0 otherwise)")
     runs: int | None = Field(None, ge=1, description="most runs of this job (the step's retries + 1)")
+    hop_started: float | None = Field(
+        None,
+        description="unix seconds: the record that completed this step's inputs was stored (the hop's start; "
+        "null for a run's first steps)",
+    )
 
 
 class RequestMessage(BaseModel):

@@ -29,6 +29,7 @@ BUILD_TIMEOUT_S = 900
 class Jaeger:
     otlp_endpoint: str  # OTEL_EXPORTER_OTLP_ENDPOINT for an OTLP/HTTP exporter, e.g. http://127.0.0.1:4318
     query_url: str  # the query API: GET {query_url}/api/traces?service=...; /api/traces/{trace_id}
+    pid: int | None = None  # the server's process when this started it (benchmarks read its CPU time)
 
 
 def jaeger_binary() -> str:
@@ -71,6 +72,6 @@ def jaeger_server(timeout_s: float = 30) -> Iterator[Jaeger]:
         try:
             wait_port("127.0.0.1", otlp_port, proc, log, timeout_s, "jaeger")
             wait_port("127.0.0.1", query_port, proc, log, timeout_s, "jaeger")
-            yield Jaeger(f"http://127.0.0.1:{otlp_port}", f"http://127.0.0.1:{query_port}")
+            yield Jaeger(f"http://127.0.0.1:{otlp_port}", f"http://127.0.0.1:{query_port}", proc.pid)
         finally:
             stop_server(proc)

@@ -15,11 +15,15 @@ from fleet.consumers.handlers import with_name
 from fleet.consumers.handlers.echo import EchoHandler
 from fleet.consumers.stages import StageHistograms
 from fleet.consumers.worker import Worker
+from fleet.dags.runner import DagRunner
+from fleet.dags.state import job_id
 from fleet.schemas.jobs import JobRecord, JobState, StageTimings
 from fleet.store import transitions
 from fleet.store.base import Finish
+from fleet.store.bundle import Stores
 from fleet.store.memory import MemoryStore
 from tests.dag_fixtures import urls_for
+from tests.gateway_helpers import model_refs
 from tests.infra import connected_pair, publish_requests, request_bytes, settings_for, wait_terminal
 
 # every broker kind with every store kind
@@ -39,7 +43,7 @@ def assert_ordered(record: JobRecord, before: float, after: float) -> None:
     assert instants == sorted(instants), t  # type: ignore[type-var]
     assert before <= t.queued and t.stored <= after  # type: ignore[operator]
     assert t.stored == record.finished_at  # the instant the terminal record was written
-    assert t.next_published is None and record.trace_id is None  # no DAG hop, tracing off
+    assert t.hop_started is None and record.trace_id is None  # not a DAG step, tracing off
 
 
 @pytest.mark.services
@@ -74,6 +78,49 @@ async def test_every_record_carries_its_stage_timings_in_order(
     for stage in STAGES:
         assert stage_count(model, stage) == len(ids), stage
     assert stage_count(model, "hop") == 0
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("pair", ["nats+redis", "memory"])
+async def test_a_dag_steps_record_carries_its_hop_from_the_record_that_completed_its_inputs(
+    request: pytest.FixtureRequest, pair: str, unique: str
+) -> None:
+    """A 2-step DAG: step b's record has hop_started (step a's record stored) <= queued (the runner published b) <=
+    fetched <= ...; step a, a first step, has none; ``hop`` is counted once, for b."""
+    refs, (echo,) = model_refs(unique, "echo")
+    settings = settings_for(pair, urls_for(request, pair), models=refs)
+    handler = with_name(EchoHandler, echo)
+    spec = {
+        "name": f"hop-{unique}",
+        "steps": [
+            {"id": "a", "model": echo, "input": {"text": "${input.text}"}},
+            {"id": "b", "model": echo, "input": {"text": "${steps.a.output.text}"}},
+        ],
+        "output": "${steps.b.output}",
+    }
+    async with connected_pair(settings) as (broker, store):
+        runner = DagRunner(broker, store, Stores.beside(store).dags, {echo: handler.spec})
+        worker = Worker(handler(), broker, store, settings=settings, max_wait_ms=2, on_settled=[runner.on_settled])
+        async with worker:
+            name, _, _ = await runner.register(spec)
+            before = time.time()
+            _, doc = await runner.start(name, {"text": "hi"}, f"hop-{unique}")
+            doc = await runner.wait(f"hop-{unique}", 20)
+            after = time.time()
+        assert doc["finished_at"] is not None and doc["run"].get("error") is None, doc["run"]
+        key = doc.get("key")
+        a = await store.get(job_id(f"hop-{unique}", "a", 0, key))
+        b = await store.get(job_id(f"hop-{unique}", "b", 0, key))
+    assert a is not None and b is not None and a.timings is not None and b.timings is not None
+    assert a.timings.hop_started is None  # a run's first step: no hop into it
+    assert_ordered(a, before, after)
+    t = b.timings
+    assert t.hop_started == a.timings.stored  # the record that completed b's input
+    instants = [t.hop_started, t.queued, t.fetched, t.batch_started, t.computed, t.stored]
+    assert all(v is not None for v in instants) and instants == sorted(instants), t  # type: ignore[type-var]
+    assert before <= t.hop_started and t.stored <= after  # type: ignore[operator]
+    assert stage_count(echo, "hop") == 1  # b's hop; a had none
+    assert stage_count(echo, "queue") == 2
 
 
 async def test_the_store_stamps_stored_and_keeps_a_trace_id_and_an_answer_from_elsewhere_has_none() -> None:

@@ -94,7 +94,6 @@ async def serve(request: pytest.FixtureRequest, unique: str) -> AsyncIterator[Se
             max_wait_ms=2,
             on_settled=[runner.on_settled],
         )
-        runner.on_hop = worker.settler.stages.on_hop
         async with worker:
             yield Served(gateway, worker)
 

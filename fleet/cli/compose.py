@@ -120,7 +120,6 @@ def build_worker(
     handler, device = build_handler(ref, settings)
     worker = Worker(handler, broker, store, settings=settings, device=device, stores=stores, **overrides)  # type: ignore[arg-type]
     runner = DagRunner(broker, store, stores.dags)
-    runner.on_hop = worker.settler.stages.on_hop
     worker.settler.on_settled.append(runner.on_settled)  # DAG continuation
     outcomes = VersionOutcomes(store, stores.rollouts, runtimes_of(Repository.from_settings(settings)))
     worker.settler.on_settled.append(outcomes.on_settled)  # per-version counts and shadow comparisons

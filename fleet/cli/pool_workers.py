@@ -128,7 +128,6 @@ def build_pool_worker(
     stores = stores or Stores.beside(store)
     worker = Worker(handler, broker, store, settings=settings, stores=stores, pool=pool, versions=served, **overrides)
     runner = DagRunner(broker, store, stores.dags)
-    runner.on_hop = worker.settler.stages.on_hop
     worker.settler.on_settled.append(runner.on_settled)
     outcomes = VersionOutcomes(store, stores.rollouts, runtimes_of(Repository.from_settings(settings)))
     worker.settler.on_settled.append(outcomes.on_settled)

@@ -2,8 +2,9 @@
 
 ``config`` reads the standard variables and says whether tracing is on (no OpenTelemetry import); ``wire`` reads
 and writes the W3C ``traceparent`` / ``tracestate`` of a message (headers win over the request's body fields);
-``state`` holds the process's one ``Tracing`` (``start``, ``active``, ``flush``, ``shutdown``); ``otel`` is the
-only module that imports OpenTelemetry: it is imported by ``start`` when tracing is on, never otherwise. A process
+``state`` holds the process's one ``Tracing`` (``start``, ``active``, ``flush``, ``shutdown``); ``otel`` (the SDK
+pipeline and every span) and ``export`` (the worker's spans as OTLP/HTTP JSON from a thread of their own) are the
+modules that import OpenTelemetry: ``start`` imports them when tracing is on, never otherwise. A process
 with tracing off pays one ``is None`` check per batch, per submit and per DAG hop. See docs/guides/tracing.md.
 """
 

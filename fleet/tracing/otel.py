@@ -12,9 +12,10 @@ Spans of one job (its trace, parent: the context its message carries):
 
 * ``<method> <route>`` (SERVER, the gateway's request, ``fleet.producers.gateway.tracing_middleware``; a client's
   ``traceparent`` header is its parent) and ``publish <subject>`` (PRODUCER: its context is what goes on the wire);
-* at the worker, made after the fact from the instants the worker records (``Job.fetched_at`` ...) and handed
-  straight to the span processor (``_emit``): ``queue <model>`` (the request's ``submitted_at`` to the fetch) and
-  ``process <subject>`` (CONSUMER, fetch to stored);
+* at the worker, made after the fact from the instants the worker records (``Job.fetched_at`` ...), handed as
+  plain tuples to ``fleet.tracing.export`` (with OTLP: a thread that posts them as OTLP/HTTP JSON, no SDK span
+  object and no protobuf encoder on the worker's path): ``queue <model>`` (the request's ``submitted_at`` to the
+  fetch) and ``process <subject>`` (CONSUMER, fetch to stored);
 * ``batch <model>`` (one span per batch, the batch-receiving pattern: a link to each job's context; its parent is
   the first traced job's ``process`` span, so that job's trace shows it), with ``admit <model>`` (fetch to the
   batch's start), ``compute <model>`` and ``settle <model>`` under it;
@@ -31,27 +32,19 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.trace.status import Status
 
 from fleet.constants import HEADER_TRACEPARENT, HEADER_TRACESTATE
+from fleet.tracing.export import JsonSpans, SdkSpans, SpanSink, span_id
 from fleet.tracing.wire import carried
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_NS = 1_000_000_000
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSET = Status()
-_INTERNAL, _CONSUMER = SpanKind.INTERNAL, SpanKind.CONSUMER
+_CONSUMER = SpanKind.CONSUMER
 SCOPE = "fleet"
-
-
-def _ns(seconds: float) -> int:
-    return int(seconds * _NS)
 
 
 def span_context(traceparent: str, tracestate: str | None = None) -> SpanContext:
@@ -87,29 +80,31 @@ def _exporter(kind: str) -> SpanExporter:
 class Tracing:
     """The process's tracer and the spans Fleet makes (see the module docstring)."""
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, spans: SpanSink | None = None) -> None:
+        """``spans``: where the worker's after-the-fact spans go (default: the provider's span processor, in this
+        thread; ``from_environment`` gives an OTLP exporter a ``JsonSpans`` of its own)."""
         self.provider = provider
         self.tracer = provider.get_tracer(SCOPE)
-        # what the worker's after-the-fact spans need of the provider (``_emit``)
-        self._on_end = provider._active_span_processor.on_end
-        self._resource = provider.resource
-        self._ids = provider.id_generator
         self._sampler = provider.sampler
         self._parent_based = isinstance(provider.sampler, ParentBased)
-        self._scope = InstrumentationScope(SCOPE)
+        self.spans: SpanSink = spans or SdkSpans(provider._active_span_processor.on_end, provider.resource, SCOPE)
 
     @classmethod
     def from_environment(cls, service: str, kind: str) -> Tracing:
-        """The SDK pipeline as the ``OTEL_*`` variables say; ``service`` when ``OTEL_SERVICE_NAME`` names none."""
+        """The SDK pipeline as the ``OTEL_*`` variables say; ``service`` when ``OTEL_SERVICE_NAME`` names none.
+        With the OTLP exporter the worker's spans take the JSON exporter (``fleet.tracing.export.JsonSpans``)."""
         resource = Resource.create({"service.name": service}).merge(OTELResourceDetector().detect())
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(_exporter(kind)))
-        return cls(provider)
+        spans = JsonSpans.from_environment(dict(resource.attributes), SCOPE) if kind == "otlp" else None
+        return cls(provider, spans)
 
     def flush(self, timeout_s: float = 5.0) -> None:
+        self.spans.flush(timeout_s)
         self.provider.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
+        self.spans.shutdown()
         self.provider.shutdown()
 
     # -- the current context ---------------------------------------------------------------------------------
@@ -206,126 +201,71 @@ class Tracing:
         context = _parent(parent)
         return self._sampler.should_sample(context, trace_id, name, kind).decision.is_sampled()
 
-    def _emit(
-        self,
-        name: str,
-        trace_id: int,
-        parent: SpanContext | None,
-        kind: SpanKind,
-        attributes: dict[str, Any],
-        start: int,
-        end: int,
-        links: Sequence[Link] = (),
-        state: TraceState | None = None,
-    ) -> SpanContext:
-        """A finished span handed straight to the span processor: what ``Tracer.start_span`` + ``end`` make with
-        explicit times, without a live span object (its locks, limits and sampler call) per span."""
-        context = SpanContext(trace_id, self._ids.generate_span_id(), False, _SAMPLED, state)
-        span = ReadableSpan(
-            name,
-            context,
-            parent,
-            self._resource,
-            attributes,
-            (),
-            links,
-            kind,
-            None,
-            _UNSET,
-            start,
-            max(start, end),
-            self._scope,
-        )
-        self._on_end(span)
-        return context
-
     def settled(self, system: str, model: str, items: Sequence[tuple[Any, Any]]) -> None:
         """The spans of settled jobs (``(Job, terminal record)`` pairs, ``Job.trace`` their incoming context or
-        None), from the instants on the jobs and records. Each sampled job's ``trace`` becomes its ``process``
-        span's context (the parent of a DAG hop); per job: ``queue`` and ``process``; per batch: ``batch``,
-        ``admit``, ``compute`` and ``settle``."""
+        None), from the instants on the jobs and records, handed to the span sink as one tuple of plain values
+        (``fleet.tracing.export``: its thread makes and exports the spans). Each sampled job's ``trace`` becomes
+        its ``process`` span's context (the parent of a DAG hop); per job: ``queue`` and ``process``; per batch:
+        ``batch``, ``admit``, ``compute`` and ``settle``."""
+        jobs: list[tuple[Any, ...]] = []
         computed: list[tuple[Any, Any]] = []
-        first: SpanContext | None = None
-        links: list[Link] = []
+        batched = False
+        parent_based = self._parent_based
         for job, record in items:
-            if job.batch_started_at is not None and job.computed_at is not None:
+            in_batch = job.batch_started_at is not None and job.computed_at is not None
+            if in_batch:
                 computed.append((job, record))
             found = job.trace  # (traceparent, tracestate) as the message carried it (``trace_id_of``), or None
             if found.__class__ is not tuple or job.fetched_at is None:
                 continue
-            subject = job.delivery.subject
-            if self._parent_based and not int(found[0][54], 16) & 1:  # not sampled upstream: no context built
-                continue
-            remote = span_context(*found)
-            if not self._parent_based and not self._sampled(remote, remote.trace_id, subject, _CONSUMER):
-                continue
+            traceparent = found[0]
+            if parent_based:
+                if not int(traceparent[54], 16) & 1:  # not sampled upstream: nothing to make
+                    continue
+            else:
+                remote = span_context(*found)
+                if not self._sampled(remote, remote.trace_id, job.delivery.subject, _CONSUMER):
+                    continue
             timings = record.timings
             stored = timings.stored if timings is not None else None
-            fetched = _ns(job.fetched_at)
-            job_id = job.job_id or ""
             request = job.request
-            trace_id, state = remote.trace_id, remote.trace_state
-            if request is not None:
-                queued = min(_ns(request.submitted_at), fetched)
-                attributes = {"messaging.message.id": job_id, "fleet.model": model}
-                self._emit(f"queue {model}", trace_id, remote, _INTERNAL, attributes, queued, fetched, state=state)
-            attributes = {
-                "messaging.system": system,
-                "messaging.destination.name": subject,
-                "messaging.operation.type": "process",
-                "messaging.message.id": job_id,
-                "fleet.model": model,
-                "fleet.job.state": record.state.value,
-            }
-            if record.version:
-                attributes["fleet.version"] = record.version
-            if record.tenant:
-                attributes["fleet.tenant"] = record.tenant
-            end = _ns(stored if stored is not None else record.finished_at or job.fetched_at)
-            job.trace = self._emit(
-                f"process {subject}", trace_id, remote, _CONSUMER, attributes, fetched, end, state=state
+            sid = span_id()
+            trace_hex = traceparent[3:35]
+            jobs.append(
+                (
+                    job.job_id or "",
+                    trace_hex,
+                    traceparent[36:52],
+                    found[1],
+                    sid,
+                    request.submitted_at if request is not None else None,
+                    job.fetched_at,
+                    stored if stored is not None else record.finished_at or job.fetched_at,
+                    record.state.value,
+                    record.tenant,
+                    record.version,
+                    in_batch,
+                )
             )
-            if job.batch_started_at is not None:
-                links.append(Link(job.trace, {"messaging.message.id": job_id}))
-                if first is None:
-                    first = job.trace
-        if computed and first is not None:  # a batch without a sampled job makes no spans (it would be a trace alone)
-            self._batch(system, model, computed, first, links)
-
-    def _batch(
-        self,
-        system: str,
-        model: str,
-        jobs: list[tuple[Any, Any]],
-        parent: SpanContext,
-        links: list[Link],
-    ) -> None:
-        """One ``batch`` span for the jobs that computed together, with ``admit``, ``compute`` and ``settle``
-        under it; a child of ``parent`` (the first sampled job's ``process`` span)."""
-        fetched = min(_ns(job.fetched_at or job.batch_started_at) for job, _ in jobs)
-        started = min(_ns(job.batch_started_at) for job, _ in jobs)
-        computed = max(_ns(job.computed_at) for job, _ in jobs)
-        stored = max(
-            _ns(r.timings.stored if r.timings is not None and r.timings.stored else job.computed_at) for job, r in jobs
-        )
-        job, record = jobs[0]
-        trace_id = parent.trace_id
-        attributes: dict[str, Any] = {
-            "messaging.system": system,
-            "messaging.destination.name": job.delivery.subject,
-            "messaging.operation.type": "process",
-            "messaging.batch.message_count": len(jobs),
-            "fleet.model": model,
-            "fleet.batch.size": len(jobs),
-        }
-        if record.version:
-            attributes["fleet.version"] = record.version
-        end = max(fetched, stored)
-        batch = self._emit(f"batch {model}", trace_id, parent, _CONSUMER, attributes, fetched, end, links)
-        inside = {"fleet.model": model}
-        self._emit(f"admit {model}", trace_id, batch, _INTERNAL, inside, fetched, started)
-        self._emit(f"compute {model}", trace_id, batch, _INTERNAL, inside, started, computed)
-        self._emit(f"settle {model}", trace_id, batch, _INTERNAL, inside, computed, stored, links)
+            batched = batched or in_batch
+            job.trace = (f"00-{trace_hex}-{sid}-01", found[1])
+        if not jobs:
+            return
+        batch = None
+        if batched:  # a batch without a sampled job makes no spans (it would be a trace alone)
+            batch = (
+                min(job.fetched_at or job.batch_started_at for job, _ in computed),
+                min(job.batch_started_at for job, _ in computed),
+                max(job.computed_at for job, _ in computed),
+                max(
+                    r.timings.stored if r.timings is not None and r.timings.stored else job.computed_at
+                    for job, r in computed
+                ),
+                len(computed),
+            )
+        subject = items[0][0].delivery.subject
+        version = computed[0][1].version if computed else None
+        self.spans.put((system, model, subject, version, jobs, batch))
 
     @staticmethod
     def parent_of(job: Any, fallback: str | None) -> SpanContext | None:
