@@ -16,6 +16,7 @@ METRIC_MODULES = [
     "fleet.dispatcher.metrics",
     "fleet.autoscaler.service",
     "fleet.lifecycle.service",
+    "fleet.tracing.export",
 ]
 SUFFIXES = {Counter: ("_total",), Gauge: ("",), Histogram: ("_bucket", "_sum", "_count")}
 
