@@ -12,11 +12,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests import fast_lane, services
 from tests.jaeger_service import Jaeger
+
+if TYPE_CHECKING:
+    from tests.kube_service import KubeCluster
 
 pytest_plugins = ["pytester"]  # tests/test_fast_lane.py runs the fast lane's guard in a pytest run of its own
 
@@ -93,3 +97,13 @@ def jaeger() -> Iterator[Jaeger]:
 
     with jaeger_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[KubeCluster]:
+    """A real Kubernetes control plane (etcd, kube-apiserver, controller manager, scheduler, kwok with fake nodes;
+    ``tests/kube_service.py``) or FLEET_TEST_KUBE_*."""
+    from tests.kube_service import kube_cluster
+
+    with kube_cluster() as cluster:
+        yield cluster

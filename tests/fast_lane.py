@@ -33,6 +33,7 @@ SERVER_FIXTURES = frozenset(
         "kafka_url",
         "redis_cluster_url",
         "jaeger",
+        "kube",
         # fixtures starting servers of their own
         "private_redis",  # tests/contract/test_store_contract.py
         "aof_server",  # tests/contract/test_store_contract.py
