@@ -251,6 +251,7 @@ def _start(binaries: Path, tmp: Path, processes: _Processes, nodes: int, timeout
     )  # fmt: skip
     cluster = KubeCluster(f"https://127.0.0.1:{api_port}", admin_token, str(ca_file), workdir=tmp)
     api = cluster.api_client()
+    api.configuration.retries = 0  # _wait polls; urllib3's retries would only log each refusal
     try:
         _wait("kube-apiserver /readyz", lambda: _get(api, "/readyz") == "ok", processes, timeout_s)
         kubeconfig = cluster.kubeconfig(tmp / "admin.kubeconfig")

@@ -1,6 +1,6 @@
 """Scaler backends: real ``fleet worker`` processes on NATS + Redis, in-process workers on the memory broker, and
-the kubernetes backend through the official client against ``tests.k8s_api`` (an in-test API server for the
-apps/v1 Deployment scale subresource: a real kube-apiserver cannot be obtained here)."""
+the kubernetes backend through the official client against a real control plane (``tests/kube_service.py``:
+kube-apiserver with RBAC, the controller manager and kwok's fake nodes, so pods start, terminate and conflict)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,12 @@ from fleet.schemas.wire import Heartbeat
 from fleet.store.base import ResultStore
 from tests.handlers_for_tests import Items
 from tests.infra import connected_pair, count_completions, eventually, publish_requests, settings_for, wait_terminal
-from tests.k8s_api import FakeKubeApi, serve
+from tests.kube_service import KubeCluster, create_namespace, service_account_token
 from tests.processes import ROOT, fleet_process, wait_http_ready
 from tests.services import free_port
 
 WORKER = "tests.handlers_for_tests:Items"
 NS = "fleet"
-TOKEN = "scaler-token"
 
 
 # -- make_backend and dry-run ------------------------------------------------------------------------------------
@@ -336,86 +336,138 @@ def _async(check: Any) -> Any:
     return wrapped
 
 
-# -- kubernetes: the official client against the in-test API server -----------------------------------------------
-@pytest.fixture
-def kube() -> Iterator[tuple[FakeKubeApi, str]]:
-    api = FakeKubeApi()
-    api.grant(TOKEN, {"get", "patch"})
-    api.grant("read-only", {"get"}, user="system:serviceaccount:fleet:viewer")
-    with serve(api) as url:
-        yield api, url
-
-
-def api_client(url: str, token: str = TOKEN) -> client.ApiClient:
-    configuration = client.Configuration(
-        host=url, api_key={"authorization": token}, api_key_prefix={"authorization": "Bearer"}
-    )
-    return client.ApiClient(configuration)
-
-
-@pytest.fixture
-async def k8s_backend(kube: tuple[FakeKubeApi, str]) -> AsyncIterator[KubernetesBackend]:
-    with api_client(kube[1]) as api:
-        backend = make_backend("kubernetes", settings_for("memory", {}), namespace=NS, api_client=api)
-        assert isinstance(backend, KubernetesBackend)
-        yield backend
-        await backend.close()
-
-
-async def test_kubernetes_backend_reads_and_patches_only_the_scale_subresource(kube, k8s_backend) -> None:
-    api, _ = kube
-    deployment = api.add_deployment(NS, "fleet-worker-embed_v2".replace("_", "-"), replicas=1)
-    version = deployment.resource_version
-    assert await k8s_backend.current_replicas("embed_v2") == 1
-    await k8s_backend.set_replicas("embed_v2", 4)
-    assert api.replicas(NS, "fleet-worker-embed-v2") == 4
-    assert await k8s_backend.current_replicas("embed_v2") == 4
-    assert deployment.resource_version > version
-    changed = deployment.resource_version
-    await k8s_backend.set_replicas("embed_v2", 4)
-    assert deployment.resource_version == changed, "a patch that changes nothing keeps the resourceVersion"
-    await k8s_backend.set_replicas("embed_v2", 0)
-    assert api.replicas(NS, "fleet-worker-embed-v2") == 0, "scale to zero"
-    scale_path = f"/apis/apps/v1/namespaces/{NS}/deployments/fleet-worker-embed-v2/scale"
-    assert {(r.method, r.path) for r in api.requests} == {("GET", scale_path), ("PATCH", scale_path)}
-    assert {r.body for r in api.requests if r.method == "PATCH"} == {
-        '{"spec": {"replicas": 4}}',
-        '{"spec": {"replicas": 0}}',
+# -- kubernetes: the official client against a real kube-apiserver (tests/kube_service.py) ---------------------------
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 2, "containers": [{"name": "w", "image": "fleet-inference"}]},
+            },
+        },
     }
 
 
-async def test_kubernetes_backend_names_a_missing_deployment(kube, k8s_backend) -> None:
+@pytest.fixture
+def kube_ns(kube: KubeCluster) -> Iterator[tuple[client.ApiClient, str]]:
+    """The admin's ApiClient and a fresh namespace."""
+    with kube.api_client() as api:
+        namespace = f"{NS}-{uuid.uuid4().hex[:6]}"
+        create_namespace(api, namespace)
+        yield api, namespace
+
+
+@pytest.fixture
+async def k8s_backend(kube_ns: tuple[client.ApiClient, str]) -> AsyncIterator[KubernetesBackend]:
+    api, namespace = kube_ns
+    backend = make_backend("kubernetes", settings_for("memory", {}), namespace=namespace, api_client=api)
+    assert isinstance(backend, KubernetesBackend)
+    yield backend
+    await backend.close()
+
+
+def scale_of(api: client.ApiClient, namespace: str, name: str) -> tuple[int, int, str]:
+    """spec.replicas, status.replicas and resourceVersion of a Deployment's scale."""
+    scale = client.AppsV1Api(api).read_namespaced_deployment_scale(name, namespace)
+    return scale.spec.replicas, scale.status.replicas, scale.metadata.resource_version
+
+
+def running(api: client.ApiClient, namespace: str, name: str) -> tuple[int, int]:
+    """(pods Running and not being deleted, pods being deleted) of the Deployment ``name``."""
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={name}").items
+    deleting = sum(1 for p in pods if p.metadata.deletion_timestamp is not None)
+    return sum(1 for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None), deleting
+
+
+async def test_kubernetes_backend_scales_a_real_deployment_out_and_in(kube_ns, k8s_backend) -> None:
+    api, namespace = kube_ns
+    name = "fleet-worker-embed-v2"
+    client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment(name, 1))
+    assert await k8s_backend.current_replicas("embed_v2") == 1
+    await k8s_backend.set_replicas("embed_v2", 4)
+    assert await k8s_backend.current_replicas("embed_v2") == 4, "spec.replicas at once, whatever status says"
+    await eventually(_async(lambda: running(api, namespace, name) == (4, 0)), 30, "4 pods Running on kwok nodes")
+    await eventually(_async(lambda: scale_of(api, namespace, name)[1] == 4), 30, "status.replicas caught up")
+    version = scale_of(api, namespace, name)[2]
+    await k8s_backend.set_replicas("embed_v2", 4)
+    assert scale_of(api, namespace, name)[2] == version, "a patch that changes nothing writes nothing"
+    await k8s_backend.set_replicas("embed_v2", 1)
+    assert await k8s_backend.current_replicas("embed_v2") == 1
+    await eventually(_async(lambda: running(api, namespace, name)[1] == 3), 10, "3 pods Terminating (grace period)")
+    await eventually(_async(lambda: running(api, namespace, name) == (1, 0)), 30, "the terminated pods gone")
+    await k8s_backend.set_replicas("embed_v2", 0)
+    await eventually(_async(lambda: running(api, namespace, name) == (0, 0)), 30, "scaled to zero")
+
+
+async def test_a_stale_replace_conflicts_while_the_backends_patch_never_does(kube_ns, k8s_backend) -> None:
+    """kube-apiserver's optimistic concurrency: a read-modify-replace of the scale with a resourceVersion that the
+    controller manager (or anyone) has since moved gets 409; the backend's merge patch carries no version."""
+    api, namespace = kube_ns
+    apps = client.AppsV1Api(api)
+    apps.create_namespaced_deployment(namespace, deployment("fleet-worker-sleep", 1))
+    stale = apps.read_namespaced_deployment_scale("fleet-worker-sleep", namespace)
+    await k8s_backend.set_replicas("sleep", 3)
+    stale.spec.replicas = 5
+    with pytest.raises(client.ApiException) as info:
+        apps.replace_namespaced_deployment_scale("fleet-worker-sleep", namespace, stale)
+    assert info.value.status == 409 and "the object has been modified" in info.value.body
+    for replicas in (2, 4, 1, 3, 2, 5, 1):  # while the controllers write the status between them
+        await k8s_backend.set_replicas("sleep", replicas)
+        await asyncio.sleep(0.05)
+    assert await k8s_backend.current_replicas("sleep") == 1
+    assert scale_of(api, namespace, "fleet-worker-sleep")[0] == 1
+
+
+async def test_kubernetes_backend_names_a_missing_deployment(k8s_backend) -> None:
     with pytest.raises(ScalerError) as info:
         await k8s_backend.current_replicas("sleep")
-    assert "fleet/fleet-worker-sleep not found" in info.value.message and not info.value.retriable
-    with pytest.raises(ScalerError, match="fleet/fleet-worker-sleep not found"):
+    assert f"{k8s_backend.namespace}/fleet-worker-sleep not found" in info.value.message
+    assert not info.value.retriable
+    with pytest.raises(ScalerError, match="fleet-worker-sleep not found"):
         await k8s_backend.set_replicas("sleep", 2)
 
 
-async def test_kubernetes_backend_explains_a_forbidden_patch(kube) -> None:
-    api, url = kube
-    api.add_deployment(NS, "fleet-worker-sleep", replicas=2)
-    with api_client(url, token="read-only") as read_only:
-        backend = KubernetesBackend(NS, api_client=read_only)
+async def test_kubernetes_backend_explains_a_forbidden_patch(kube: KubeCluster, kube_ns) -> None:
+    """A service account whose Role grants only ``get`` on ``deployments/scale``, with a token from TokenRequest."""
+    api, namespace = kube_ns
+    client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment("fleet-worker-sleep", 2))
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "viewer"}})
+    rule = {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get"]}
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "viewer"}, "rules": [rule]})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "viewer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
+        },
+    )
+    with kube.api_client(service_account_token(api, namespace, "viewer")) as read_only:
+        backend = KubernetesBackend(namespace, api_client=read_only)
         assert await backend.current_replicas("sleep") == 2
         with pytest.raises(ScalerError) as info:
             await backend.set_replicas("sleep", 3)
-    assert "not allowed to patch the scale of deployment fleet/fleet-worker-sleep (403" in info.value.message
+    assert f"not allowed to patch the scale of deployment {namespace}/fleet-worker-sleep (403" in info.value.message
     assert "deployments/scale" in info.value.message and not info.value.retriable
-    assert api.replicas(NS, "fleet-worker-sleep") == 2
+    assert scale_of(api, namespace, "fleet-worker-sleep")[0] == 2
+    with kube.api_client("not-a-token") as stranger:
+        with pytest.raises(ScalerError) as info:
+            await KubernetesBackend(namespace, api_client=stranger).current_replicas("sleep")
+    assert "(401" in info.value.message and not info.value.retriable
 
 
-async def test_kubernetes_backend_loads_a_kubeconfig_file(kube, tmp_path: Path) -> None:
-    api, url = kube
-    api.add_deployment("team-a", "workers-echo", replicas=1)
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-        f"clusters: [{{name: test, cluster: {{server: '{url}'}}}}]\n"
-        f"users: [{{name: scaler, user: {{token: {TOKEN}}}}}]\n"
-        "contexts: [{name: test, context: {cluster: test, user: scaler}}]\n"
-    )
-    backend = KubernetesBackend("team-a", "workers-{model}", kubeconfig=str(kubeconfig))
+async def test_kubernetes_backend_loads_a_kubeconfig_file(kube: KubeCluster, kube_ns, tmp_path: Path) -> None:
+    api, namespace = kube_ns
+    client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment("workers-echo", 1))
+    kubeconfig = kube.kubeconfig(tmp_path / "config")
+    backend = KubernetesBackend(namespace, "workers-{model}", kubeconfig=str(kubeconfig))
     await backend.set_replicas("echo", 3)
     assert await backend.current_replicas("echo") == 3
     await backend.close()
@@ -426,50 +478,12 @@ async def test_kubernetes_backend_loads_a_kubeconfig_file(kube, tmp_path: Path) 
         KubernetesBackend(NS, "workers", kubeconfig=str(kubeconfig))
 
 
-async def test_an_unreachable_api_server_is_a_retriable_error() -> None:
-    with serve(FakeKubeApi()) as gone:
-        pass
-    configuration = client.Configuration(host=gone, api_key={"authorization": TOKEN})
+async def test_an_unreachable_api_server_is_a_retriable_error(kube: KubeCluster) -> None:
+    configuration = kube.configuration()
+    configuration.host = f"https://127.0.0.1:{free_port()}"  # nothing listens there
     configuration.retries = 0
     with client.ApiClient(configuration) as api:
         backend = KubernetesBackend(NS, api_client=api, request_timeout_s=2)
         with pytest.raises(ScalerError, match="unreachable") as info:
             await backend.current_replicas("sleep")
     assert info.value.retriable
-
-
-def test_the_in_test_api_server_applies_patches_as_kube_apiserver_does(kube) -> None:
-    """The fidelity the backend tests rely on: patch types, validation, optimistic concurrency, auth."""
-    api, url = kube
-    api.add_deployment(NS, "d", replicas=1)
-    with api_client(url) as raw:
-        apps = client.AppsV1Api(raw)
-        merged = raw.sanitize_for_serialization(
-            apps.patch_namespaced_deployment_scale(
-                "d", NS, {"spec": {"replicas": 2}}, _content_type="application/merge-patch+json"
-            )
-        )
-        assert (merged["kind"], merged["apiVersion"], merged["spec"], merged["status"]) == (
-            "Scale",
-            "autoscaling/v1",
-            {"replicas": 2},
-            {"replicas": 2, "selector": "app.kubernetes.io/name=d"},
-        )
-        assert {"name", "namespace", "uid", "resourceVersion", "creationTimestamp"} <= set(merged["metadata"])
-        patched = raw.sanitize_for_serialization(
-            apps.patch_namespaced_deployment_scale("d", NS, [{"op": "replace", "path": "/spec/replicas", "value": 5}])
-        )
-        assert patched["spec"] == {"replicas": 5}
-        assert int(patched["metadata"]["resourceVersion"]) > int(merged["metadata"]["resourceVersion"])
-        stale = {"metadata": {"resourceVersion": merged["metadata"]["resourceVersion"]}, "spec": {"replicas": 1}}
-        for body, status in (({"spec": {"replicas": -1}}, 422), (stale, 409)):
-            with pytest.raises(client.ApiException) as info:
-                apps.patch_namespaced_deployment_scale("d", NS, body)
-            assert info.value.status == status
-        with pytest.raises(client.ApiException) as info:
-            apps.read_namespaced_deployment("d", NS)
-        assert info.value.status == 403, "the least-privilege Role grants only deployments/scale"
-    with api_client(url, token="stolen") as stranger, pytest.raises(client.ApiException) as info:
-        client.AppsV1Api(stranger).read_namespaced_deployment_scale("d", NS)
-    assert info.value.status == 401
-    assert api.replicas(NS, "d") == 5
