@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Make sure the servers the tests start are installed: Redis and NATS from Debian's packages, kcat for the Kafka
 # interop test, Chromium for the operator dashboard's browser tests, promtool (Debian's prometheus) for the alert
-# rules' tests, Jaeger (built with Go, cached) for the tracing tests, and Java 17 + Maven, which fetch and run
-# Apache Kafka (tests/kafka_service.py caches the jars).
+# rules' tests, Jaeger (built with Go, cached) for the tracing tests, a Kubernetes control plane (etcd, kube-apiserver,
+# controller manager, scheduler, kwok: built with Go once, cached) for the deploy tests, and Java 17 + Maven, which
+# fetch and run Apache Kafka (tests/kafka_service.py caches the jars).
 # The test fixtures start the servers on free ports; this only installs what is missing.
 set -euo pipefail
 need=()
@@ -25,3 +26,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Jaeger for the tracing tests: built from the Go module proxy once, cached (scripts/jaeger/build.sh)
 bash "$(dirname "$0")/jaeger/build.sh" >/dev/null
+# The Kubernetes control plane for the deploy tests (tests/kube_service.py): built from the Go module proxy once
+# (15-20 minutes on 2 cores, progress on stderr), cached in a folder named for its versions (scripts/kube/build.sh)
+bash "$(dirname "$0")/kube/build.sh" >/dev/null

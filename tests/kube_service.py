@@ -359,3 +359,20 @@ def service_account_token(api: client.ApiClient, namespace: str, account: str, s
     request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}}
     response = client.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request)
     return str(response.status.token)
+
+
+def main() -> None:
+    """``python -m tests.kube_service``: start the control plane, print a kubeconfig for it, run until Ctrl-C."""
+    import signal as signals
+
+    with kube_cluster() as cluster:
+        assert cluster.workdir is not None
+        path = cluster.kubeconfig(cluster.workdir / "admin.kubeconfig")
+        print(f"control plane up: {cluster.server}, kwok nodes {', '.join(cluster.nodes)}")
+        print(f"export KUBECONFIG={path}   (Ctrl-C stops etcd, the API server, the controllers and kwok)")
+        with contextlib.suppress(KeyboardInterrupt):
+            signals.pause()
+
+
+if __name__ == "__main__":
+    main()
