@@ -31,7 +31,8 @@ from tests.kube_kubelet import ProcessKubelet
 from tests.kube_service import KubeCluster, apply, create_namespace, dynamic
 from tests.test_deploy import CHART
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# On a cold machine helm is built first (deploy_tools: minutes); later runs find it cached.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240 if deploy_tools.cached() else deploy_tools.FETCH_TIMEOUT_S)]
 
 JOBS = 160  # 100 ms each: 16 s for one worker
 MAX_REPLICAS = 4
