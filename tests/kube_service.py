@@ -192,7 +192,11 @@ def _kwok_node(name: str) -> dict[str, Any]:
 def kube_cluster(nodes: int = 3, timeout_s: float = 60) -> Iterator[KubeCluster]:
     server, token = os.environ.get("FLEET_TEST_KUBE_SERVER"), os.environ.get("FLEET_TEST_KUBE_TOKEN")
     if server and token:
-        yield KubeCluster(server, token, os.environ.get("FLEET_TEST_KUBE_CA", ""))
+        cluster = KubeCluster(server, token, os.environ.get("FLEET_TEST_KUBE_CA", ""))
+        with cluster.api_client() as api:
+            found = client.CoreV1Api(api).list_node(label_selector="type=kwok").items
+        cluster.nodes = [n.metadata.name for n in found]
+        yield cluster
         return
     binaries = kube_binaries()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-kube-"))
