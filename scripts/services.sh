@@ -27,5 +27,5 @@ fi
 # Jaeger for the tracing tests: built from the Go module proxy once, cached (scripts/jaeger/build.sh)
 bash "$(dirname "$0")/jaeger/build.sh" >/dev/null
 # The Kubernetes control plane for the deploy tests (tests/kube_service.py): built from the Go module proxy once
-# (15-20 minutes on 2 cores, progress on stderr), cached in a folder named for its versions (scripts/kube/build.sh)
+# (about 11 minutes on 2 cores, progress on stderr), cached in a folder named for its versions (scripts/kube/build.sh)
 bash "$(dirname "$0")/kube/build.sh" >/dev/null

@@ -103,7 +103,7 @@ class KubeCluster:
 
 
 def kube_binaries() -> Path:
-    """The folder with the cached control-plane binaries (built now if the cache is empty: 15-20 minutes)."""
+    """The folder with the cached control-plane binaries (built now if the cache is empty: about 11 minutes)."""
     try:
         proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:

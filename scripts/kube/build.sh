@@ -5,7 +5,7 @@
 # tests/kube_service.py starts them on 127.0.0.1. Each folder here is a small wrapper module whose go.mod / go.sum pin
 # every module, so each machine builds the same binaries (`go install k8s.io/kubernetes/cmd/...@v1.37.2` is refused
 # because that module replaces its staging modules with local folders; the wrapper replaces them with the published
-# v0.37.2 ones). A cold build takes 15-20 minutes on 2 cores (1.5 GB of module downloads, 4.5 GB of build cache,
+# v0.37.2 ones). A cold build takes about 11 minutes on 2 cores (1.2 GB of module downloads, 4.5 GB of build cache,
 # which `go clean -cache` may delete after); a warm one is a file check.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -26,7 +26,7 @@ if [ "$missing" = 1 ]; then
   mkdir -p "$out"
   exec 9>"$out/.lock"
   flock 9  # two test runs starting at once build once
-  echo "==> building the Kubernetes control plane ($kube, etcd $etcd, kwok $kwok) for the deploy tests into $out (once: 15-20 minutes on 2 cores)" >&2
+  echo "==> building the Kubernetes control plane ($kube, etcd $etcd, kwok $kwok) for the deploy tests into $out (once: about 11 minutes on 2 cores)" >&2
   start=$(date +%s)
   export GOFLAGS=-mod=mod
   minor=$(echo "$kube" | cut -d. -f2)
