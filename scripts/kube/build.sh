@@ -41,5 +41,8 @@ if [ "$missing" = 1 ]; then
     [ -x "$out/$b" ] || { build kubernetes "$out/$b.tmp" "$version" "k8s.io/kubernetes/cmd/$b" && mv "$out/$b.tmp" "$out/$b"; }
   done
   echo "==> Kubernetes control plane built in $(( $(date +%s) - start )) s" >&2
+  for old in "$(dirname "$out")"/kube-v*-etcd-*-kwok-*; do  # earlier builds (other versions or pins): 600 MB each
+    [ "$old" = "$out" ] || rm -rf "$old"
+  done
 fi
 echo "$out"
