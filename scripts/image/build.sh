@@ -27,8 +27,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$variant" in
-  cpu) budget_mb=7000 tag_suffix="" nvidia=void ;;
-  cuda) budget_mb=7000 tag_suffix="-cuda" nvidia=all ;;
+  cpu) budget_mb=7000 tag_suffix="" ;;
+  cuda) budget_mb=7000 tag_suffix="-cuda" ;;
   *) echo "error: --variant '$variant': use cpu or cuda" >&2; exit 2 ;;
 esac
 budget_mb="${FLEET_IMAGE_BUDGET_MB:-$budget_mb}"
@@ -96,9 +96,9 @@ if [ "$current" != "$hash" ]; then
   buildah build --quiet --layers --format docker --network host \
     --volume "$("$uv" cache dir):/opt/fleet-build/uv-cache" --volume "$(readlink -f "$uv"):/opt/fleet-build/uv:ro" \
     --volume "$(readlink -f "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}"):/etc/ssl/certs/ca-certificates.crt:ro" \
-    --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg VARIANT="$variant" \
-    --build-arg NVIDIA_VISIBLE_DEVICES="$nvidia" --build-arg CONTENT_HASH="$hash" --build-arg SOURCE="$source_url" \
-    --build-arg TORCH_INDEX="$torch_index" \
+    --build-arg BASE="$base" --build-arg TORCH_INDEX="$torch_index" --target "$variant" \
+    --label org.opencontainers.image.version="$version" --label org.opencontainers.image.source="$source_url" \
+    --label io.fleet.content-hash="$hash" \
     --file "$root/deploy/image/Containerfile" --tag "$ref" "$ctx" >/dev/null
   rm -rf "$ctx"
   echo "==> built $ref in $(( $(date +%s) - start )) s" >&2
