@@ -15,9 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from fleet.producers.sdk_sync import FleetSyncClient
-from tests.image_service import BUILD, container, docker_config, image_ref, logs, podman, wait_http
+from tests.image_service import BUILD, ROOT, container, docker_config, image_ref, logs, podman, wait_http
 from tests.infra import connected_pair, publish_requests, settings_for, wait_terminal
 from tests.services import free_port
 
@@ -92,6 +93,12 @@ def test_the_image_runs_as_an_unprivileged_user_with_fleet_as_its_entry_point(fl
     assert "Permission denied" in who.stdout and "rc=1" in who.stdout
     version = run_in(fleet_image, "version")
     assert version.stdout.strip().endswith(inspect(fleet_image)["Labels"]["org.opencontainers.image.version"])
+
+
+def test_the_helm_charts_default_image_is_this_one(fleet_image: str) -> None:
+    chart = ROOT / "deploy" / "helm" / "fleet"
+    values, meta = (yaml.safe_load((chart / name).read_text()) for name in ("values.yaml", "Chart.yaml"))
+    assert fleet_image == f"{values['image']['repository']}:{values['image']['tag'] or meta['appVersion']}"
 
 
 def test_the_health_check_says_unhealthy_when_nothing_answers(fleet_image: str) -> None:
