@@ -71,7 +71,8 @@ fi
 # 2. what the image is made of, hashed: a warm run stops here
 files_hash() { (cd "$1" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z \
   | xargs -0 -r sha256sum) | sha256sum | cut -c1-16; }
-sources=$(for dir in fleet producers consumers dispatcher autoscaler dags schemas; do files_hash "$root/$dir"; done)
+packages=(fleet producers consumers dispatcher autoscaler dags schemas)  # what the wheel is made of (pyproject.toml)
+sources=$(for dir in "${packages[@]}"; do files_hash "$root/$dir"; done)
 hash=$( {
   echo "$variant $torch_index $base $(podman image inspect --format '{{.Id}}' "$base")"
   cat "$root/deploy/image/Containerfile" "$root/deploy/image/healthcheck.py" "$root/uv.lock" "$root/pyproject.toml"
@@ -89,8 +90,12 @@ if [ "$current" != "$hash" ]; then
     | "$python" "$here/requirements.py" "$ctx" ${torch_index:+--cpu-torch "$(sed -n '/^name = "torch"$/{n;s/^version = "\(.*\)"/\1/p}' "$root/uv.lock")"}
   [ -z "$repository" ] || cp -a "$repository/." "$ctx/repository/"
   cp "$root/deploy/image/healthcheck.py" "$ctx/healthcheck.py"
+  # the wheel, from a copy of the sources (setuptools' build/ folder in the checkout could hold deleted files), with
   # a fixed timestamp: the same sources make the same wheel, so the cpu and cuda variants share the code layers
-  SOURCE_DATE_EPOCH=315532800 "$uv" build --quiet --wheel --out-dir "$ctx/dist" "$root" 2>&1 | grep -v '^Successfully' >&2 || true
+  mkdir "$ctx/src"
+  (cd "$root" && cp -a "${packages[@]}" pyproject.toml README.md "$ctx/src/")
+  SOURCE_DATE_EPOCH=315532800 "$uv" build --quiet --wheel --out-dir "$ctx/dist" "$ctx/src" 2>&1 | grep -v '^Successfully' >&2 || true
+  rm -rf "$ctx/src"
   ls "$ctx"/dist/*.whl >/dev/null
   source_url=$(git -C "$root" remote get-url origin 2>/dev/null || echo unknown)
   buildah build --quiet --layers --format docker --network host \
