@@ -34,14 +34,18 @@ PODMAN_ENV = {
 }
 
 
-def image_ref(variant: str = "cpu") -> str:
-    """The image of ``variant`` (``cpu`` or ``cuda``), built now unless the cache has this content."""
+def image_ref(variant: str = "cpu", *options: str) -> str:
+    """The image of ``variant`` (``cpu`` or ``cuda``), built now unless the cache has this content; ``options``:
+    more of build.sh's (``--repository DIR``, ``--name NAME``)."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         raise ServiceUnavailable("the container tools", f"{', '.join(missing)} missing: run scripts/services.sh")
     try:
         proc = subprocess.run(
-            ["bash", str(BUILD), "--variant", variant], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+            ["bash", str(BUILD), "--variant", variant, *options],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
         raise ServiceUnavailable("fleet image", f"{BUILD} did not finish within {BUILD_TIMEOUT_S}s") from exc

@@ -21,6 +21,7 @@ from fleet.producers.sdk_sync import FleetSyncClient
 from tests.image_service import BUILD, ROOT, container, docker_config, image_ref, logs, podman, wait_http
 from tests.infra import connected_pair, publish_requests, settings_for, wait_terminal
 from tests.services import free_port
+from tests.tiny_models import add_entry
 
 pytestmark = pytest.mark.services
 
@@ -79,6 +80,26 @@ async def test_fleet_worker_in_the_container_serves_jobs_from_nats_and_redis_out
             async with httpx.AsyncClient() as http:
                 assert (await http.get(f"http://127.0.0.1:{metrics}/readyz", timeout=5)).json()["state"] == "ready"
             assert podman("healthcheck", "run", name, check=False).returncode == 0, logs(name)
+
+
+async def test_a_model_repository_built_into_the_image_is_served_from_it(
+    fleet_image: str, nats_url: str, redis_url: str, unique: str, tmp_path: Path
+) -> None:
+    """``make image REPOSITORY=...``: the repository's weights ship in /models, and a worker inside serves them."""
+    add_entry(tmp_path / "models", "tinyembed", "embeddings")  # seeded: the same files, so a warm run reuses the image
+    image = image_ref("cpu", "--repository", str(tmp_path / "models"), "--name", "localhost/fleet-inference-test")
+    steps = layers(image)
+    assert [step for step, _ in steps].index(next(s for s, _ in steps if "/models/" in s)) < len(steps) - 1
+    listed = run_in(image, "models", "list")
+    assert listed.returncode == 0 and "tinyembed" in listed.stdout, listed.stdout + listed.stderr
+    env = {"FLEET_BROKER_URL": nats_url, "FLEET_STORE_URL": redis_url}
+    settings = settings_for("nats+redis", {"nats": nats_url, "redis": redis_url})
+    async with connected_pair(settings) as (broker, store):
+        ids = await publish_requests(broker, "tinyembed", [{"text": "the cat sat"}, {"text": "a quick fox"}], unique)
+        with container(image, "worker", "--model", "tinyembed", env=env) as name:
+            records = await wait_terminal(store, ids, timeout_s=90)
+            outputs = [records[job_id].output for job_id in ids]
+            assert all(len(out["embedding"]) == 32 for out in outputs), (outputs, logs(name))
 
 
 def test_the_image_runs_as_an_unprivileged_user_with_fleet_as_its_entry_point(fleet_image: str) -> None:
@@ -160,6 +181,7 @@ def test_the_cuda_variant_shares_every_layer_and_carries_cuda_torch(fleet_image:
         (["--variant", "rocm"], "--variant 'rocm': use cpu or cuda"),
         (["--repository", "/nonexistent/models"], "--repository '/nonexistent/models' is not a folder"),
         (["--bogus"], "unknown argument '--bogus'"),
+        (["--name", "Fleet:latest"], "--name 'Fleet:latest' is not an image name"),
     ],
 )
 def test_the_build_script_refuses_bad_arguments(args: list[str], message: str) -> None:
