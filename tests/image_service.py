@@ -4,14 +4,14 @@ builds it before the suite, so a test only checks the cache) and run with podman
 ``image_ref`` builds (or finds) a variant and returns its reference; a machine without buildah or podman fails
 with the command that installs them. ``container`` runs one detached (``--network host``: it reaches the test's
 NATS and Redis on 127.0.0.1, and the test reaches its ports), yields its name and removes it by name at the end;
-``podman`` runs a podman command with the settings the build uses (``scripts/image/env.sh``).
+``podman`` runs a podman command with the settings the build uses (``podman_env``: ``scripts/image/env.sh``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -28,10 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "scripts" / "image" / "build.sh"
 BUILD_TIMEOUT_S = 1200  # a cold build: the base (a minute) and a 6 GB dependency layer (minutes)
 TOOLS = ("buildah", "podman", "runc", "mmdebstrap")
-PODMAN_ENV = {
-    "CONTAINERS_CONF": str(ROOT / "scripts" / "image" / "containers.conf"),
-    "STORAGE_DRIVER": os.environ.get("FLEET_IMAGE_STORAGE_DRIVER", "overlay"),
-}
+ENV_SCRIPT = ROOT / "scripts" / "image" / "env.sh"
+
+
+@functools.cache
+def podman_env() -> dict[str, str]:
+    """The environment scripts/image/env.sh gives buildah and podman (the config file, the storage driver)."""
+    proc = subprocess.run(
+        ["bash", "-c", f'source "{ENV_SCRIPT}" && env -0'], capture_output=True, text=True, timeout=30, check=True
+    )
+    return dict(item.split("=", 1) for item in proc.stdout.split("\0") if "=" in item)
 
 
 def image_ref(variant: str = "cpu", *options: str) -> str:
@@ -55,9 +61,7 @@ def image_ref(variant: str = "cpu", *options: str) -> str:
 
 
 def podman(*args: str, timeout_s: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        ["podman", *args], capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **PODMAN_ENV}
-    )
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout_s, env=podman_env())
     if check and proc.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc
@@ -80,7 +84,7 @@ def docker_config(image: str) -> dict[str, Any]:
     """The image's Docker-format config (its ``Healthcheck`` among the rest: podman's inspect leaves it out)."""
     proc = subprocess.run(
         ["buildah", "inspect", "--type", "image", image],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **PODMAN_ENV}, check=True,
+        capture_output=True, text=True, timeout=60, env=podman_env(), check=True,
     )  # fmt: skip
     return dict(json.loads(proc.stdout)["Docker"]["config"])
 
