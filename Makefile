@@ -18,8 +18,9 @@ venv:
 lint: venv
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
 
-# Fleet's container image, localhost/fleet-inference:VERSION (deploy/image/Containerfile; docs/guides/container-image.md):
-# `make image REPOSITORY=path/to/models` ships a model repository in /models, `make image VARIANT=cuda` the CUDA one.
+# Fleet's container image, localhost/fleet-inference:VERSION (deploy/image/Containerfile, built with buildah; see
+# docs/guides/container-image.md). `make image REPOSITORY=path/to/models` ships a model repository in /models,
+# `make image VARIANT=cuda` builds the CUDA variant (VERSION-cuda).
 image: venv
 	bash scripts/image/build.sh $(if $(VARIANT),--variant $(VARIANT),) $(if $(REPOSITORY),--repository $(REPOSITORY),)
 
