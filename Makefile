@@ -1,7 +1,7 @@
 # The two commands a newcomer needs: `make up` runs Fleet, `make test` runs the whole test suite (what CI runs).
 # `make check` is the contributor's fast lane: lint, types and the tests that need no server process.
 # All create .venv on first use (with uv, cached between runs).
-.PHONY: up test check venv lint bench lock docs docs-serve
+.PHONY: up test check venv lint bench lock docs docs-serve image
 
 up:
 	bash scripts/up.sh
@@ -17,6 +17,12 @@ venv:
 
 lint: venv
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+# Fleet's container image, localhost/fleet-inference:VERSION (deploy/image/Containerfile, built with buildah; see
+# docs/guides/container-image.md). `make image REPOSITORY=path/to/models` ships a model repository in /models,
+# `make image VARIANT=cuda` builds the CUDA variant (VERSION-cuda).
+image: venv
+	bash scripts/image/build.sh $(if $(VARIANT),--variant $(VARIANT),) $(if $(REPOSITORY),--repository $(REPOSITORY),)
 
 # Every benchmark this machine can run (`make bench ONLY=dag,priority` for some), results in benchmarks/results/.
 bench:

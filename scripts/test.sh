@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
 bash scripts/venv.sh all test bench docs
+# Fleet's container image (tests/test_image.py runs it): built once per content, here rather than inside a test's
+# timeout (a cold build takes a few minutes, a warm one a fraction of a second)
+bash scripts/image/build.sh >/dev/null
 export PYTHONUNBUFFERED=1
 echo "==> uv.lock agrees with pyproject.toml" >&2
 if ! .venv/bin/uv lock --check --quiet; then

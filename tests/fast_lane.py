@@ -42,11 +42,24 @@ SERVER_FIXTURES = frozenset(
         "sasl_kafka",  # tests/test_secure_kafka.py
         "tls_redis",  # tests/test_secure_kafka.py, tests/test_secure_links.py
         "tls_nats",  # tests/test_secure_links.py
+        "fleet_image",  # tests/test_image.py: builds and runs the container image
     }
 )
 SERVER_KINDS = frozenset({"nats", "redis", "kafka", "redis-cluster", "redis_cluster"})
 SERVER_PROGRAMS = frozenset(
-    {"redis-server", "nats-server", "java", "chromium", "chromium-browser", "chrome", "valgrind", "mvn", "kcat"}
+    {
+        "redis-server",
+        "nats-server",
+        "java",
+        "chromium",
+        "chromium-browser",
+        "chrome",
+        "valgrind",
+        "mvn",
+        "kcat",
+        "podman",
+        "buildah",
+    }
 )
 MARK_HINT = (
     "make check (FLEET_FAST_LANE=1) runs only the tests that start no server and no fleet process. Mark this test "

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import tomllib
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,18 @@ def test_rendering_fails_when_the_grace_period_does_not_exceed_the_drain_deadlin
     message = render_error(*args)
     assert f"workers.models.{model}: terminationGracePeriodSeconds" in message
     assert "must be greater than the drain deadline" in message
+
+
+def test_by_default_every_pod_runs_the_image_make_image_builds_as_a_non_root_user() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == version
+    deployments = of_kind(render(), "Deployment")
+    assert {container(d)["image"] for d in deployments} == {f"localhost/fleet-inference:{version}"}
+    assert all(d["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] for d in deployments)
+    pushed = render("--set", "image.repository=registry.example.com/ml/fleet-inference", "--set", "image.tag=1.2-cuda")
+    assert {container(d)["image"] for d in of_kind(pushed, "Deployment")} == {
+        "registry.example.com/ml/fleet-inference:1.2-cuda"
+    }
 
 
 def test_gpu_workers_request_and_limit_nvidia_gpus() -> None:
