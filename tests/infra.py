@@ -15,7 +15,7 @@ from fleet import constants as c
 from fleet.brokers import make_broker
 from fleet.brokers.base import Broker, Delivery
 from fleet.schemas.jobs import JobRecord
-from fleet.schemas.wire import RequestMessage
+from fleet.schemas.wire import Heartbeat, RequestMessage
 from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.base import ResultStore
@@ -116,3 +116,31 @@ async def count_completions(redis_url: str, ready: asyncio.Event, counts: collec
     finally:
         await pubsub.aclose()
         await client.aclose()
+
+
+class HeartbeatTally:
+    """The latest ``items`` counter of every worker of a model, from the heartbeats the test hears itself."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def following(self, broker: Broker, model: str) -> AsyncIterator[HeartbeatTally]:
+        events = await broker.listen(c.heartbeat_subject(model))
+
+        async def run() -> None:
+            async for _, data in events:
+                hb = Heartbeat.model_validate_json(data)
+                self.items[hb.worker_id] = max(self.items.get(hb.worker_id, 0), hb.items)
+
+        self._task = asyncio.create_task(run())
+        try:
+            yield self
+        finally:
+            self._task.cancel()
+            await events.close()
+
+    @property
+    def total(self) -> int:
+        return sum(self.items.values())

@@ -28,7 +28,7 @@ from fleet.scaling import MemoryScalingStore, RedisScalingStore
 from fleet.schemas.scaling import ScalingOverrides
 from fleet.schemas.wire import Heartbeat
 from fleet.settings import FleetSettings
-from tests.infra import connected_pair, eventually, publish_requests, settings_for, wait_terminal
+from tests.infra import HeartbeatTally, connected_pair, eventually, publish_requests, settings_for, wait_terminal
 from tests.processes import run_fleet
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,34 +67,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now_s
-
-
-class HeartbeatTally:
-    """The latest ``items`` counter of every worker of a model, from the heartbeats the test hears itself."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, int] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    @contextlib.asynccontextmanager
-    async def following(self, broker: object, model: str) -> AsyncIterator[HeartbeatTally]:
-        events = await broker.listen(c.heartbeat_subject(model))  # type: ignore[attr-defined]
-
-        async def run() -> None:
-            async for _, data in events:
-                hb = Heartbeat.model_validate_json(data)
-                self.items[hb.worker_id] = max(self.items.get(hb.worker_id, 0), hb.items)
-
-        self._task = asyncio.create_task(run())
-        try:
-            yield self
-        finally:
-            self._task.cancel()
-            await events.close()
-
-    @property
-    def total(self) -> int:
-        return sum(self.items.values())
 
 
 # -- end to end: process backend on NATS + Redis --------------------------------------------------------------

@@ -24,9 +24,8 @@ from fleet import constants as c
 from fleet.consumers.handlers import ModelHandler, with_name
 from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.schemas.jobs import JobState
-from fleet.schemas.wire import Heartbeat
 from tests import deploy_tools
-from tests.infra import connected_pair, eventually, publish_requests, settings_for, wait_terminal
+from tests.infra import HeartbeatTally, connected_pair, eventually, publish_requests, settings_for, wait_terminal
 from tests.kube_kubelet import ProcessKubelet
 from tests.kube_service import KubeCluster, apply, create_namespace, dynamic
 from tests.test_deploy import CHART
@@ -76,17 +75,6 @@ def chart(namespace: str, model: str, token: str, nats_url: str, store_url: str,
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
-async def count_heartbeat_items(broker: Any, model: str, items: dict[str, int]) -> None:
-    """The items each worker (by worker id, i.e. pod name) reports computed."""
-    stream = await broker.listen(c.heartbeat_subject(model))
-    try:
-        async for _, data in stream:
-            beat = Heartbeat.model_validate_json(data)
-            items[beat.worker_id] = beat.items
-    finally:
-        await stream.close()
-
-
 async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_in_draining_the_pods(
     kube: KubeCluster, nats_url: str, redis_url: str, unique: str, tmp_path: Path
 ) -> None:
@@ -101,20 +89,19 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
             apply(dyn, doc, namespace)
         apps = client.AppsV1Api(admin)
         settings = settings_for("nats+redis", {"nats": nats_url, "redis": store_url})
-        items: dict[str, int] = {}
         seen: list[tuple[int, int, int]] = []  # (spec.replicas, status.replicas, Running pods)
         selector = "app.kubernetes.io/instance=fleet,app.kubernetes.io/component in (worker,autoscaler)"
         async with (
             connected_pair(settings) as (broker, store),
+            HeartbeatTally().following(broker, model) as tally,
             ProcessKubelet(kube, namespace, selector, tmp_path) as kubelet,
         ):
-            listener = asyncio.create_task(count_heartbeat_items(broker, model, items))
 
             def workers_running() -> list[str]:
                 return [p.pod for p in kubelet.running() if p.pod.startswith(deployment) and p.term_sent_at is None]
 
             async def one_worker_ready() -> bool:
-                return len(workers_running()) == 1 and len(items) == 1
+                return len(workers_running()) == 1 and len(tally.items) == 1
 
             try:
                 await eventually(one_worker_ready, 60, "the first worker pod running and beating")
@@ -146,7 +133,6 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
                 raise AssertionError(f"{exc}\nseen {seen[-10:]}\n{kubelet.logs()}") from None
             watcher.cancel()
             await asyncio.sleep(1.5)  # the survivor's next heartbeats carry its final count
-            listener.cancel()
             lag = await broker.lag(c.request_subject(model), c.consumer_name(model))
         drained = [p for p in kubelet.processes.values() if p.term_sent_at is not None and p.pod.startswith(deployment)]
 
@@ -155,7 +141,7 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
     assert max(spec for spec, _, _ in seen) <= MAX_REPLICAS
     assert {r.state for r in records.values()} == {JobState.succeeded}, "every job succeeded"
     assert len({r.worker_id for r in records.values()}) >= 3, "the new pods served the burst"
-    assert sum(items.values()) == JOBS, f"items per pod {items}: a job was computed twice or lost"
+    assert tally.total == JOBS, f"items per pod {tally.items}: a job was computed twice or lost"
     assert lag == 0, "every message was acked"
     assert len(drained) >= peak - 1, "every pod scaled in was terminated through its pod"
     for pod in drained:
