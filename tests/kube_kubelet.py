@@ -11,9 +11,10 @@ does with its container:
   over as a kubeconfig (``KUBECONFIG``) instead of the files under ``/var/run/secrets`` (the one stand-in: those
   paths are fixed and global on this machine);
 * a pod being deleted (``deletionTimestamp`` set) gets SIGTERM, once; when the process exits, the pod is deleted
-  with grace period 0, as the kubelet does once the containers are gone. kwok deletes it anyway when the grace
-  period ends (``scripts/kube/kwok-stages.yaml``), as Kubernetes would after SIGKILL; a process still running
-  then is killed and recorded in ``killed``;
+  with grace period 0, as the kubelet does once the containers are gone. The pod carries the label
+  ``fleet.test/terminate=process`` from its start, so kwok leaves it Terminating meanwhile and deletes it only
+  when the grace period ends (``scripts/kube/kwok-stages.yaml``), as Kubernetes would after SIGKILL; a process
+  still running then is killed and recorded in ``killed``;
 * a pod's container ports are its own in Kubernetes, but the processes here share one network: an argument equal
   to a declared ``containerPort`` becomes a free port.
 """
@@ -39,6 +40,7 @@ from tests.kube_service import KubeCluster, service_account_token
 from tests.services import die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+TERMINATE_LABEL = {"fleet.test/terminate": "process"}  # kwok then leaves the pod's end to its process
 VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -151,6 +153,8 @@ class ProcessKubelet:
 
     def _start(self, pod: client.V1Pod) -> PodProcess:
         (container,) = pod.spec.containers
+        # from now on the process decides when the pod ends (scripts/kube/kwok-stages.yaml)
+        self._core.patch_namespaced_pod(pod.metadata.name, self.namespace, {"metadata": {"labels": TERMINATE_LABEL}})
         env = self._container_env(pod, container)
         if pod.spec.automount_service_account_token and pod.spec.service_account_name:
             token = service_account_token(self._api, self.namespace, pod.spec.service_account_name)

@@ -11,8 +11,10 @@ folder (``make test`` runs it through ``scripts/services.sh`` before the suite).
   lifecycle) and the scheduler, as a cluster runs them, so a scale sees what it sees in production: ``409`` on a
   stale write, ``status.replicas`` behind ``spec.replicas``, pods with a ``deletionTimestamp`` before they go;
 * starts kwok with ``scripts/kube/kwok-stages.yaml`` and creates ``nodes`` fake nodes it manages: pods scheduled on
-  them become Running and Ready without containers, and a pod being deleted stays Terminating until its grace
-  period ends (unless something deletes it sooner, as a kubelet does once the containers exit).
+  them become Running and Ready without containers; a pod being deleted goes at once, as if its process exited on
+  SIGTERM, unless it is labelled ``fleet.test/terminate=process`` (``tests/kube_kubelet.py`` runs a process for
+  it): then it stays Terminating until its grace period ends or something deletes it sooner, as a kubelet does
+  once the containers exit.
 
 Start-up takes about 5 seconds. ``FLEET_TEST_KUBE_SERVER`` + ``FLEET_TEST_KUBE_TOKEN`` (+ ``FLEET_TEST_KUBE_CA``)
 point the tests at a running control plane instead (it must have kwok nodes labelled ``type=kwok``).

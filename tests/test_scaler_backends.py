@@ -338,6 +338,8 @@ def _async(check: Any) -> Any:
 
 # -- kubernetes: the official client against a real kube-apiserver (tests/kube_service.py) ---------------------------
 def deployment(name: str, replicas: int) -> dict[str, Any]:
+    """Its pods stand for processes that ignore SIGTERM: they stay Terminating for their 2 s grace period
+    (``fleet.test/terminate``: scripts/kube/kwok-stages.yaml)."""
     labels = {"app.kubernetes.io/name": name}
     return {
         "apiVersion": "apps/v1",
@@ -347,7 +349,7 @@ def deployment(name: str, replicas: int) -> dict[str, Any]:
             "replicas": replicas,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": {**labels, "fleet.test/terminate": "process"}},
                 "spec": {"terminationGracePeriodSeconds": 2, "containers": [{"name": "w", "image": "fleet-inference"}]},
             },
         },
