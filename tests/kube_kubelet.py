@@ -1,22 +1,25 @@
-"""A kubelet for kwok's fake nodes that runs pods as local processes: how the deploy tests run the chart's
-workers and autoscaler on the real control plane (``tests/kube_service.py``) without containers.
+"""A kubelet for kwok's fake nodes that runs each pod's container from its image with podman: how the deploy tests
+run the chart's workers and autoscaler, in Fleet's own image, on the real control plane (``tests/kube_service.py``).
 
-``ProcessKubelet`` watches the pods that match a label selector in one namespace and does, for each, what a kubelet
-does with its container:
+``ContainerKubelet`` watches the pods that match a label selector in one namespace and does, for each, what a
+kubelet does with its container:
 
-* a pod that kwok reports Running gets a process: the container's ``command`` and ``args`` with ``$(VAR)``
-  expanded from the container's ``env`` (values and ``fieldRef`` to the pod's name and namespace) and ``envFrom``
-  ConfigMaps and Secrets, read from the API server; ``fleet`` is this interpreter's ``-m fleet.cli``;
-* a pod with ``automountServiceAccountToken`` gets its service account's token from the TokenRequest API, handed
-  over as a kubeconfig (``KUBECONFIG``) instead of the files under ``/var/run/secrets`` (the one stand-in: those
-  paths are fixed and global on this machine);
-* a pod being deleted (``deletionTimestamp`` set) gets SIGTERM, once; when the process exits, the pod is deleted
-  with grace period 0, as the kubelet does once the containers are gone. The pod carries the label
-  ``fleet.test/terminate=process`` from its start, so kwok leaves it Terminating meanwhile and deletes it only
-  when the grace period ends (``scripts/kube/kwok-stages.yaml``), as Kubernetes would after SIGKILL; a process
-  still running then is killed and recorded in ``killed``;
-* a pod's container ports are its own in Kubernetes, but the processes here share one network: an argument equal
-  to a declared ``containerPort`` becomes a free port.
+* a pod that kwok reports Running gets a container: ``podman run`` of the container's ``image`` (the chart's
+  default is the one ``make image`` builds) with its ``command`` (the image's entry point is ``fleet``) and
+  ``args``, ``$(VAR)`` expanded from the container's ``env`` (values and ``fieldRef`` to the pod's name and
+  namespace) and ``envFrom`` ConfigMaps and Secrets read from the API server; ``tests/kube_handlers.py`` is mounted
+  at ``/opt/plugins`` (on ``PYTHONPATH``) for the test's models;
+* a pod with ``automountServiceAccountToken`` gets its service account's token from the TokenRequest API, mounted
+  as a kubeconfig (``KUBECONFIG``) instead of the files under ``/var/run/secrets`` (the one stand-in: the
+  in-cluster address is a Service IP that nothing routes here);
+* a pod being deleted (``deletionTimestamp`` set) gets SIGTERM, once (podman passes it on to the container's
+  process); when the container exits, the pod is deleted with grace period 0, as the kubelet does once the
+  containers are gone. The pod carries the label ``fleet.test/terminate=process`` from its start, so kwok leaves it
+  Terminating meanwhile and deletes it only when the grace period ends (``scripts/kube/kwok-stages.yaml``), as
+  Kubernetes would after SIGKILL; a container still running then is killed and recorded in ``killed``; one that
+  exits unasked is recorded in ``crashed`` (a kubelet would restart it);
+* a pod's container ports are its own in Kubernetes, but the containers here share the host's network: an argument
+  equal to a declared ``containerPort`` becomes a free port.
 """
 
 from __future__ import annotations
@@ -24,11 +27,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,13 @@ from typing import Any
 
 from kubernetes import client
 
+from tests.image_service import podman, podman_env
 from tests.kube_service import KubeCluster, service_account_token
 from tests.services import die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = ROOT / "tests" / "kube_handlers.py"  # the pods' models, mounted into each container
+IN_CONTAINER = "/opt/plugins"
 TERMINATE_LABEL = {"fleet.test/terminate": "process"}  # kwok then leaves the pod's end to its process
 VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -56,10 +60,11 @@ class PodProcess:
     returncode: int | None = None
 
 
-class ProcessKubelet:
-    """Runs the pods matching ``selector`` in ``namespace`` as processes (see the module docstring).
+class ContainerKubelet:
+    """Runs the pods matching ``selector`` in ``namespace`` as containers (see the module docstring).
 
-    ``async with`` starts and stops the loop; leaving it sends SIGTERM to every process left and waits for them.
+    ``async with`` starts and stops the loop; leaving it sends SIGTERM to every container left, waits for them and
+    removes them.
     """
 
     def __init__(
@@ -69,24 +74,23 @@ class ProcessKubelet:
         selector: str,
         log_dir: Path,
         *,
-        env: dict[str, str] | None = None,
         poll_s: float = 0.1,
     ) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.selector = selector
         self.log_dir = log_dir
-        self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(log_dir), "PYTHONPATH": str(ROOT), **(env or {})}
         self.poll_s = poll_s
         self.processes: dict[str, PodProcess] = {}
         self.killed: list[str] = []  # pods that went while their process still ran
+        self.crashed: list[str] = []  # pods whose process exited without being asked to
         self.terminating_seen: set[str] = set()
         self._api = cluster.api_client()
         self._core = client.CoreV1Api(self._api)
         self._task: asyncio.Task[None] | None = None
         self.errors: list[str] = []
 
-    async def __aenter__(self) -> ProcessKubelet:
+    async def __aenter__(self) -> ContainerKubelet:
         self._task = asyncio.create_task(self._loop())
         return self
 
@@ -103,6 +107,9 @@ class ProcessKubelet:
             except subprocess.TimeoutExpired:
                 running.process.kill()
                 await asyncio.to_thread(running.process.wait)
+        names = [_container_name(p.pod) for p in self.processes.values()]
+        if names:
+            await asyncio.to_thread(podman, "rm", "--force", "--ignore", *names, check=False, timeout_s=120)
         self._api.close()
 
     def running(self) -> list[PodProcess]:
@@ -141,10 +148,13 @@ class ProcessKubelet:
             code = known.process.poll()
             if code is not None and known.returncode is None:
                 known.returncode, known.exited_at = code, time.monotonic()
-                if name in present:
+                if known.term_sent_at is None:
+                    self.crashed.append(name)  # a kubelet would restart it in the same pod: the test fails instead
+                elif name in present:
                     self._delete_now(name)
             elif code is None and name not in present:
                 known.process.kill()
+                podman("kill", _container_name(name), check=False)
                 self.killed.append(name)
 
     def _delete_now(self, name: str) -> None:
@@ -156,27 +166,60 @@ class ProcessKubelet:
         # from now on the process decides when the pod ends (scripts/kube/kwok-stages.yaml)
         self._core.patch_namespaced_pod(pod.metadata.name, self.namespace, {"metadata": {"labels": TERMINATE_LABEL}})
         env = self._container_env(pod, container)
+        kubeconfig: Path | None = None
         if pod.spec.automount_service_account_token and pod.spec.service_account_name:
             token = service_account_token(self._api, self.namespace, pod.spec.service_account_name)
-            kubeconfig = self.log_dir / f"{pod.metadata.name}.kubeconfig"
-            env["KUBECONFIG"] = str(self.cluster.kubeconfig(kubeconfig, token, self.namespace))
+            kubeconfig = self.cluster.kubeconfig(
+                self.log_dir / f"{pod.metadata.name}.kubeconfig", token, self.namespace
+            )
+            kubeconfig.chmod(0o644)  # the image's user reads it
         ports = {str(p.container_port): str(free_port()) for p in container.ports or []}
-        argv = [
-            ports.get(a, a) for a in (_expand(a, env) for a in [*(container.command or []), *(container.args or [])])
-        ]
-        if argv and argv[0] == "fleet":
-            argv = [sys.executable, "-m", "fleet.cli", *argv[1:]]
+        command = [_expand(a, env) for a in container.command or []]
+        args = [ports.get(a, a) for a in (_expand(a, env) for a in container.args or [])]
+        argv = self._podman_argv(pod, container, env, command, args, kubeconfig)
         log = self.log_dir / f"{pod.metadata.name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**self.env, **env},
+                env=podman_env(),
                 cwd=self.log_dir,
                 preexec_fn=die_with_parent,
             )
         return PodProcess(pod.metadata.name, pod.spec.node_name, process, log, time.monotonic())
+
+    def _podman_argv(
+        self,
+        pod: client.V1Pod,
+        container: client.V1Container,
+        env: dict[str, str],
+        command: list[str],
+        args: list[str],
+        kubeconfig: Path | None,
+    ) -> list[str]:
+        """``podman run`` of the container's image in the foreground: podman passes SIGTERM on to the container's
+        process and exits with its status, as the process would."""
+        flags = ["--rm", "--name", _container_name(pod.metadata.name), "--network", "host"]
+        flags += [
+            "--health-interval",
+            "disable",
+            "--stop-timeout",
+            str(pod.spec.termination_grace_period_seconds or 30),
+        ]
+        flags += ["--volume", f"{PLUGINS}:{IN_CONTAINER}/{PLUGINS.name}:ro", "--env", f"PYTHONPATH={IN_CONTAINER}"]
+        if kubeconfig is not None:
+            flags += [
+                "--volume",
+                f"{kubeconfig}:/var/run/fleet/kubeconfig:ro",
+                "--env",
+                "KUBECONFIG=/var/run/fleet/kubeconfig",
+            ]
+        flags += [f"--env={key}={value}" for key, value in env.items()]
+        if command and command != ["fleet"]:  # the image's entry point is fleet
+            flags += ["--entrypoint", command[0]]
+            args = [*command[1:], *args]
+        return ["podman", "run", *flags, container.image, *args]
 
     def _container_env(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -194,6 +237,10 @@ class ProcessKubelet:
             elif var.value is not None:
                 env[var.name] = _expand(var.value, env)
         return env
+
+
+def _container_name(pod: str) -> str:
+    return f"k8s-{pod}"
 
 
 def _expand(text: str, env: dict[str, Any]) -> str:

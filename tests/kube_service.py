@@ -22,6 +22,7 @@ point the tests at a running control plane instead (it must have kwok nodes labe
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import shutil
@@ -85,15 +86,19 @@ class KubeCluster:
         """An ApiClient of the official client; the admin's unless ``token`` is given. Close it after use."""
         return client.ApiClient(self.configuration(token))
 
+    def _authority(self) -> dict[str, str]:
+        """The CA inline (``certificate-authority-data``): the kubeconfig works wherever it is copied or mounted."""
+        if not self.ca_file:
+            return {}
+        return {"certificate-authority-data": base64.b64encode(Path(self.ca_file).read_bytes()).decode()}
+
     def kubeconfig(self, path: Path, token: str | None = None, namespace: str = "default") -> Path:
         """Write a kubeconfig for ``token`` (the admin's by default) to ``path``: what kubectl, helm and the
         kubernetes backend's ``kubeconfig`` option read."""
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {"name": "fleet-test", "cluster": {"server": self.server, "certificate-authority": self.ca_file}}
-            ],
+            "clusters": [{"name": "fleet-test", "cluster": {"server": self.server, **self._authority()}}],
             "users": [{"name": "user", "user": {"token": token or self.token}}],
             "contexts": [
                 {"name": "fleet-test", "context": {"cluster": "fleet-test", "user": "user", "namespace": namespace}}
@@ -256,8 +261,9 @@ def _start(binaries: Path, tmp: Path, processes: _Processes, nodes: int, timeout
         ],
     )  # fmt: skip
     cluster = KubeCluster(f"https://127.0.0.1:{api_port}", admin_token, str(ca_file), workdir=tmp)
-    api = cluster.api_client()
-    api.configuration.retries = 0  # _wait polls; urllib3's retries would only log each refusal
+    configuration = cluster.configuration()
+    configuration.retries = 0  # _wait polls; urllib3's retries would only log each refusal
+    api = client.ApiClient(configuration)
     try:
         _wait("kube-apiserver /readyz", lambda: _get(api, "/readyz") == "ok", processes, timeout_s)
         kubeconfig = cluster.kubeconfig(tmp / "admin.kubeconfig")

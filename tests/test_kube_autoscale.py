@@ -4,10 +4,11 @@ to N pods Running on kwok nodes, and back to 1 once the burst is over; the pods 
 termination (SIGTERM, in-flight jobs finished, exit 0 before the grace period ends) and no job is lost or computed
 twice.
 
-The pods' containers are processes (``tests/kube_kubelet.py``: the pod's own command, args and environment from
-the chart's ConfigMap), on the test's real NATS and Redis. The controller manager and the scheduler run, so the
-autoscaler meets what it meets in a cluster: ``status.replicas`` behind ``spec.replicas``, pods Terminating for a
-while after a scale-in, and controllers writing the Deployment between its reads and writes.
+The pods' containers run from the chart's default image, the one ``make test`` builds, with podman
+(``tests/kube_kubelet.py``: the pod's own command, args and environment from the chart's ConfigMap), on the test's
+real NATS and Redis. The controller manager and the scheduler run, so the autoscaler meets what it meets in a
+cluster: ``status.replicas`` behind ``spec.replicas``, pods Terminating for a while after a scale-in, and controllers
+writing the Deployment between its reads and writes.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import pytest
 from kubernetes import client
 
 from fleet import constants as c
-from fleet.consumers.handlers import ModelHandler, with_name
-from fleet.consumers.handlers.sleep import SleepHandler
 from fleet.schemas.jobs import JobState
 from tests import deploy_tools
+from tests.image_service import image_ref
 from tests.infra import HeartbeatTally, connected_pair, eventually, publish_requests, settings_for, wait_terminal
-from tests.kube_kubelet import ProcessKubelet
+from tests.kube_kubelet import ContainerKubelet
 from tests.kube_service import KubeCluster, apply, create_namespace, dynamic
 from tests.test_deploy import CHART
 
@@ -37,15 +37,6 @@ JOBS = 160  # 100 ms each: 16 s for one worker
 MAX_REPLICAS = 4
 
 
-def __getattr__(name: str) -> type[ModelHandler[Any, Any]]:
-    """``tests.test_kube_autoscale:sleep_<token>``: the sleep handler as model ``sleep-<token>`` (what the chart's
-    ``handler`` value names; the worker processes import it)."""
-    base, sep, token = name.partition("_")
-    if base == "sleep" and sep:
-        return with_name(SleepHandler, f"sleep-{token}")
-    raise AttributeError(name)
-
-
 def chart(namespace: str, model: str, token: str, nats_url: str, store_url: str, tmp: Path) -> list[dict[str, Any]]:
     import yaml
 
@@ -54,7 +45,7 @@ def chart(namespace: str, model: str, token: str, nats_url: str, store_url: str,
         "store": {"url": store_url},
         "config": {"FLEET_HEARTBEAT_INTERVAL_S": "0.5", "FLEET_MAX_BATCH": "4"},
         "drainTimeoutSeconds": 20,
-        "workers": {"models": {"embed": None, model: {"handler": f"{__name__}:sleep_{token}", "gpu": False}}},
+        "workers": {"models": {"embed": None, model: {"handler": f"kube_handlers:sleep_{token}", "gpu": False}}},
         "autoscaler": {
             "intervalSeconds": 0.5,
             "scaling": {
@@ -82,6 +73,8 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
     store_url = f"{redis_url.rstrip('/')}/9"  # a database of its own: the chart's autoscaler takes the default lock
     docs = chart(namespace, model, unique, nats_url, store_url, tmp_path)
     deployment = f"fleet-worker-{model}"
+    (worker,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == deployment]
+    assert worker["spec"]["template"]["spec"]["containers"][0]["image"] == image_ref(), "the chart's default image"
     with kube.api_client() as admin:
         create_namespace(admin, namespace)
         dyn = dynamic(admin)
@@ -94,7 +87,7 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
         async with (
             connected_pair(settings) as (broker, store),
             HeartbeatTally().following(broker, model) as tally,
-            ProcessKubelet(kube, namespace, selector, tmp_path) as kubelet,
+            ContainerKubelet(kube, namespace, selector, tmp_path) as kubelet,
         ):
 
             def workers_running() -> list[str]:
@@ -136,6 +129,8 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
             lag = await broker.lag(c.request_subject(model), c.consumer_name(model))
         drained = [p for p in kubelet.processes.values() if p.term_sent_at is not None and p.pod.startswith(deployment)]
 
+    assert not kubelet.crashed, f"containers exited unasked: {kubelet.crashed}\n{kubelet.logs()}"
+    assert not kubelet.killed, f"pods went while their container still ran: {kubelet.killed}"
     peak = max(running for _, _, running in seen)
     assert peak >= 3, f"no scale-out to 3 or more Running pods: {seen}"
     assert max(spec for spec, _, _ in seen) <= MAX_REPLICAS
@@ -147,6 +142,5 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
     for pod in drained:
         assert pod.returncode == 0, f"{pod.pod} exited {pod.returncode} after SIGTERM, not drained:\n{kubelet.logs()}"
         assert pod.exited_at is not None and pod.exited_at - pod.term_sent_at < 25, "drained before the grace period"
-    assert not kubelet.killed, f"pods went while their process still ran: {kubelet.killed}"
     counts = collections.Counter(r.worker_id for r in records.values())
     assert all(worker.startswith(deployment) for worker in counts), counts

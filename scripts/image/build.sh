@@ -97,7 +97,7 @@ if [ -z "$id" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$hash $id" ]; then
   start=$(date +%s)
   ctx="$cache/context-$(echo "$ref" | tr '/:' '__')"
   rm -rf "$ctx" && mkdir -p "$ctx/repository" "$ctx/dist"
-  "$uv" export --quiet --frozen --no-emit-project --extra server --no-header --no-annotate \
+  "$uv" export --quiet --frozen --no-emit-project --extra all --no-header --no-annotate \
     | "$python" "$here/requirements.py" "$ctx" ${torch_index:+--cpu-torch "$(sed -n '/^name = "torch"$/{n;s/^version = "\(.*\)"/\1/p}' "$root/uv.lock")"}
   [ -z "$repository" ] || { cp -a "$repository/." "$ctx/repository/" && chmod -R a+rX "$ctx/repository"; }
   cp "$root/deploy/image/healthcheck.py" "$ctx/healthcheck.py"
