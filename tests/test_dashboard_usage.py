@@ -67,6 +67,7 @@ def drive(base: str, model: str, tenant: str) -> list[str]:
     return errors
 
 
+@pytest.mark.services  # Chromium
 async def test_the_usage_panel_shows_cost_per_model_and_tenant() -> None:
     unique = uuid.uuid4().hex[:8]
     model, tenant, other = f"embed-{unique}", f"acme-{unique}", f"beta-{unique}"

@@ -120,6 +120,7 @@ async def test_breakers_fall_back_refuse_and_probe(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.services  # a private redis-server
 async def test_a_redis_that_goes_away_leaves_the_last_policy_routing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

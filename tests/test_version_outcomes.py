@@ -159,6 +159,7 @@ def test_only_verdicts_count_and_latency_is_end_to_end() -> None:
     assert outcome_of(_record("j", "m", JobState.succeeded, None), None) is None
 
 
+@pytest.mark.services  # a private redis-server
 async def test_a_redis_that_is_gone_never_raises_into_the_settle_path(
     caplog: pytest.LogCaptureFixture, unique: str
 ) -> None:
