@@ -144,3 +144,16 @@ class HeartbeatTally:
     @property
     def total(self) -> int:
         return sum(self.items.values())
+
+
+def until(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    """Call ``check`` every ``interval_s`` until it returns something true (returned), for at most ``timeout_s``:
+    the blocking sibling of ``eventually``, for tests that drive a browser or a synchronous client."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"{what}: not within {timeout_s:g}s (last: {last!r})")

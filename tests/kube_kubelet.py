@@ -84,11 +84,10 @@ class ContainerKubelet:
         self.processes: dict[str, PodProcess] = {}
         self.killed: list[str] = []  # pods that went while their process still ran
         self.crashed: list[str] = []  # pods whose process exited without being asked to
-        self.terminating_seen: set[str] = set()
         self._api = cluster.api_client()
         self._core = client.CoreV1Api(self._api)
         self._task: asyncio.Task[None] | None = None
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # what the loop met (an API call that failed): a test asserts there is none
 
     async def __aenter__(self) -> ContainerKubelet:
         self._task = asyncio.create_task(self._loop())
@@ -136,7 +135,6 @@ class ContainerKubelet:
             name = pod.metadata.name
             known = self.processes.get(name)
             if pod.metadata.deletion_timestamp is not None:
-                self.terminating_seen.add(name)
                 if known is None:
                     self._delete_now(name)
                 elif known.term_sent_at is None and known.process.poll() is None:
@@ -152,7 +150,8 @@ class ContainerKubelet:
                     self.crashed.append(name)  # a kubelet would restart it in the same pod: the test fails instead
                 elif name in present:
                     self._delete_now(name)
-            elif code is None and name not in present:
+            elif code is None and name not in present and name not in self.killed:
+                known.term_sent_at = known.term_sent_at or time.monotonic()  # killed, so not a crash either
                 known.process.kill()
                 podman("kill", _container_name(name), check=False)
                 self.killed.append(name)

@@ -71,7 +71,6 @@ class KubeCluster:
     token: str  # a bearer token in system:masters
     ca_file: str  # the CA that signed the API server's certificate
     nodes: list[str] = field(default_factory=list)  # the kwok nodes' names
-    pids: dict[str, int] = field(default_factory=dict)  # component -> PID when this process started it
     workdir: Path | None = None
 
     def configuration(self, token: str | None = None) -> client.Configuration:
@@ -319,7 +318,6 @@ def _start(binaries: Path, tmp: Path, processes: _Processes, nodes: int, timeout
         api.close()
         raise
     api.close()
-    cluster.pids = {name: proc.pid for name, proc in processes.procs.items()}
     return cluster
 
 

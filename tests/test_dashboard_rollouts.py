@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from fleet.settings import FleetSettings
 from fleet.store import make_store
 from fleet.store.bundle import Stores
 from fleet.store.rollouts import RolloutDoc, RolloutStore
+from tests.infra import until
 from tests.processes import fleet_process, stop, wait_http_ready
 from tests.services import free_port
 
@@ -69,17 +69,6 @@ class Up:
 
     def view(self, model: str) -> dict[str, Any]:
         return dict(self.api.get(f"/v1/models/{model}/rollout").raise_for_status().json())
-
-
-def until(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"{what}: not within {timeout_s:g}s (last: {last!r})")
 
 
 def expect(locator: Any) -> Any:

@@ -28,7 +28,7 @@ from tests.image_service import image_ref
 from tests.infra import HeartbeatTally, connected_pair, eventually, publish_requests, settings_for, wait_terminal
 from tests.kube_kubelet import ContainerKubelet
 from tests.kube_service import KubeCluster, apply, create_namespace, dynamic
-from tests.test_deploy import CHART
+from tests.test_kube_deploy import rendered
 
 # On a cold machine helm is built first (deploy_tools: minutes); later runs find it cached.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240 if deploy_tools.cached() else deploy_tools.FETCH_TIMEOUT_S)]
@@ -59,11 +59,7 @@ def chart(namespace: str, model: str, token: str, nats_url: str, store_url: str,
     }
     path = tmp / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    proc = deploy_tools.run_helm(
-        "template", "fleet", str(CHART), "--namespace", namespace, "--kube-version", "1.37.2", "-f", str(path)
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return rendered(namespace, "-f", str(path))
 
 
 async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_in_draining_the_pods(
@@ -129,6 +125,7 @@ async def test_a_burst_scales_the_worker_deployment_out_on_kwok_nodes_and_back_i
             lag = await broker.lag(c.request_subject(model), c.consumer_name(model))
         drained = [p for p in kubelet.processes.values() if p.term_sent_at is not None and p.pod.startswith(deployment)]
 
+    assert not kubelet.errors, f"the stand-in kubelet failed: {kubelet.errors}"
     assert not kubelet.crashed, f"containers exited unasked: {kubelet.crashed}\n{kubelet.logs()}"
     assert not kubelet.killed, f"pods went while their container still ran: {kubelet.killed}"
     peak = max(running for _, _, running in seen)

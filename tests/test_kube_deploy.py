@@ -7,7 +7,6 @@ account, with the chart's Role, may change the scale of its worker Deployments a
 from __future__ import annotations
 
 import copy
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from kubernetes import client
 from fleet.autoscaler.backends.kubernetes import KubernetesBackend
 from fleet.errors import ScalerError
 from tests import deploy_tools
+from tests.infra import until
 from tests.kube_service import KubeCluster, apply, create_namespace, dynamic, service_account_token
 from tests.test_deploy import CHART, SCENARIOS, of_kind, workers
 
@@ -57,17 +57,6 @@ def rendered(namespace: str, *args: str) -> list[Manifest]:
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
-def wait_for(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout_s}s (last: {last})")
-
-
 def running_pods(admin: client.ApiClient, namespace: str, deployment: Manifest) -> list[client.V1Pod]:
     labels = deployment["spec"]["selector"]["matchLabels"]
     selector = ",".join(f"{k}={v}" for k, v in labels.items())
@@ -99,7 +88,7 @@ def test_the_rendered_chart_is_accepted_with_strict_validation_and_its_pods_run_
             status = apps.read_namespaced_deployment_status(name, namespace).status
             return (status.available_replicas or 0) == want and (status.updated_replicas or 0) == want
 
-        wait_for(available, 30, f"deployment {namespace}/{name} available with {want} pods")
+        until(available, 30, f"deployment {namespace}/{name} available with {want} pods")
         pods = running_pods(admin, namespace, deployment)
         assert len(pods) == want and {p.spec.node_name for p in pods} <= set(kube.nodes)
         assert all(
@@ -184,19 +173,18 @@ def test_helm_install_upgrade_and_uninstall_against_the_api_server(
             for p in pods
         )
 
-    wait_for(rolled, 30, "the gateway pods replaced with the new config")
+    until(rolled, 30, "the gateway pods replaced with the new config")
 
     proc = deploy_tools.run_helm("uninstall", "fleet", *base, "--wait", "--timeout", "60s")
     assert proc.returncode == 0, proc.stderr
-    wait_for(lambda: not apps.list_namespaced_deployment(namespace).items, 30, "the Deployments removed")
+    until(lambda: not apps.list_namespaced_deployment(namespace).items, 30, "the Deployments removed")
     assert not core.list_namespaced_config_map(namespace, label_selector="app.kubernetes.io/instance=fleet").items
 
 
 def test_keda_scaled_objects_are_accepted_once_kedas_crd_is_installed(admin: client.ApiClient, dyn: Any) -> None:
     namespace = fresh_namespace(admin, "keda")
     docs = rendered(namespace, *SCENARIOS["kafka-keda"])
-    (scaled,) = of_kind(tuple(docs), "ScaledObject")[:1] or [None]
-    assert scaled is not None
+    scaled = of_kind(tuple(docs), "ScaledObject")[0]
     crd = deploy_tools.keda().scaledobject_crd
     apply(dyn, crd, namespace)
     extensions = client.ApiextensionsV1Api(admin)
@@ -205,7 +193,7 @@ def test_keda_scaled_objects_are_accepted_once_kedas_crd_is_installed(admin: cli
         conditions = extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
-    wait_for(established, 30, "KEDA's ScaledObject CRD established")
+    until(established, 30, "KEDA's ScaledObject CRD established")
     fresh = dynamic(admin)  # discovery again, now that the API server serves keda.sh/v1alpha1
     for scenario in KEDA_SCENARIOS:
         scenario_namespace = namespace if scenario == "kafka-keda" else fresh_namespace(admin, "keda")

@@ -15,7 +15,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.gateway_helpers import private_server
+from tests.infra import until
 from tests.processes import fleet_process, stop, wait_http_ready
 from tests.services import free_port
 
@@ -54,17 +55,6 @@ class Browser:
     page: Any
     requests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-
-def until(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"{what}: not within {timeout_s:g}s (last: {last!r})")
 
 
 @pytest.fixture(scope="module")
