@@ -323,6 +323,14 @@ class FleetSettings(BaseSettings):
     cache_l3_sync_interval_s: float = Field(
         0.5, gt=0, description="how often a gateway reads the L3 entries other gateways added"
     )
+    cache_embedder_threads: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="torch threads of each L3 embedder on a CPU. Lookups that arrive together are embedded "
+        "together, usually one to a few texts: a second thread then saves little time and nearly doubles the CPU "
+        "a lookup costs, which a worker on the same machine loses",
+    )
     cache_timeout_ms: float = Field(
         100.0, gt=0, description="longest wait for one L2 read or write; slower is a miss (counted as an error)"
     )

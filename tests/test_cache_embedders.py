@@ -186,3 +186,45 @@ def test_a_gateway_process_refuses_the_unknown_embedder_at_start_up(nats_url: st
     assert "the embedder 'minilm-typo'" in line and "see the log" not in line, line
     named = "ConfigError: cache: model 'extract-typo' keys its l3 cache with the embedder 'minilm-typo'"
     assert named in " ".join(result.stdout.split()), result.stdout[-3000:]  # the log says why
+
+
+class ThreadsModel:
+    """Records the torch thread count and thread name each batch ran with."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def embed_texts(self, texts: list[str]) -> list[list[float]]:
+        import threading
+
+        import torch
+
+        self.seen.append((torch.get_num_threads(), threading.current_thread().name))
+        return [[1.0] + [0.0] * (EMBED_DIM - 1) for _ in texts]
+
+
+async def test_the_embedder_runs_in_its_own_thread_with_its_torch_threads_and_leaves_other_threads_theirs() -> None:
+    import asyncio
+    import threading
+
+    import torch
+
+    from fleet.producers.gateway.cache.embedder import BatchingEmbedder
+
+    assert FleetSettings().cache_embedder_threads == 1
+    process = torch.get_num_threads()
+    wanted = 1 if process > 1 else 2
+    model = ThreadsModel()
+    embedder = BatchingEmbedder(lambda: model, threads=wanted)
+    try:
+        vectors = await asyncio.gather(*(embedder.embed(f"text {i}") for i in range(5)))
+        await embedder.embed("one more")
+    finally:
+        embedder.close()
+    assert len(vectors) == 5 and all(v.shape == (EMBED_DIM,) for v in vectors)
+    assert model.seen and all(count == wanted and name.startswith("l3-embedder") for count, name in model.seen)
+    fresh: list[int] = []  # a thread started afterwards (a worker's model thread under `fleet up`)
+    thread = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert fresh == [process] and torch.get_num_threads() == process

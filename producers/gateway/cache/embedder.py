@@ -10,7 +10,9 @@ resolved by import path (``fleet.models.import_object``) so that the gateway doe
 The gateway keeps one ``BatchingEmbedder`` per distinct embedder (``Embedders``), however many models use it; each
 loads its model in a worker thread on first use, on the device the worker would choose (``settings.device``).
 ``BatchingEmbedder.embed`` queues a text; one drain task takes whatever is queued (up to ``max_batch``), runs the
-model in a thread, and answers every caller of that batch.
+model in the embedder's own thread, and answers every caller of that batch. That thread runs torch with
+``threads`` intra-op threads (``FLEET_CACHE_EMBEDDER_THREADS``, default 1; torch keeps the count per thread, so
+a worker's model in the same process, ``fleet up``, keeps its own).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,9 +96,11 @@ def embedder_dim(name: str) -> int:
 class BatchingEmbedder:
     """``await embed(text)`` -> a float32 unit vector; concurrent calls share one model call."""
 
-    def __init__(self, load: Callable[[], TextModel], *, max_batch: int = 64) -> None:
+    def __init__(self, load: Callable[[], TextModel], *, max_batch: int = 64, threads: int = 1) -> None:
         self._load = load
         self._max_batch = max_batch
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None  # made on first use: one thread, its torch threads set
         self._model: TextModel | None = None
         self._loading = threading.Lock()  # warm() and the first batch may both want the model
         self._queue: list[tuple[str, asyncio.Future[np.ndarray]]] = []
@@ -125,6 +130,16 @@ class BatchingEmbedder:
         for _, future in self._queue:
             future.cancel()
         self._queue.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="l3-embedder", initializer=_torch_threads, initargs=(self._threads,)
+            )
+        return self._executor
 
     def _ensure_model(self) -> TextModel:
         with self._loading:
@@ -144,7 +159,8 @@ class BatchingEmbedder:
             if not live:
                 continue
             try:
-                vectors = await asyncio.to_thread(self._compute, [text for text, _ in live])
+                loop = asyncio.get_running_loop()
+                vectors = await loop.run_in_executor(self._thread(), self._compute, [text for text, _ in live])
             except Exception as exc:
                 logger.warning("the L3 embedder failed on %d texts: %s", len(live), exc)
                 for _, future in live:
@@ -160,9 +176,10 @@ class BatchingEmbedder:
 class Embedders:
     """One ``BatchingEmbedder`` per distinct embedder of the models with L3: ``for_model`` finds a model's."""
 
-    def __init__(self, specs: Mapping[str, ModelSpec], load: Callable[[str], TextModel]) -> None:
+    def __init__(self, specs: Mapping[str, ModelSpec], load: Callable[[str], TextModel], threads: int = 1) -> None:
         self._of_model = {model: spec.cache_embedder for model, spec in specs.items()}
-        self.by_name = {name: _bind(load, name) for name in dict.fromkeys(self._of_model.values())}
+        names = dict.fromkeys(self._of_model.values())
+        self.by_name = {name: _bind(load, name, threads) for name in names}
 
     def for_model(self, model: str) -> BatchingEmbedder:
         return self.by_name[self._of_model[model]]
@@ -181,5 +198,25 @@ class Embedders:
             embedder.close()
 
 
-def _bind(load: Callable[[str], TextModel], name: str) -> BatchingEmbedder:
-    return BatchingEmbedder(lambda: load(name))
+def _bind(load: Callable[[str], TextModel], name: str, threads: int) -> BatchingEmbedder:
+    return BatchingEmbedder(lambda: load(name), threads=threads)
+
+
+def _torch_threads(threads: int) -> None:
+    """Set this thread's torch intra-op threads, leaving every other thread's as it was.
+
+    ``torch.set_num_threads`` sets the calling thread's count and also the count every thread takes when it first
+    runs torch. So the count is set here, then set back to what it was from a short-lived thread of its own: a
+    worker's model thread started later in the process (``fleet up``) gets the process's count, not the embedder's.
+    """
+    try:
+        import torch
+    except ImportError:  # a test's embedder need not use torch
+        return
+    before = torch.get_num_threads()  # this new thread's count: the one every new thread takes
+    if before == threads:
+        return
+    torch.set_num_threads(threads)
+    restore = threading.Thread(target=torch.set_num_threads, args=(before,), name="torch-threads-restore")
+    restore.start()
+    restore.join()

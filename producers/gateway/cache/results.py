@@ -386,5 +386,5 @@ def build_cache(
             mirror=None if gpu is None else gpu_mirror(gpu),
         )
         semantic = SemanticLevel(store, options)
-        embedders = Embedders(l3_specs, loader)
+        embedders = Embedders(l3_specs, loader, settings.cache_embedder_threads)
     return ResultCache(settings, specs, store, semantic, embedders)
