@@ -143,6 +143,9 @@ class RerankOutput(BaseModel):
 
 
 # -- the runtimes' options in model.yaml ----------------------------------------------------------------------
+MAX_PROMPT_CHARS = 4096
+
+
 class RuntimeOptions(BaseModel):
     """Options every runtime takes under ``options:`` in ``model.yaml``."""
 
@@ -176,6 +179,14 @@ class ClassificationOptions(RuntimeOptions):
 class TokenClassificationOptions(RuntimeOptions):
     aggregation: Literal["none", "simple", "first", "max", "average"] = "simple"
     ignore_labels: list[str] = Field(default_factory=lambda: ["O"], description="labels never reported")
+    prompt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROMPT_CHARS,
+        description="text the model reads before each input text, as the first segment of a pair: the schema of a "
+        "zero-shot extractor (RexUniNLU, UIE). Its tokens are never tagged; spans stay offsets into the input "
+        "text, and only the text is truncated",
+    )
 
 
 class RerankOptions(RuntimeOptions):

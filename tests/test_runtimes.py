@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from fleet.consumers.runtimes import RUNTIME_CLASSES, runtime_handler
 from fleet.consumers.runtimes.entities import Piece, Tagged, entities, grouped, tag_of, word_tag, words
-from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes, split_back
+from fleet.consumers.runtimes.passes import estimate_tokens, flatten, job_slices, sorted_passes, split_back
 from fleet.encoding import decode_vector
 from fleet.errors import ConfigError, InvalidInput
 from fleet.repository.entry import RepositoryEntry
@@ -302,6 +302,47 @@ def test_ignore_labels_and_the_default_aggregation_come_from_the_manifest(tmp_pa
     tokenizer, _ = bare(entry.folder, "AutoModel")
     assert len(out.entities) == len(tokenizer("Ada lived in London")["input_ids"]) - 2, "every real token, O too"
     assert out.tokens == len(tokenizer("Ada lived in London")["input_ids"])
+
+
+@pytest.mark.parametrize("arch", ["bert", "deberta-v2"])
+def test_a_prompt_is_read_before_each_text_and_never_tagged(tmp_path: Path, arch: str) -> None:
+    """``options.prompt`` (a zero-shot extractor's schema): the model reads ``prompt`` then the text as a pair; the
+    entities are the text's tokens only, scored as the bare model scores them in that pair, spans into the text."""
+    prompt = "[schema] person, location"
+    options = {"aggregation": "none", "ignore_labels": [], "prompt": prompt, "max_seq_tokens": 24}
+    entry = add_entry(tmp_path, "schema", "token-classification", arch=arch, options=options)
+    handler = runtime_handler(entry)(device="cpu")
+    handler.load()
+    tokenizer, model = bare(entry.folder, "AutoModelForTokenClassification")
+    texts = ["Ada Lovelace lived in London.", "ok", "lovelace " * 40]
+    out = handler.run([TokenClassificationInput(texts=texts)])[0]
+    for text, found in zip(texts, out.results, strict=True):
+        enc = tokenizer(prompt, text, truncation="only_second", max_length=24, return_offsets_mapping=True)
+        with torch.inference_mode():
+            probs = model(**tokenizer(prompt, text, truncation="only_second", max_length=24, return_tensors="pt"))
+        scores = torch.softmax(probs.logits[0], dim=-1)
+        theirs = [
+            (NER_LABELS[int(scores[j].argmax())], *enc["offset_mapping"][j], pytest.approx(float(scores[j].max())))
+            for j, segment in enumerate(enc.sequence_ids())
+            if segment == 1
+        ]
+        assert [(e.label, e.start, e.end, e.score) for e in found] == theirs
+        assert all(e.text == text[e.start : e.end] for e in found)
+    long_text = out.results[2]
+    assert 0 < len(long_text) < 40 and long_text[-1].end < len(texts[2]), "the text is truncated, not the prompt"
+    pairs = [tokenizer(prompt, t, truncation="only_second", max_length=24)["input_ids"] for t in texts]
+    assert out.tokens == sum(len(ids) for ids in pairs)
+    prompt_tokens = len(tokenizer(prompt, "a")["input_ids"]) - len(tokenizer("a")["input_ids"])
+    assert handler.prompt_tokens == prompt_tokens == len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) + 1
+    estimates = [min(24, prompt_tokens + estimate_tokens(len(t), 24)) for t in texts]
+    assert handler.cost(TokenClassificationInput(texts=texts)) == sum(estimates) and estimates[2] == 24
+
+
+def test_a_prompt_that_leaves_the_text_no_room_is_refused_at_load(tmp_path: Path) -> None:
+    options = {"prompt": "person location " * 10, "max_seq_tokens": 16}
+    entry = add_entry(tmp_path, "crowded", "token-classification", options=options)
+    with pytest.raises(ConfigError, match=r"options.prompt takes 21 tokens, leaving none of the 16 the model reads"):
+        runtime_handler(entry)(device="cpu").load()
 
 
 # -- rerank ---------------------------------------------------------------------------------------------------

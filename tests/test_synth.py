@@ -14,7 +14,14 @@ from typer.testing import CliRunner
 from fleet.cli import app as cli_app
 from fleet.errors import ConfigError
 from fleet.repository.entry import RepositoryEntry, spec_for
-from fleet.repository.synth import KINDS, STAND_IN_LABEL, WORDPIECE_VOCAB, manifest_for, synthesize
+from fleet.repository.synth import (
+    KINDS,
+    REXUNINLU_SCHEMA,
+    STAND_IN_LABEL,
+    WORDPIECE_VOCAB,
+    manifest_for,
+    synthesize,
+)
 from fleet.repository.verify import sha256_of, verify_entry
 from fleet.schemas.manifest import MANIFEST_FILE, ModelManifest
 from fleet.schemas.models import EMBED
@@ -67,6 +74,15 @@ def test_the_base_kind_is_deberta_v2_base_shaped_and_labelled_as_rexuninlus_cost
     assert kind.config["position_buckets"] == 256 and kind.config["pos_att_type"] == ["p2c", "c2p"]
     manifest = manifest_for(kind, "token-classification", 0, {})
     assert manifest.labels["stand-in"] == STAND_IN_LABEL == "cost of RexUniNLU, outputs meaningless"
+    # RexUniNLU reads its schema before each text: the stand-in reads one of 32 tokens (about 44 with a request)
+    assert manifest.options == {"prompt": REXUNINLU_SCHEMA} and "reads a schema" in manifest.description
+    from transformers import AutoTokenizer
+
+    from fleet.repository.synth import tokenizer_source
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source()), local_files_only=True)
+    assert len(tokenizer(REXUNINLU_SCHEMA, "a")["input_ids"]) - len(tokenizer("a")["input_ids"]) == 32
+    assert manifest_for(KINDS["deberta-v2-tiny"], "token-classification", 0, {}).options == {}
 
 
 def test_the_folder_loads_offline_with_a_matching_vocabulary(built: Path) -> None:

@@ -4,6 +4,11 @@ A token-classification model (``AutoModelForTokenClassification``) scores every 
 ``config.json``'s ``id2label`` (softmax); ``fleet.consumers.runtimes.entities`` groups the tokens into entities the
 way transformers' pipeline does (``aggregation``: ``none``, ``simple``, ``first``, ``max``, ``average``), with
 character offsets from the fast tokenizer's ``offset_mapping``. Labels in ``options.ignore_labels`` are not reported.
+
+``options.prompt`` is read before every text, as the first segment of a pair (``[CLS] prompt [SEP] text [SEP]``
+for BERT-like tokenizers): the schema that zero-shot extractors such as RexUniNLU and UIE read with each text. Its
+tokens count as special tokens (never tagged, never in a span); only the text is truncated; the ``tokens`` of an
+output count them, since the model read them.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 
 from fleet.consumers.runtimes.base import RuntimeHandler
 from fleet.consumers.runtimes.entities import Piece, entities
-from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes
+from fleet.consumers.runtimes.passes import estimate_tokens, flatten, job_slices, sorted_passes
 from fleet.errors import ConfigError
 from fleet.schemas.runtimes import Entity, TokenClassificationInput, TokenClassificationOutput
 
@@ -26,6 +31,7 @@ class TokenClassificationRuntime(RuntimeHandler):
         super().__init__(**kwargs)
         self.labels: list[str] = []
         self.word_pieces = False  # the tokenizer marks continuations (``##``), so a word's pieces are known
+        self.prompt_tokens = 0  # tokens the prompt adds to each text, special tokens of the pair included
 
     def after_load(self) -> None:
         if not getattr(self.tokenizer, "is_fast", False):
@@ -34,13 +40,42 @@ class TokenClassificationRuntime(RuntimeHandler):
         self.labels = [str(config.id2label[i]) for i in range(int(config.num_labels))]
         backend = getattr(self.tokenizer, "backend_tokenizer", None) or getattr(self.tokenizer, "_tokenizer", None)
         self.word_pieces = bool(getattr(getattr(backend, "model", None), "continuing_subword_prefix", None))
+        prompt = self.options.prompt
+        if prompt is not None:
+            alone = len(self.tokenizer("a")["input_ids"])  # a text of one token: an empty one may lose its separator
+            self.prompt_tokens = len(self.tokenizer(prompt, "a")["input_ids"]) - alone
+            if self.prompt_tokens + alone >= self.max_seq_tokens:
+                raise ConfigError(
+                    f"model {self.entry.ref}: options.prompt takes {self.prompt_tokens} tokens, leaving none of the "
+                    f"{self.max_seq_tokens} the model reads for the text"
+                )
+
+    def encode_texts(self, texts: list[str]) -> dict[str, Any]:
+        """Token ids, offsets and special-token masks of the texts, each after the prompt when there is one (its
+        tokens then marked special: ``pieces`` leaves them out)."""
+        prompt = self.options.prompt
+        if prompt is None:
+            return self.encode(texts, offsets=True)
+        _, tokenizer = self.loaded()
+        enc = tokenizer(
+            [prompt] * len(texts),
+            texts,
+            truncation="only_second",
+            max_length=self.max_seq_tokens,
+            return_attention_mask=False,
+            return_token_type_ids=self.type_ids,
+            return_offsets_mapping=True,
+        )
+        out = dict(enc)
+        out["special_tokens_mask"] = [[int(s != 1) for s in enc.sequence_ids(i)] for i in range(len(texts))]
+        return out
 
     def token_scores(self, texts: list[str]) -> tuple[dict[str, Any], list[list[list[float]]]]:
         """The encoding of each text and, per text, each token's probabilities over the labels."""
         import torch
 
         model, _ = self.loaded()
-        enc = self.encode(texts, offsets=True)
+        enc = self.encode_texts(texts)
         ids: list[list[int]] = enc["input_ids"]
         probs: list[list[list[float]]] = [[] for _ in ids]
         with torch.inference_mode():
@@ -95,6 +130,12 @@ class TokenClassificationRuntime(RuntimeHandler):
             "results": None if output.results is None else [[_entity_json(e) for e in r] for r in output.results],
             "tokens": output.tokens,
         }
+
+    def cost(self, item: Any) -> int:
+        """Estimated tokens of the item's texts, each with the prompt's, at most ``max_seq_tokens`` a text."""
+        cap, prompt = self.max_seq_tokens, self.prompt_tokens
+        texts: list[str] = item.items()
+        return sum(min(cap, prompt + estimate_tokens(len(text), cap)) for text in texts)
 
     def sample_input(self) -> TokenClassificationInput:
         return TokenClassificationInput(texts=["Ada Lovelace lived in London.", "Fleet " * 40, "ok"])
