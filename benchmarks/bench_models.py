@@ -1,7 +1,7 @@
 """Each task runtime served through Fleet against a bare transformers loop over the same model, texts and batch.
 
     python -m benchmarks.bench_models [--runtimes embeddings,classification,token-classification,rerank]
-                                      [--infra memory|nats] [--jobs 512] [--batch 32] [--repeats 3]
+                                      [--infra memory|nats] [--items 1536] [--batch 32] [--repeats 5]
 
 For each runtime a MiniLM-L6-sized BERT (hidden 384, 6 layers, 12 heads, vocab 30522: all-MiniLM-L6-v2's shape,
 seeded random weights, its WordPiece tokenizer) with the runtime's head is written as a repository entry
@@ -16,9 +16,11 @@ seeded random weights, its WordPiece tokenizer) with the runtime's head is writt
   ``torch.inference_mode`` and the task's minimum after it (mean pooling and normalisation, a softmax, a per-token
   argmax, a sigmoid) over the same texts, ``--batch`` texts (or query-passage pairs) a pass.
 
-Items per second on each side (texts, or pairs for ``rerank``), the two sides interleaved ``--repeats`` times; the
-ratio is the median of the rounds' ratios (a loud round on a shared machine slows both of its sides), the
-throughputs shown the best of each side. Target: Fleet / bare >= 0.9 on a CPU. Writes
+Items per second on each side (texts, or pairs for ``rerank``: ``--items`` of them a run, so ``--items`` /
+``--passages`` rerank jobs), the two sides interleaved ``--repeats`` times; the ratio is the median of the rounds'
+ratios (a loud round on a shared machine slows both of its sides), the throughputs shown the best of each side.
+A run lasts a few seconds a side: with runs of about a second (512 texts), a two-core machine's noise moved the
+ratio more than Fleet's own cost does. Target: Fleet / bare >= 0.9 on a CPU. Writes
 ``benchmarks/results/models.json``.
 """
 
@@ -217,13 +219,13 @@ async def fleet_throughput(
 
 
 async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    texts = texts_of(args.jobs)
     out: dict[str, Any] = {}
     with infra_settings(args.infra, max_wait_ms=5.0, device=args.device) as settings:
         for runtime in args.runtimes:
             task = TASKS[runtime]
-            jobs = [task.job(texts, i, args.passages) for i in range(len(texts))]
             per_job = args.passages if runtime == "rerank" else 1
+            texts = texts_of(max(1, args.items // per_job))
+            jobs = [task.job(texts, i, args.passages) for i in range(len(texts))]
             items, job_batch = len(jobs) * per_job, max(1, args.batch // per_job)  # batch items a pass, both sides
             entry = build_entry(task, root, job_batch)
             fleet_runs, bare_runs = [], []
@@ -267,10 +269,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="comma-separated, of " + ", ".join(RUNTIMES))
     parser.add_argument("--infra", choices=["memory", "nats"], default="memory", help="nats: NATS + Redis")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--jobs", type=int, default=512, help="jobs per run (texts; queries for rerank)")
+    parser.add_argument("--items", type=int, default=1536, help="items per run: texts (query-passage pairs for rerank)")
     parser.add_argument("--passages", type=int, default=4, help="passages per rerank job")
     parser.add_argument("--batch", type=int, default=32, help="the worker's max_batch and the bare loop's batch")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of both sides")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of both sides")
     args = parser.parse_args(argv)
     args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     unknown = [r for r in args.runtimes if r not in TASKS]
