@@ -59,7 +59,7 @@ from tests.processes import ROOT, fleet_argv, fleet_env
 from tests.services import die_with_parent, free_port
 
 BYPASS = {"X-Cache-Control": "bypass"}
-# TEMPORARY: extract served by the benchmark's own handler until the token-classification runtime is merged
+# the embed / extract cost per text (benchmarks.stand_in_cost), for the ceiling rows
 STAND_IN_COST = RESULTS_DIR / "stand_in_cost.json"  # benchmarks.stand_in_cost: extract / embed per text
 
 
