@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleet.schemas.runtimes import RUNTIME_SCHEMAS
 
@@ -95,7 +95,13 @@ class ModelManifest(BaseModel):
         if (self.runtime == "handler") != (self.handler is not None):
             raise ValueError("runtime: handler needs handler: package.module:Class, and only it takes one")
         if self.runtime in RUNTIME_SCHEMAS:
-            RUNTIME_SCHEMAS[self.runtime].options_model.model_validate(self.options)
+            try:
+                RUNTIME_SCHEMAS[self.runtime].options_model.model_validate(self.options)
+            except ValidationError as exc:  # named from the top of model.yaml: options.prompt, not prompt
+                first = exc.errors(include_url=False)[0]
+                where = ".".join(str(part) for part in ("options", *first["loc"]))
+                message = "not an option of this runtime" if first["type"] == "extra_forbidden" else first["msg"]
+                raise ValueError(f"{where}: {message}") from None
         if self.batching.min_batch > self.batching.max_batch:
             raise ValueError("batching.min_batch is over batching.max_batch")
         return self

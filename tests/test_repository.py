@@ -118,6 +118,10 @@ def test_unknown_models_and_versions_are_named(tmp_path: Path) -> None:
         ("", r"model.yaml: a mapping of fields .* not nothing"),
         ("runtime: !!python/object/apply:os.system [echo hi]\n", r"model.yaml: .*(not valid YAML|could not determine)"),
         ("runtime: classification\noptions: {x: .nan}\n", r"model.yaml: options.x: nan is not a finite number"),
+        ("runtime: classification\noptions: {shell: true}\n", r"model.yaml: options.shell: not an option of this"),
+        ("runtime: classification\noptions: {top_k: -1}\n", r"model.yaml: options.top_k: Input should be greater"),
+        ("runtime: token-classification\noptions: {prompt: 7}\n", r"model.yaml: options.prompt: Input should be a"),
+        ("runtime: token-classification\noptions: {prompt: ''}\n", r"model.yaml: options.prompt: String should have"),
         ("[" * 200 + "]" * 200, r"model.yaml: line 1, column 65: the YAML nests over 64 levels deep"),
         (
             "runtime: classification\nweights: {files: {'../../etc/passwd': '" + "0" * 64 + "'}}\n",
