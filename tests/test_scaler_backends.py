@@ -380,6 +380,21 @@ def scale_of(api: client.ApiClient, namespace: str, name: str) -> tuple[int, int
     return scale.spec.replicas, scale.status.replicas, scale.metadata.resource_version
 
 
+def settled_version(api: client.ApiClient, namespace: str, name: str, replicas: int) -> str | None:
+    """The Deployment's resourceVersion once the controller has nothing left to write: its status counts all equal
+    ``replicas`` for the current generation, and a second read half a second later finds the same version. None
+    until then (the controller writes the ready, available and condition fields after status.replicas)."""
+    apps = client.AppsV1Api(api)
+    first = apps.read_namespaced_deployment(name, namespace)
+    status = first.status
+    counts = (status.replicas, status.updated_replicas, status.ready_replicas, status.available_replicas)
+    if counts != (replicas,) * 4 or status.observed_generation != first.metadata.generation:
+        return None
+    time.sleep(0.5)
+    version: str = apps.read_namespaced_deployment(name, namespace).metadata.resource_version
+    return version if version == first.metadata.resource_version else None
+
+
 def running(api: client.ApiClient, namespace: str, name: str) -> tuple[int, int]:
     """(pods Running and not being deleted, pods being deleted) of the Deployment ``name``."""
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={name}").items
@@ -395,7 +410,7 @@ async def test_kubernetes_backend_scales_a_real_deployment_out_and_in(kube_ns, k
     await k8s_backend.set_replicas("embed_v2", 4)
     assert await k8s_backend.current_replicas("embed_v2") == 4, "spec.replicas at once, whatever status says"
     await eventually(_async(lambda: running(api, namespace, name) == (4, 0)), 30, "4 pods Running on kwok nodes")
-    await eventually(_async(lambda: scale_of(api, namespace, name)[1] == 4), 30, "status.replicas caught up")
+    await eventually(_async(lambda: settled_version(api, namespace, name, 4) is not None), 30, "the status settled")
     version = scale_of(api, namespace, name)[2]
     await k8s_backend.set_replicas("embed_v2", 4)
     assert scale_of(api, namespace, name)[2] == version, "a patch that changes nothing writes nothing"
