@@ -7,6 +7,7 @@ import collections
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,34 @@ def test_each_replica_of_a_runtime_has_its_own_tokenizer_and_computes_the_same(t
     for outputs in results:
         for got, want in zip(outputs, serial, strict=True):
             np.testing.assert_allclose(got, np.asarray(want), atol=1e-5)
+
+
+def test_replica_threads_set_their_torch_threads_and_a_model_thread_started_later_keeps_the_processs(
+    tiny_embedder,
+) -> None:
+    """``fleet up`` runs several workers in one process: one model's replica share must not become the torch
+    thread count of another worker's model thread started after it."""
+    import torch
+
+    handler = tiny_embedder(device="cpu")
+    handler.load()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the process's count: two, so that a leaked share of one shows
+    try:
+        executor = model_executor(handler, 64, "tiny")  # 64 replicas: one torch thread each on any machine here
+        try:
+            in_replica_thread = executor.submit(torch.get_num_threads).result()
+        finally:
+            executor.shutdown(wait=True)
+        later = ThreadPoolExecutor(max_workers=1)  # the next worker's model thread
+        try:
+            in_a_later_thread = later.submit(torch.get_num_threads).result()
+        finally:
+            later.shutdown(wait=True)
+    finally:
+        torch.set_num_threads(before)
+    assert in_replica_thread == replica_threads(64) == 1
+    assert in_a_later_thread == 2
 
 
 def test_a_tokenizer_copy_follows_a_reload(tiny_embedder) -> None:

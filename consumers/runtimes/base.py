@@ -35,6 +35,7 @@ from fleet.repository.entry import RepositoryEntry
 from fleet.repository.verify import verify_entry
 from fleet.schemas.manifest import MANIFEST_FILE, SIGNATURE_FILE
 from fleet.schemas.runtimes import RUNTIME_SCHEMAS
+from fleet.torch_threads import set_for_this_thread
 
 if TYPE_CHECKING:
     import torch
@@ -199,7 +200,7 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         their settings could differ. A copy is small next to the weights (the vocabulary, ~1 MB for BERT's)."""
         import torch
 
-        torch.set_num_threads(max(1, threads))  # this thread's OpenMP team (torch keeps the count per thread)
+        set_for_this_thread(max(1, threads))  # this thread's OpenMP team; threads started later keep the process's
         if is_cuda(self.device):
             torch.cuda.set_stream(torch.cuda.Stream(device=self.device))  # the current stream is per thread
         self.thread_tokenizer()

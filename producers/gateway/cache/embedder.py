@@ -11,8 +11,8 @@ The gateway keeps one ``BatchingEmbedder`` per distinct embedder (``Embedders``)
 loads its model in a worker thread on first use, on the device the worker would choose (``settings.device``).
 ``BatchingEmbedder.embed`` queues a text; one drain task takes whatever is queued (up to ``max_batch``), runs the
 model in the embedder's own thread, and answers every caller of that batch. That thread runs torch with
-``threads`` intra-op threads (``FLEET_CACHE_EMBEDDER_THREADS``, default 1; torch keeps the count per thread, so
-a worker's model in the same process, ``fleet up``, keeps its own).
+``threads`` intra-op threads (``FLEET_CACHE_EMBEDDER_THREADS``, default 1; ``fleet.torch_threads``: that thread's
+count alone, so a worker's model in the same process, ``fleet up``, keeps the process's).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 from fleet.errors import ConfigError
 from fleet.models import import_object
 from fleet.schemas.models import EMBED_DIM, ModelSpec
+from fleet.torch_threads import set_for_this_thread
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,10 @@ class BatchingEmbedder:
     def _thread(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="l3-embedder", initializer=_torch_threads, initargs=(self._threads,)
+                max_workers=1,
+                thread_name_prefix="l3-embedder",
+                initializer=set_for_this_thread,
+                initargs=(self._threads,),
             )
         return self._executor
 
@@ -200,23 +204,3 @@ class Embedders:
 
 def _bind(load: Callable[[str], TextModel], name: str, threads: int) -> BatchingEmbedder:
     return BatchingEmbedder(lambda: load(name), threads=threads)
-
-
-def _torch_threads(threads: int) -> None:
-    """Set this thread's torch intra-op threads, leaving every other thread's as it was.
-
-    ``torch.set_num_threads`` sets the calling thread's count and also the count every thread takes when it first
-    runs torch. So the count is set here, then set back to what it was from a short-lived thread of its own: a
-    worker's model thread started later in the process (``fleet up``) gets the process's count, not the embedder's.
-    """
-    try:
-        import torch
-    except ImportError:  # a test's embedder need not use torch
-        return
-    before = torch.get_num_threads()  # this new thread's count: the one every new thread takes
-    if before == threads:
-        return
-    torch.set_num_threads(threads)
-    restore = threading.Thread(target=torch.set_num_threads, args=(before,), name="torch-threads-restore")
-    restore.start()
-    restore.join()
