@@ -64,6 +64,28 @@ def running_pods(admin: client.ApiClient, namespace: str, deployment: Manifest) 
     return [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
 
 
+def diagnosis(kube: KubeCluster, admin: client.ApiClient, namespace: str) -> str:
+    """What the control plane says of a namespace whose pods did not come up: the Deployments' conditions, each
+    pod's phase, node and conditions, the nodes' readiness, and the tails of the scheduler's, controller manager's
+    and kwok's logs."""
+    core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+    lines = []
+    for d in apps.list_namespaced_deployment(namespace).items:
+        conditions = [(c.type, c.status, c.reason) for c in d.status.conditions or []]
+        lines.append(f"deployment {d.metadata.name}: {d.status.to_dict()!r:.400} {conditions}")
+    for p in core.list_namespaced_pod(namespace).items:
+        conditions = [(c.type, c.status, c.reason) for c in p.status.conditions or []]
+        lines.append(f"pod {p.metadata.name}: {p.status.phase} on {p.spec.node_name} {conditions}")
+    for n in core.list_node().items:
+        ready = [(c.status, c.reason) for c in n.status.conditions or [] if c.type == "Ready"]
+        lines.append(f"node {n.metadata.name}: ready {ready} taints {[t.key for t in n.spec.taints or []]}")
+    for component in ("kube-scheduler", "kube-controller-manager", "kwok"):
+        log = (kube.workdir / f"{component}.log") if kube.workdir else None
+        if log is not None and log.exists():
+            lines.append(f"--- {component}.log (tail)\n{log.read_text(errors='replace')[-1500:]}")
+    return "\n".join(lines)
+
+
 def expected_replicas(deployment: Manifest) -> int:
     return int(deployment["spec"].get("replicas", 1))  # the API server's default when the autoscaler owns it
 
@@ -88,7 +110,10 @@ def test_the_rendered_chart_is_accepted_with_strict_validation_and_its_pods_run_
             status = apps.read_namespaced_deployment_status(name, namespace).status
             return (status.available_replicas or 0) == want and (status.updated_replicas or 0) == want
 
-        until(available, 30, f"deployment {namespace}/{name} available with {want} pods")
+        try:  # a second on an idle machine; the full suite loads two cores with the control plane beside it
+            until(available, 90, f"deployment {namespace}/{name} available with {want} pods")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnosis(kube, admin, namespace)}") from None
         pods = running_pods(admin, namespace, deployment)
         assert len(pods) == want and {p.spec.node_name for p in pods} <= set(kube.nodes)
         assert all(
