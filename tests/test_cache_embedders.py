@@ -4,16 +4,20 @@ start-up a model whose embedder it cannot load, naming the model and the embedde
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from pydantic import ValidationError
 
 from fleet.errors import ConfigError
-from fleet.producers.gateway.cache.embedder import EMBEDDERS, check_embedders, load_embedder
+from fleet.producers.gateway.cache.embedder import EMBEDDERS, BatchingEmbedder, check_embedders, load_embedder
 from fleet.producers.gateway.cache.results import ResultCache, build_cache
 from fleet.repository.entry import RepositoryEntry, spec_for
 from fleet.schemas.jobs import JobRecord, JobState
@@ -195,22 +199,11 @@ class ThreadsModel:
         self.seen: list[tuple[int, str]] = []
 
     def embed_texts(self, texts: list[str]) -> list[list[float]]:
-        import threading
-
-        import torch
-
         self.seen.append((torch.get_num_threads(), threading.current_thread().name))
         return [[1.0] + [0.0] * (EMBED_DIM - 1) for _ in texts]
 
 
 async def test_the_embedder_runs_in_its_own_thread_with_its_torch_threads_and_leaves_other_threads_theirs() -> None:
-    import asyncio
-    import threading
-
-    import torch
-
-    from fleet.producers.gateway.cache.embedder import BatchingEmbedder
-
     assert FleetSettings().cache_embedder_threads == 1
     process = torch.get_num_threads()
     wanted = 1 if process > 1 else 2
@@ -228,3 +221,10 @@ async def test_the_embedder_runs_in_its_own_thread_with_its_torch_threads_and_le
     thread.start()
     thread.join()
     assert fresh == [process] and torch.get_num_threads() == process
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1025", "two", "1.5", "9" * 400])
+def test_a_bad_embedder_thread_count_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("FLEET_CACHE_EMBEDDER_THREADS", value)
+    with pytest.raises(ValidationError, match="cache_embedder_threads"):
+        FleetSettings()

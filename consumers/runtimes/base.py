@@ -111,6 +111,7 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         self.tokenizer: Any = None
         self.pad_id = 0
         self.type_ids = False  # the model takes token_type_ids (BERT-like), so pairs mark their second segment
+        self.prompt_tokens = 0  # tokens the runtime reads with every text besides its own (a prompt), for ``cost``
         self._replica = threading.local()  # a replica thread's own tokenizer (start_replica)
 
     @staticmethod
@@ -217,21 +218,27 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         return local.tokenizer
 
     # -- tokens -------------------------------------------------------------------------------------------------
-    def encode(self, texts: list[str], pairs: list[str] | None = None, *, offsets: bool = False) -> dict[str, Any]:
-        """Token ids of each text (or (text, pair) pair), special tokens included, truncated, unpadded."""
+    def encode(
+        self, texts: list[str], pairs: list[str] | None = None, *, offsets: bool = False, truncation: bool | str = True
+    ) -> dict[str, Any]:
+        """Token ids of each text (or (text, pair) pair), special tokens included, truncated (``truncation``: as
+        the tokenizer takes it, e.g. ``only_second``), unpadded. With ``offsets``: the character offsets and special
+        tokens too, and for pairs ``sequence_ids`` (each token's segment, 0 or 1; None for a special token)."""
         _, tokenizer = self.loaded()
-        return dict(  # type: ignore[no-any-return]
-            tokenizer(
-                texts,
-                pairs,
-                truncation=True,
-                max_length=self.max_seq_tokens,
-                return_attention_mask=False,
-                return_token_type_ids=self.type_ids and pairs is not None,
-                return_offsets_mapping=offsets,
-                return_special_tokens_mask=offsets,
-            )
+        enc = tokenizer(
+            texts,
+            pairs,
+            truncation=truncation,
+            max_length=self.max_seq_tokens,
+            return_attention_mask=False,
+            return_token_type_ids=self.type_ids and pairs is not None,
+            return_offsets_mapping=offsets,
+            return_special_tokens_mask=offsets,
         )
+        out: dict[str, Any] = dict(enc)
+        if offsets and pairs is not None:
+            out["sequence_ids"] = [enc.sequence_ids(i) for i in range(len(texts))]
+        return out
 
     def forward_inputs(self, enc: dict[str, Any], rows: list[int]) -> dict[str, Any]:
         """The model's keyword arguments for one forward pass over ``rows`` of ``enc``."""
@@ -244,10 +251,10 @@ class RuntimeHandler(ModelHandler[Any, Any]):
         return inputs
 
     def cost(self, item: Any) -> int:
-        """Estimated tokens of the item's texts, without running the tokenizer."""
-        cap = self.max_seq_tokens
+        """Estimated tokens of the item's texts, each with ``prompt_tokens``, without running the tokenizer."""
+        cap, prompt = self.max_seq_tokens, self.prompt_tokens
         texts: list[str] = item.items()
-        return sum(estimate_tokens(len(text), cap) for text in texts)
+        return sum(min(cap, prompt + estimate_tokens(len(text), cap)) for text in texts)
 
     def close(self) -> None:
         """Drop the weights and return cached device memory."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from fleet.consumers.runtimes.base import RuntimeHandler
 from fleet.consumers.runtimes.entities import Piece, entities
-from fleet.consumers.runtimes.passes import estimate_tokens, flatten, job_slices, sorted_passes
+from fleet.consumers.runtimes.passes import flatten, job_slices, sorted_passes
 from fleet.errors import ConfigError
 from fleet.schemas.runtimes import Entity, TokenClassificationInput, TokenClassificationOutput
 
@@ -31,7 +31,6 @@ class TokenClassificationRuntime(RuntimeHandler):
         super().__init__(**kwargs)
         self.labels: list[str] = []
         self.word_pieces = False  # the tokenizer marks continuations (``##``), so a word's pieces are known
-        self.prompt_tokens = 0  # tokens the prompt adds to each text, special tokens of the pair included
 
     def after_load(self) -> None:
         if not getattr(self.tokenizer, "is_fast", False):
@@ -56,19 +55,9 @@ class TokenClassificationRuntime(RuntimeHandler):
         prompt = self.options.prompt
         if prompt is None:
             return self.encode(texts, offsets=True)
-        _, tokenizer = self.loaded()
-        enc = tokenizer(
-            [prompt] * len(texts),
-            texts,
-            truncation="only_second",
-            max_length=self.max_seq_tokens,
-            return_attention_mask=False,
-            return_token_type_ids=self.type_ids,
-            return_offsets_mapping=True,
-        )
-        out = dict(enc)
-        out["special_tokens_mask"] = [[int(s != 1) for s in enc.sequence_ids(i)] for i in range(len(texts))]
-        return out
+        enc = self.encode([prompt] * len(texts), texts, offsets=True, truncation="only_second")
+        enc["special_tokens_mask"] = [[int(segment != 1) for segment in row] for row in enc["sequence_ids"]]
+        return enc
 
     def token_scores(self, texts: list[str]) -> tuple[dict[str, Any], list[list[list[float]]]]:
         """The encoding of each text and, per text, each token's probabilities over the labels."""
@@ -130,12 +119,6 @@ class TokenClassificationRuntime(RuntimeHandler):
             "results": None if output.results is None else [[_entity_json(e) for e in r] for r in output.results],
             "tokens": output.tokens,
         }
-
-    def cost(self, item: Any) -> int:
-        """Estimated tokens of the item's texts, each with the prompt's, at most ``max_seq_tokens`` a text."""
-        cap, prompt = self.max_seq_tokens, self.prompt_tokens
-        texts: list[str] = item.items()
-        return sum(min(cap, prompt + estimate_tokens(len(text), cap)) for text in texts)
 
     def sample_input(self) -> TokenClassificationInput:
         return TokenClassificationInput(texts=["Ada Lovelace lived in London.", "Fleet " * 40, "ok"])
